@@ -1,0 +1,342 @@
+"""The run configuration: one typed tree, loaded from defaults < YAML file < KEY=VALUE overrides.
+
+Start at `load_config`. Every section is a dataclass that owns its own fields; components receive
+only their section. The DeepSpeed part stays a plain dict (the user's own JSON, used unchanged) and
+is resolved against the cluster shape in `raytrain.deepspeed_config`.
+
+User mistakes raise `ConfigError`, whose message is one line naming the key or file and the fix;
+`raytrain.main` prints it without a traceback and exits 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A mistake in the user's configuration or input files; the message says how to fix it."""
+
+
+@dataclass
+class ModelConfig:
+    """Which causal LM to train."""
+
+    name_or_path: str | None = None
+    """Hugging Face hub id or local directory with a config.json. None: the built-in tiny Llama."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """Overrides applied to the model's config (for the built-in model: LlamaConfig keyword args)."""
+    pretrained: bool = False
+    """Load the weights of `name_or_path` (else random init from its config)."""
+    tokenizer: str | None = None
+    """Hub id or local directory. None: `name_or_path`'s tokenizer, or the built-in byte tokenizer."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward: ~1/3 more compute for far less activation memory."""
+    attn_implementation: str = "sdpa"
+    """transformers attention backend: "sdpa", "eager", "flash_attention_2"."""
+    trust_remote_code: bool = False
+    """Allow model/tokenizer code from the hub repo to run (only for repos you trust)."""
+
+
+@dataclass
+class DataConfig:
+    """Where the text comes from and how it becomes fixed-length token blocks."""
+
+    path: str | list[str] | None = None
+    """Files or directories (local, s3://, gs://, ...). None: the built-in generated corpus."""
+    format: str = "auto"
+    """"auto" (by extension), "text", "json", "parquet", "hf" (save_to_disk dir) or "tokenized"."""
+    text_column: str = "text"
+    """Column holding the documents (json, parquet, hf)."""
+    seq_len: int = 128
+    """Tokens per packed training sequence."""
+    tokenize_batch_size: int = 256
+    """Documents per tokenization batch; each batch's leftover tail (< seq_len tokens) is dropped."""
+    tokenize_concurrency: int | None = None
+    """Number of tokenizer tasks running at once. None: let Ray Data decide."""
+    num_builtin_documents: int = 4000
+    """Size of the built-in corpus (only used when `path` is None)."""
+
+
+@dataclass
+class TrainingConfig:
+    """The optimisation loop. Values here fill DeepSpeed keys that are "auto" or absent."""
+
+    max_steps: int = 80
+    """Optimizer steps to run (one step = gradient_accumulation_steps micro-batches)."""
+    micro_batch_size_per_gpu: int | None = None
+    """Fills train_micro_batch_size_per_gpu when the DeepSpeed config says "auto" (or leaves it
+    underdetermined: then 8)."""
+    gradient_accumulation_steps: int | None = None
+    """Fills gradient_accumulation_steps when the DeepSpeed config says "auto" (or leaves it
+    underdetermined: then 1)."""
+    learning_rate: float = 1e-3
+    """Peak learning rate, reached after `warmup_steps`, then cosine decay to min_lr_ratio x lr."""
+    min_lr_ratio: float = 0.1
+    """Final learning rate as a fraction of the peak."""
+    warmup_steps: int = 10
+    """Linear warmup from 0 to the peak learning rate."""
+    weight_decay: float = 0.1
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    adam_epsilon: float = 1e-8
+    gradient_clipping: float = 1.0
+    """Max global grad norm; used when the DeepSpeed config leaves gradient_clipping "auto" or absent."""
+    precision: str | None = None
+    """"fp32", "bf16" or "fp16", used for DeepSpeed's "auto". None: bf16 on GPU, fp32 on CPU."""
+    seed: int = 1234
+    log_every_n_steps: int = 5
+    """Print one progress line (rank 0) and report metrics every N steps."""
+
+
+@dataclass
+class ScalingConfig:
+    """How many Ray Train workers, and what each one holds."""
+
+    num_workers: int | None = None
+    """Training processes. None: one per GPU in the cluster, or 2 on a CPU-only cluster."""
+    use_gpu: bool | None = None
+    """None: true when the Ray cluster has GPUs."""
+    cpus_per_worker: float = 1.0
+    """Logical CPUs each worker reserves; the rest of the cluster's CPUs feed Ray Data."""
+    accelerator_type: str | None = None
+    """Ray accelerator type to schedule on, for example "H200"."""
+
+
+@dataclass
+class CheckpointConfig:
+    """Where the run lives and how often it is saved."""
+
+    storage_path: str = "~/raytrain_runs"
+    """Run storage: a local directory, a shared filesystem or a cloud URI (s3://, gs://)."""
+    name: str | None = None
+    """Run name (a directory under storage_path). None: raytrain-<date>-<time>."""
+    every_n_steps: int = 0
+    """Save a sharded checkpoint every N steps (0: only at the end). A failure loses at most N steps."""
+    num_to_keep: int = 2
+    """Keep the latest K checkpoints in storage."""
+    max_failures: int = 3
+    """Worker-group restarts Ray Train attempts before the run fails."""
+
+
+@dataclass
+class ClusterConfig:
+    """The Ray cluster to run on."""
+
+    address: str | None = None
+    """Ray address. None: RAY_ADDRESS (set under `ray job submit`), else start a local cluster."""
+    num_cpus: int | None = None
+    """Logical CPUs of a local cluster. None: enough for the workers plus Ray Data."""
+
+
+@dataclass
+class NetworkConfig:
+    """NCCL over InfiniBand. raytrain derives each node's NCCL environment from its hardware."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    """NCCL_*/GLOO_* variables to force on every worker; they win over what raytrain computes."""
+    auto_configure: bool = True
+    """Compute NCCL_IB_HCA, NCCL_SOCKET_IFNAME, ... per node from /sys and the node's Ray IP."""
+    preflight: bool = False
+    """Run `raytrain.preflight` (bandwidth and transport checks) before training starts."""
+
+
+@dataclass
+class RunConfig:
+    """The whole run. `deepspeed` is the user's DeepSpeed JSON (a path or a mapping), used unchanged."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    scaling: ScalingConfig = field(default_factory=ScalingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    deepspeed: dict[str, Any] | str = field(default_factory=lambda: dict(DEFAULT_DEEPSPEED))
+    """DeepSpeed config: a path to the user's JSON or an inline mapping."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
+        return _build(cls, data, "")
+
+
+# The embedded default: ZeRO-3 with "auto" batch and precision values that raytrain resolves from
+# the `training` section and the cluster, like Hugging Face's integration does.
+DEFAULT_DEEPSPEED: dict[str, Any] = {
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto",
+    "train_batch_size": "auto",
+    "gradient_clipping": "auto",
+    "bf16": {"enabled": "auto"},
+    "zero_optimization": {
+        "stage": 3,
+        "overlap_comm": True,
+        "contiguous_gradients": True,
+        "reduce_bucket_size": "auto",
+        "stage3_prefetch_bucket_size": "auto",
+        "stage3_param_persistence_threshold": "auto",
+    },
+    "steps_per_print": 1_000_000_000,  # raytrain prints its own progress line
+    "wall_clock_breakdown": False,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading: defaults < file < command line.
+
+
+def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Build the run config from an optional YAML file and KEY=VALUE overrides (dotted keys)."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        data = _read_yaml(path)
+    for item in overrides:
+        key, value = _parse_override(item)
+        _set_dotted(data, key, value)
+    return RunConfig.from_dict(data)
+
+
+def _read_yaml(path: str) -> dict[str, Any]:
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file {path} does not exist: pass --config with the path to a YAML run config")
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"config file {path} is not valid YAML ({problem} at{where}): fix the syntax there") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must be a mapping of sections (model, data, training, ...), "
+                          f"got {type(data).__name__}")
+    return data
+
+
+def _parse_override(item: str) -> tuple[str, Any]:
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"override {item!r} is not KEY=VALUE: write for example training.max_steps=20")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw  # not YAML: take it as a plain string
+    return key.strip(), value
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if isinstance(child, str) and parts[0] == "deepspeed" and i == 0:
+            # deepspeed=path.json then deepspeed.x=y: the override applies to the file's contents.
+            child = read_json_file(child, "deepspeed")
+        elif child is None:
+            child = {}
+        elif not isinstance(child, dict):
+            raise ConfigError(f"override {key}: {'.'.join(parts[:i + 1])} is a value, not a section")
+        node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def read_json_file(path: str, key: str) -> dict[str, Any]:
+    """Read a JSON mapping named by config key `key`, with a one-line error for each way it fails."""
+    expanded = os.path.expanduser(path)
+    if not os.path.isfile(expanded):
+        raise ConfigError(f"{key}: file {path} does not exist; give the path to your DeepSpeed JSON or an inline mapping")
+    try:
+        with open(expanded) as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{key}: {path} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}): fix it there") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{key}: {path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+# ---------------------------------------------------------------------------------------------
+# Typed construction with one-line errors.
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    where = prefix.rstrip(".") or "the run config"
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a mapping, got {type(data).__name__} {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), fields, n=1)
+            hint = f"; did you mean {prefix}{close[0]}?" if close else ""
+            raise ConfigError(f"unknown key {prefix}{key}{hint} (valid keys under {where}: {', '.join(fields)})")
+        kwargs[key] = _coerce(hints[key], value, f"{prefix}{key}")
+    return cls(**kwargs)
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, key + ".")
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(arg, value, key)
+            except ConfigError as e:
+                errors.append(e)
+        raise ConfigError(f"{key} must be {_type_name(tp)}, got {type(value).__name__} {value!r}")
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key} must be a mapping, got {type(value).__name__} {value!r}")
+        return dict(value)
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} must be a list, got {type(value).__name__} {value!r}")
+        return [_coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value)] if args else list(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    elif tp is Any:
+        return value
+    raise ConfigError(f"{key} must be {_type_name(tp)}, got {type(value).__name__} {value!r}")
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is dict:
+        return "a mapping"
+    if origin is list:
+        return "a list"
+    return {bool: "true/false", int: "an integer", float: "a number", str: "a string",
+            type(None): "null"}.get(tp, getattr(tp, "__name__", str(tp)))
