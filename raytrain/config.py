@@ -94,6 +94,8 @@ class TrainingConfig:
     seed: int = 1234
     log_every_n_steps: int = 5
     """Print one progress line (rank 0) and report metrics every N steps."""
+    peak_tflops_per_gpu: float = 989.0
+    """Dense bf16 peak of one GPU, for MFU (989 for H100/H200 SXM). MFU is not shown on CPU."""
 
 
 @dataclass

@@ -1,0 +1,59 @@
+"""Sharded ZeRO-3 checkpoints through Ray Train (worker side).
+
+Every rank writes its own shard with `engine.save_checkpoint` into a local temporary directory and
+reports it with `ray.train.report`; Ray Train merges all ranks' files into one checkpoint directory
+in the run's storage path (local, shared filesystem or cloud URI) and keeps the last K.
+
+Layout of one checkpoint:
+    raytrain.json                 step, resolved run config, metrics (rank 0)
+    latest                        DeepSpeed's pointer to the tag below
+    step_00000080/                DeepSpeed's tag: per-rank model and optimizer shards
+
+Trust: DeepSpeed loads its shards with full unpickling (torch.load(weights_only=False)), which can
+run code: only load checkpoints from storage you trust.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from typing import Any
+
+METADATA = "raytrain.json"
+
+
+def tag_for(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def save(engine, step: int, metrics: dict[str, Any], run: dict[str, Any], rank: int) -> str:
+    """Save this rank's shard for `step` and report it (a collective: every rank must call it)."""
+    import ray.train
+
+    local = tempfile.mkdtemp(prefix="raytrain-ckpt-")
+    try:
+        engine.save_checkpoint(local, tag=tag_for(step), client_state={"raytrain_step": step})
+        if rank == 0:
+            with open(os.path.join(local, METADATA), "w") as f:
+                json.dump({"step": step, "metrics": metrics, "run": run}, f, indent=2, default=str)
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(local),
+                         checkpoint_dir_name=f"checkpoint_{tag_for(step)}")
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+    return tag_for(step)
+
+
+def restore(engine) -> int:
+    """Load the latest reported checkpoint if Ray Train has one for this run; return its step (0: none)."""
+    import ray.train
+
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        return 0
+    with checkpoint.as_directory() as path:
+        _, client_state = engine.load_checkpoint(path)  # reads the `latest` tag
+    if client_state is None:
+        raise RuntimeError(f"checkpoint {checkpoint.path} could not be loaded by DeepSpeed")
+    return int(client_state["raytrain_step"])

@@ -1,0 +1,207 @@
+"""Resolve the user's DeepSpeed JSON for a cluster shape: "auto" values, batch arithmetic, checks.
+
+The user's file is used unchanged except that "auto" values are filled (as Hugging Face's
+integration does) and the batch triple is completed by DeepSpeed's own rule. DeepSpeed itself
+silently drops "auto" inside sub-configs and falls back to its defaults, so no "auto" ever reaches
+it: any that raytrain cannot resolve is an error naming the key.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from raytrain.config import ConfigError, TrainingConfig, read_json_file
+
+AUTO = "auto"
+FALLBACK_MICRO_BATCH = 8
+
+
+def load_deepspeed(raw: dict[str, Any] | str) -> dict[str, Any]:
+    """The DeepSpeed mapping from an inline dict or a path to the user's JSON."""
+    if isinstance(raw, str):
+        return read_json_file(raw, "deepspeed")
+    return copy.deepcopy(raw)
+
+
+def resolve_deepspeed(raw: dict[str, Any] | str, training: TrainingConfig, *, world_size: int,
+                      use_gpu: bool, hidden_size: int, gpus_per_node: int | None = None) -> dict[str, Any]:
+    """Return the DeepSpeed dict to hand to deepspeed.initialize, with every value concrete."""
+    ds = load_deepspeed(raw)
+    _resolve_batch(ds, training, world_size)
+    _resolve_precision(ds, training, use_gpu)
+    _fill(ds, "gradient_clipping", training.gradient_clipping)
+    zero = ds.setdefault("zero_optimization", {})
+    if not isinstance(zero, dict):
+        raise ConfigError("deepspeed.zero_optimization must be a mapping, for example {\"stage\": 3}")
+    # Hugging Face's formulas: buckets sized to a layer's hidden x hidden matrix; parameters smaller
+    # than 10 x hidden stay resident (gathering them costs more latency than their memory).
+    _fill(zero, "reduce_bucket_size", hidden_size * hidden_size, "zero_optimization.")
+    _fill(zero, "stage3_prefetch_bucket_size", int(0.9 * hidden_size * hidden_size), "zero_optimization.")
+    _fill(zero, "stage3_param_persistence_threshold", 10 * hidden_size, "zero_optimization.")
+    _resolve_optimizer(ds, training)
+    _check(ds, world_size, gpus_per_node)
+    leftover = _find_auto(ds)
+    if leftover:
+        raise ConfigError(f"deepspeed.{leftover} is \"auto\" but raytrain has no value for it: set a number there")
+    return ds
+
+
+def batch_sizes(ds: dict[str, Any]) -> tuple[int, int, int]:
+    """(train_batch_size, micro_batch_per_gpu, gradient_accumulation_steps) of a resolved config."""
+    return ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]
+
+
+def zero_stage(ds: dict[str, Any]) -> int:
+    return int(ds.get("zero_optimization", {}).get("stage", 0))
+
+
+def offload_device(ds: dict[str, Any], which: str) -> str:
+    """"none", "cpu" or "nvme" for which="offload_optimizer" or "offload_param"."""
+    section = ds.get("zero_optimization", {}).get(which) or {}
+    return str(section.get("device", "none")).lower()
+
+
+def precision(ds: dict[str, Any]) -> str:
+    if ds.get("bf16", {}).get("enabled") is True:
+        return "bf16"
+    if ds.get("fp16", {}).get("enabled") is True:
+        return "fp16"
+    return "fp32"
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _fill(section: dict[str, Any], key: str, value: Any, prefix: str = "") -> None:
+    """Replace an "auto" value; a concrete value the user wrote is left exactly as written."""
+    if section.get(key) == AUTO:
+        if value is None:
+            raise ConfigError(f"deepspeed.{prefix}{key} is \"auto\" but nothing sets it: write a value there")
+        section[key] = value
+
+
+def _int_or_auto(ds: dict[str, Any], key: str) -> int | str | None:
+    value = ds.get(key)
+    if value is None or value == AUTO:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"deepspeed.{key} must be a positive integer or \"auto\", got {value!r}")
+    return value
+
+
+def _resolve_batch(ds: dict[str, Any], training: TrainingConfig, world_size: int) -> None:
+    keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+    given = {k: _int_or_auto(ds, k) for k in keys}
+    from_training = {"train_micro_batch_size_per_gpu": training.micro_batch_size_per_gpu,
+                     "gradient_accumulation_steps": training.gradient_accumulation_steps,
+                     "train_batch_size": None}
+    known: dict[str, int] = {}
+    for k in keys:
+        if isinstance(given[k], int):
+            train_key = {"train_micro_batch_size_per_gpu": "micro_batch_size_per_gpu",
+                         "gradient_accumulation_steps": "gradient_accumulation_steps"}.get(k)
+            if train_key and from_training[k] is not None and from_training[k] != given[k]:
+                raise ConfigError(f"training.{train_key}={from_training[k]} contradicts deepspeed.{k}={given[k]}: "
+                                  f"set it in one place (or make the DeepSpeed value \"auto\")")
+            known[k] = given[k]
+        elif given[k] == AUTO and from_training[k] is not None:
+            known[k] = from_training[k]
+    tbs, mbs, gas = (known.get(k) for k in keys)
+
+    # DeepSpeed's rule (runtime/config.py _set_batch_related_parameters), done here so a world size
+    # that doesn't divide is reported before any worker starts.
+    if tbs is not None and mbs is not None and gas is not None:
+        if tbs != mbs * gas * world_size:
+            raise ConfigError(
+                f"deepspeed.train_batch_size={tbs} != train_micro_batch_size_per_gpu={mbs} x "
+                f"gradient_accumulation_steps={gas} x world size {world_size} = {mbs * gas * world_size}: "
+                f"change one of them (or set train_batch_size to \"auto\")")
+    elif tbs is not None:
+        if mbs is None and gas is None:
+            gas = training.gradient_accumulation_steps or 1
+        fixed, fixed_key = (mbs, "train_micro_batch_size_per_gpu") if mbs is not None else (gas, "gradient_accumulation_steps")
+        if tbs % (fixed * world_size):
+            raise ConfigError(
+                f"deepspeed.train_batch_size={tbs} is not divisible by {fixed_key}={fixed} x world size "
+                f"{world_size}: choose a train_batch_size that is a multiple of {fixed * world_size}, "
+                f"or a number of workers (scaling.num_workers) that divides {tbs // fixed}")
+        derived = tbs // (fixed * world_size)
+        if mbs is None:
+            mbs = derived
+        else:
+            gas = derived
+    else:
+        mbs = mbs if mbs is not None else FALLBACK_MICRO_BATCH
+        gas = gas if gas is not None else 1
+        tbs = mbs * gas * world_size
+    ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"] = tbs, mbs, gas
+
+
+def _resolve_precision(ds: dict[str, Any], training: TrainingConfig, use_gpu: bool) -> None:
+    wanted = training.precision or ("bf16" if use_gpu else "fp32")
+    if wanted not in ("fp32", "bf16", "fp16"):
+        raise ConfigError(f"training.precision must be fp32, bf16 or fp16, got {wanted!r}")
+    for name in ("bf16", "fp16"):
+        section = ds.get(name)
+        if isinstance(section, dict) and section.get("enabled") == AUTO:
+            section["enabled"] = wanted == name
+    bf16 = ds.get("bf16", {}).get("enabled") is True
+    fp16 = ds.get("fp16", {}).get("enabled") is True
+    if bf16 and fp16:
+        raise ConfigError("deepspeed.fp16.enabled and deepspeed.bf16.enabled are both true: enable one of them")
+    if fp16 and not use_gpu:
+        raise ConfigError("deepspeed.fp16.enabled=true needs GPUs, and this run is on CPU (scaling.use_gpu=false): "
+                          "set deepspeed.fp16.enabled=false (or use bf16), or run on GPUs with scaling.use_gpu=true")
+
+
+def _resolve_optimizer(ds: dict[str, Any], training: TrainingConfig) -> None:
+    opt = ds.get("optimizer")
+    if isinstance(opt, dict) and isinstance(opt.get("params"), dict):
+        p = opt["params"]
+        _fill(p, "lr", training.learning_rate, "optimizer.params.")
+        _fill(p, "betas", list(training.adam_betas), "optimizer.params.")
+        _fill(p, "eps", training.adam_epsilon, "optimizer.params.")
+        _fill(p, "weight_decay", training.weight_decay, "optimizer.params.")
+    sched = ds.get("scheduler")
+    if isinstance(sched, dict) and isinstance(sched.get("params"), dict):
+        p = sched["params"]
+        _fill(p, "warmup_num_steps", training.warmup_steps, "scheduler.params.")
+        _fill(p, "total_num_steps", training.max_steps, "scheduler.params.")
+        _fill(p, "warmup_max_lr", training.learning_rate, "scheduler.params.")
+        _fill(p, "warmup_min_lr", 0.0, "scheduler.params.")
+
+
+def _check(ds: dict[str, Any], world_size: int, gpus_per_node: int | None) -> None:
+    zero = ds["zero_optimization"]
+    stage = zero.get("stage", 0)
+    if stage not in (0, 1, 2, 3):
+        raise ConfigError(f"deepspeed.zero_optimization.stage must be 0-3, got {stage!r} (raytrain is built for 3)")
+    if offload_device(ds, "offload_param") != "none" and stage != 3:
+        raise ConfigError(f"deepspeed.zero_optimization.offload_param needs stage 3 (stage is {stage}): "
+                          f"set zero_optimization.stage=3 or remove offload_param")
+    for which in ("offload_optimizer", "offload_param"):
+        section = zero.get(which) or {}
+        if offload_device(ds, which) == "nvme" and not section.get("nvme_path"):
+            raise ConfigError(f"deepspeed.zero_optimization.{which}.device is nvme but nvme_path is missing: "
+                              f"set zero_optimization.{which}.nvme_path to a local NVMe directory")
+    hpz = zero.get("zero_hpz_partition_size")
+    if hpz is not None and hpz > 1 and world_size % hpz:
+        raise ConfigError(f"deepspeed.zero_optimization.zero_hpz_partition_size={hpz} does not divide world size "
+                          f"{world_size}: use the GPUs per node ({gpus_per_node or '?'}) or a divisor of {world_size}")
+
+
+def _find_auto(node: Any, path: str = "") -> str | None:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            found = _find_auto(v, f"{path}.{k}" if path else str(k))
+            if found:
+                return found
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            found = _find_auto(v, f"{path}[{i}]")
+            if found:
+                return found
+    elif node == AUTO:
+        return path
+    return None

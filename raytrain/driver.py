@@ -1,0 +1,105 @@
+"""Driver side: connect to Ray, resolve the run for the live cluster, build and run the TorchTrainer.
+
+Start at `fit`. Everything that can be wrong with the user's input is checked here, before a
+single worker starts; the workers (raytrain.worker) receive the resolved run as a plain dict.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from raytrain.config import ClusterConfig, ConfigError, RunConfig, ScalingConfig
+from raytrain.resolve import ClusterShape, resolve_run, shape_from_cluster
+
+
+@dataclass
+class FitResult:
+    """What a finished run leaves: its final metrics and where its checkpoint and files are."""
+
+    metrics: dict[str, Any]
+    checkpoint_path: str | None
+    run_path: str
+    resolved: dict[str, Any]
+
+
+def fit(cfg: RunConfig) -> FitResult:
+    """Train `cfg` on the Ray cluster (connecting or starting one) and return the result."""
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    from raytrain.data import build_dataset, ingest_config
+    from raytrain.worker import train_loop_per_worker
+
+    connect(cfg.cluster, cfg.scaling)
+    shape = live_shape(cfg)
+    resolved = resolve_run(cfg, shape)
+    name = cfg.checkpoint.name or datetime.datetime.now().strftime("raytrain-%Y%m%d-%H%M%S")
+    resolved["run"]["checkpoint"]["name"] = name
+    storage = _storage_path(cfg.checkpoint.storage_path)
+
+    resources: dict[str, float] = {"CPU": cfg.scaling.cpus_per_worker}
+    if shape.use_gpu:
+        resources["GPU"] = 1
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config=resolved,
+        scaling_config=ray.train.ScalingConfig(num_workers=shape.num_workers, use_gpu=shape.use_gpu,
+                                               resources_per_worker=resources,
+                                               accelerator_type=cfg.scaling.accelerator_type),
+        run_config=ray.train.RunConfig(
+            name=name, storage_path=storage,
+            failure_config=ray.train.FailureConfig(max_failures=cfg.checkpoint.max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.num_to_keep)),
+        datasets={"train": build_dataset(cfg.data, cfg.model, cfg.training.seed)},
+        dataset_config=ingest_config(),
+        torch_config=_torch_config(cfg, shape),
+    )
+    result = trainer.fit()
+    checkpoint = result.checkpoint.path if result.checkpoint is not None else None
+    return FitResult(metrics=dict(result.metrics or {}), checkpoint_path=checkpoint,
+                     run_path=str(result.path), resolved=resolved)
+
+
+def connect(cluster: ClusterConfig, scaling: ScalingConfig) -> None:
+    """Join the cluster this runs on (cluster.address, or RAY_ADDRESS under `ray job submit`), else start one."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = cluster.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=True)
+        return
+    # A local cluster needs logical CPUs for the workers *and* for Ray Data's tokenization tasks:
+    # with only the workers' share, Ray Data never gets a CPU and the run hangs.
+    workers = scaling.num_workers or 2
+    num_cpus = cluster.num_cpus or max(os.cpu_count() or 1, int(workers * scaling.cpus_per_worker) + 2)
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+
+
+def live_shape(cfg: RunConfig) -> ClusterShape:
+    import ray
+
+    gpus_per_node = max((int(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n.get("Alive")), default=0)
+    return shape_from_cluster(cfg, ray.cluster_resources(), gpus_per_node or None)
+
+
+def _torch_config(cfg: RunConfig, shape: ClusterShape):
+    from ray.train.torch import TorchConfig
+
+    return TorchConfig(backend="nccl" if shape.use_gpu else "gloo")
+
+
+def _storage_path(path: str) -> str:
+    if "://" in path:
+        return path
+    local = os.path.abspath(os.path.expanduser(path))
+    try:
+        os.makedirs(local, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"checkpoint.storage_path={path}: cannot create it ({e.strerror}); "
+                          f"choose a writable directory or a cloud URI") from None
+    return local

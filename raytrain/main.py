@@ -1,0 +1,55 @@
+"""`python -m raytrain.main [--config FILE] [--dry-run] [KEY=VALUE ...]`: parse, resolve, train."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from raytrain.config import ConfigError, load_config
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m raytrain.main",
+        description="Train a causal LM with DeepSpeed ZeRO-3 on a Ray cluster. "
+                    "Precedence: KEY=VALUE > --config FILE > defaults.")
+    parser.add_argument("--config", help="YAML run config (sections: model, data, training, scaling, "
+                                         "checkpoint, cluster, network, deepspeed)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="resolve and validate for the requested cluster shape, print the run as JSON, exit")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="dotted overrides, e.g. training.max_steps=20 deepspeed=ds_config.json")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        if args.dry_run:
+            from raytrain.resolve import resolve_run, shape_from_config
+
+            print(json.dumps(resolve_run(cfg, shape_from_config(cfg, _local_gpus())), indent=2))
+            return 0
+        from raytrain.driver import fit
+
+        result = fit(cfg)
+    except ConfigError as e:
+        print(f"raytrain: error: {e}", file=sys.stderr)
+        return 2
+    loss = result.metrics.get("loss")
+    print(f"raytrain: done at step {result.metrics.get('step')}, loss {loss:.4f}" if loss is not None
+          else "raytrain: done")
+    print(f"raytrain: checkpoint {result.checkpoint_path}")
+    return 0
+
+
+def _local_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

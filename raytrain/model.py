@@ -1,0 +1,129 @@
+"""The model and tokenizer: any Hugging Face causal LM, or the built-in tiny Llama and byte tokenizer.
+
+`load_model_config` and `load_tokenizer` are cheap and run on the driver (for planning and
+validation) as well as on workers. `build_model` runs on a worker and creates the parameters
+under `deepspeed.zero.Init`, so each rank only ever holds its partition.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from raytrain.config import ConfigError, ModelConfig
+
+# The built-in model: Llama-family, small enough to train in minutes on two CPU cores.
+BUILTIN_LLAMA: dict[str, Any] = {
+    "hidden_size": 128,
+    "intermediate_size": 352,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 320,  # 257 byte tokens, padded to a multiple of 64
+    "max_position_embeddings": 1024,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+}
+BYTE_EOS = "<|endoftext|>"
+
+
+def load_model_config(cfg: ModelConfig):
+    """The transformers config of the model to train, with `cfg.config` overrides applied."""
+    from transformers import AutoConfig, LlamaConfig
+
+    if cfg.name_or_path is None:
+        return LlamaConfig(**{**BUILTIN_LLAMA, **cfg.config})
+    try:
+        hf_config = AutoConfig.from_pretrained(cfg.name_or_path, trust_remote_code=cfg.trust_remote_code)
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"model.name_or_path={cfg.name_or_path!r}: cannot load its config ({first}); "
+                          f"give a local directory with config.json or a Hugging Face hub id") from None
+    for key, value in cfg.config.items():
+        if not hasattr(hf_config, key):
+            raise ConfigError(f"model.config.{key}: {type(hf_config).__name__} has no such field")
+        setattr(hf_config, key, value)
+    return hf_config
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_tokenizer(spec: str | None, trust_remote_code: bool):
+    if spec is None:
+        return byte_tokenizer()
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(spec, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"model.tokenizer={spec!r}: cannot load it ({first}); give a local directory or hub id") from None
+    if not tok.is_fast:
+        raise ConfigError(f"model.tokenizer={spec!r} is a slow tokenizer: raytrain needs a fast (Rust) tokenizer")
+    if tok.eos_token_id is None:
+        raise ConfigError(f"model.tokenizer={spec!r} has no eos_token: documents are separated by EOS; "
+                          f"use a tokenizer with one")
+    return tok
+
+
+def load_tokenizer(cfg: ModelConfig):
+    """The tokenizer named by the config (cached per process: tokenization tasks call this per batch)."""
+    return _cached_tokenizer(cfg.tokenizer or cfg.name_or_path, cfg.trust_remote_code)
+
+
+def byte_tokenizer():
+    """A byte-level fast tokenizer (256 byte tokens + EOS), built in code: no files, no network."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    vocab[BYTE_EOS] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([BYTE_EOS])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=BYTE_EOS, pad_token=BYTE_EOS)
+
+
+def count_parameters(hf_config) -> int:
+    """Parameter count from the config alone (meta device: no memory is allocated)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def build_model(cfg: ModelConfig, hf_config, ds_config: dict[str, Any]):
+    """Create the model on this worker, partitioned as it is created (ZeRO-3)."""
+    import deepspeed
+    from transformers import AutoModelForCausalLM
+
+    from raytrain.deepspeed_config import zero_stage
+
+    stage3 = zero_stage(ds_config) == 3
+    # Import the model's modules (and torch._dynamo, which transformers pulls in) before zero.Init
+    # patches torch's tensor constructors: importing them inside it fails. Building on the meta
+    # device does that at no memory cost.
+    count_parameters(hf_config)
+    if cfg.pretrained:
+        # transformers' DeepSpeed integration: while an HfDeepSpeedConfig with stage 3 is alive,
+        # from_pretrained creates the model under zero.Init and loads each shard into its partition.
+        from transformers.integrations import HfDeepSpeedConfig
+
+        keep_alive = HfDeepSpeedConfig(ds_config)  # noqa: F841 (a weak global reference reads it)
+        model = AutoModelForCausalLM.from_pretrained(
+            cfg.name_or_path, config=hf_config, attn_implementation=cfg.attn_implementation,
+            trust_remote_code=cfg.trust_remote_code)
+    else:
+        # zero.Init partitions each submodule's parameters right after it is constructed, so the
+        # full model never exists on one rank; dtype follows the config's bf16/fp16 section.
+        with deepspeed.zero.Init(config_dict_or_path=ds_config, enabled=stage3):
+            model = AutoModelForCausalLM.from_config(
+                hf_config, attn_implementation=cfg.attn_implementation,
+                trust_remote_code=cfg.trust_remote_code)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False  # no KV cache in training: it only costs memory
+    return model

@@ -1,0 +1,111 @@
+"""Resolve a RunConfig for a cluster shape: every derived value computed once, every check done.
+
+Runs on the driver, before any worker starts, both for `--dry-run` (shape from the config alone)
+and for a real run (shape read from the live Ray cluster). The result is a plain dict, which is
+what workers receive and what `--dry-run` prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from raytrain.config import ConfigError, RunConfig
+from raytrain.deepspeed_config import resolve_deepspeed
+
+
+@dataclass
+class ClusterShape:
+    num_workers: int
+    use_gpu: bool
+    gpus_per_node: int | None = None
+    cpus_total: float | None = None
+    """Logical CPUs of the live cluster (None when planning without one)."""
+
+
+def shape_from_config(cfg: RunConfig, gpus_available: int = 0) -> ClusterShape:
+    """The shape the config asks for, without a Ray cluster (dry runs on a laptop)."""
+    use_gpu = cfg.scaling.use_gpu if cfg.scaling.use_gpu is not None else gpus_available > 0
+    num_workers = cfg.scaling.num_workers
+    if num_workers is None:
+        if use_gpu and gpus_available == 0:
+            raise ConfigError("scaling.num_workers is not set and there are no GPUs here to count: "
+                              "set scaling.num_workers to the number of GPUs of the target cluster")
+        num_workers = gpus_available if use_gpu else 2
+    return ClusterShape(num_workers=num_workers, use_gpu=use_gpu, gpus_per_node=gpus_available or None)
+
+
+def shape_from_cluster(cfg: RunConfig, resources: dict[str, float], gpus_per_node: int | None) -> ClusterShape:
+    """The shape on a live Ray cluster (`ray.cluster_resources()`)."""
+    gpus = int(resources.get("GPU", 0))
+    use_gpu = cfg.scaling.use_gpu if cfg.scaling.use_gpu is not None else gpus > 0
+    num_workers = cfg.scaling.num_workers
+    if num_workers is None:
+        if use_gpu and gpus == 0:
+            raise ConfigError("scaling.use_gpu=true but the cluster has no GPU yet: set scaling.num_workers "
+                              "(the autoscaler adds GPU nodes for the workers you ask for)")
+        num_workers = gpus if use_gpu else 2
+    return ClusterShape(num_workers=num_workers, use_gpu=use_gpu, gpus_per_node=gpus_per_node,
+                        cpus_total=resources.get("CPU"))
+
+
+def resolve_run(cfg: RunConfig, shape: ClusterShape) -> dict[str, Any]:
+    """Validate the config for `shape` and return the fully resolved run (a JSON-able dict)."""
+    from raytrain.data import describe
+    from raytrain.model import load_model_config, load_tokenizer
+
+    if shape.num_workers < 1:
+        raise ConfigError(f"scaling.num_workers must be at least 1, got {shape.num_workers}")
+    _check_positive(cfg)
+    hf_config = load_model_config(cfg.model)
+    hidden = getattr(hf_config, "hidden_size", None)
+    if hidden is None:
+        raise ConfigError(f"model: {type(hf_config).__name__} has no hidden_size; raytrain trains decoder LMs")
+    max_pos = getattr(hf_config, "max_position_embeddings", None)
+    if max_pos is not None and cfg.data.seq_len > max_pos:
+        raise ConfigError(f"data.seq_len={cfg.data.seq_len} exceeds the model's max_position_embeddings={max_pos}: "
+                          f"lower data.seq_len or set model.config.max_position_embeddings")
+    tokenizer = load_tokenizer(cfg.model)
+    if len(tokenizer) > hf_config.vocab_size:
+        raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens but the model's embedding table has "
+                          f"{hf_config.vocab_size}: set model.config.vocab_size >= {len(tokenizer)} or use the "
+                          f"model's own tokenizer")
+    if shape.cpus_total is not None and not shape.use_gpu:
+        # Ray Train reserves the workers' CPUs; with none left, Ray Data cannot schedule a single
+        # tokenization task and the run waits forever.
+        spare = shape.cpus_total - shape.num_workers * cfg.scaling.cpus_per_worker
+        if spare < 1:
+            raise ConfigError(f"{shape.num_workers} workers x scaling.cpus_per_worker={cfg.scaling.cpus_per_worker} "
+                              f"leave {spare:g} of the cluster's {shape.cpus_total:g} CPUs for Ray Data, which then "
+                              f"hangs: lower scaling.cpus_per_worker (fractions work) or add CPUs")
+    ds = resolve_deepspeed(cfg.deepspeed, cfg.training, world_size=shape.num_workers, use_gpu=shape.use_gpu,
+                           hidden_size=hidden, gpus_per_node=shape.gpus_per_node)
+    run = cfg.to_dict()
+    run["deepspeed"] = ds
+    run["scaling"].update(num_workers=shape.num_workers, use_gpu=shape.use_gpu)
+    return {
+        "run": run,
+        "cluster": dataclasses.asdict(shape),
+        "data": describe(cfg.data),
+        "model": {"type": type(hf_config).__name__, "hidden_size": hidden,
+                  "num_hidden_layers": getattr(hf_config, "num_hidden_layers", None),
+                  "vocab_size": hf_config.vocab_size, "tokenizer_size": len(tokenizer)},
+        "tokens_per_step": ds["train_batch_size"] * cfg.data.seq_len,
+    }
+
+
+def _check_positive(cfg: RunConfig) -> None:
+    for key, value in (("training.max_steps", cfg.training.max_steps), ("data.seq_len", cfg.data.seq_len),
+                       ("training.log_every_n_steps", cfg.training.log_every_n_steps),
+                       ("data.tokenize_batch_size", cfg.data.tokenize_batch_size),
+                       ("checkpoint.num_to_keep", cfg.checkpoint.num_to_keep)):
+        if value < 1:
+            raise ConfigError(f"{key} must be at least 1, got {value}")
+    if cfg.checkpoint.every_n_steps < 0:
+        raise ConfigError(f"checkpoint.every_n_steps must be >= 0 (0: only at the end), got {cfg.checkpoint.every_n_steps}")
+    if not (cfg.training.learning_rate > 0 and math.isfinite(cfg.training.learning_rate)):
+        raise ConfigError(f"training.learning_rate must be a positive number, got {cfg.training.learning_rate}")
+    if cfg.scaling.cpus_per_worker <= 0:
+        raise ConfigError(f"scaling.cpus_per_worker must be > 0, got {cfg.scaling.cpus_per_worker}")

@@ -1,0 +1,173 @@
+"""The per-worker training loop (runs inside each Ray Train worker process).
+
+Start at `train_loop_per_worker`. It receives the resolved run as a plain dict (never module
+globals), rebuilds the typed config, then: device -> DeepSpeed comm on Ray's process group ->
+model under zero.Init -> deepspeed.initialize -> restore -> loop(train step, metrics, checkpoint).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, Iterator
+
+from raytrain.config import RunConfig, TrainingConfig
+from raytrain.deepspeed_config import batch_sizes, offload_device
+
+
+def train_loop_per_worker(payload: dict[str, Any]) -> None:
+    import ray.train
+    import ray.train.torch
+    import torch
+
+    cfg = RunConfig.from_dict(payload["run"])
+    ds_config: dict[str, Any] = cfg.deepspeed  # resolved on the driver: no "auto" left
+    ctx = ray.train.get_context()
+    rank = ctx.get_world_rank()
+    device = ray.train.torch.get_device()  # the device Ray assigned, not a guess from LOCAL_RANK
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    deepspeed = _import_deepspeed(device)
+    # torch.distributed is already initialised by Ray Train: DeepSpeed's comm wraps that process
+    # group (it must exist before zero.Init, which reads the world size from it).
+    deepspeed.init_distributed(dist_backend=torch.distributed.get_backend(), auto_mpi_discovery=False)
+
+    torch.manual_seed(cfg.training.seed)  # same init on every rank before zero.Init partitions it
+    from raytrain.model import build_model, load_model_config
+
+    hf_config = load_model_config(cfg.model)
+    model = build_model(cfg.model, hf_config, ds_config)
+    optimizer, scheduler = build_optimizer(model, cfg.training, ds_config, device)
+    engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                                   config=ds_config, dist_init_required=False)
+
+    from raytrain import checkpoint
+    from raytrain.metrics import StepMeter, flops_per_token, format_line
+
+    start_step = checkpoint.restore(engine)
+    train_batch, micro_batch, grad_accum = batch_sizes(ds_config)
+    seq_len = cfg.data.seq_len
+    num_params = sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters())
+    meter = StepMeter(
+        max_steps=cfg.training.max_steps, tokens_per_step=train_batch * seq_len,
+        flops_per_token=flops_per_token(num_params, hf_config.num_hidden_layers, hf_config.hidden_size, seq_len),
+        peak_flops_total=cfg.training.peak_tflops_per_gpu * 1e12 * ctx.get_world_size() if device.type == "cuda" else None)
+    if rank == 0:
+        print(f"raytrain: {num_params:,} parameters, world size {ctx.get_world_size()}, "
+              f"batch {train_batch} = {micro_batch} x {grad_accum} x {ctx.get_world_size()}, seq_len {seq_len}, "
+              f"device {device.type}, starting at step {start_step}", flush=True)
+
+    batches = micro_batches(ray.train.get_dataset_shard("train"), micro_batch, device,
+                            skip=start_step * grad_accum)
+    pending_losses: list[torch.Tensor] = []
+    metrics: dict[str, Any] = {"step": start_step}
+    every_ckpt = cfg.checkpoint.every_n_steps
+    for step in range(start_step + 1, cfg.training.max_steps + 1):
+        data_wait = 0.0
+        step_loss = torch.zeros((), device=device)
+        for _ in range(grad_accum):
+            t = time.perf_counter()
+            input_ids = next(batches)
+            data_wait += time.perf_counter() - t
+            loss = engine(input_ids=input_ids, labels=input_ids).loss
+            engine.backward(loss)
+            engine.step()  # DeepSpeed only updates at the accumulation boundary
+            step_loss += loss.detach()
+        pending_losses.append(step_loss / grad_accum)
+        meter.step(data_wait)
+
+        last = step == cfg.training.max_steps
+        if step % cfg.training.log_every_n_steps == 0 or last:
+            # One device sync and one small all-reduce per logging window, not per step.
+            window = torch.stack(pending_losses).mean()
+            torch.distributed.all_reduce(window, op=torch.distributed.ReduceOp.AVG)
+            pending_losses.clear()
+            grad_norm = engine.get_global_grad_norm()
+            metrics = meter.collect(step, window.item(), scheduler.get_last_lr()[0] if scheduler else engine.get_lr()[0],
+                                    None if grad_norm is None else float(grad_norm), device)
+            if rank == 0:
+                print(format_line(metrics, cfg.training.max_steps), flush=True)
+            if not (last or (every_ckpt and step % every_ckpt == 0)):
+                ray.train.report(metrics)
+        if last or (every_ckpt and step % every_ckpt == 0):
+            checkpoint.save(engine, step, metrics, payload["run"], rank)
+
+
+def micro_batches(shard, micro_batch: int, device, skip: int = 0) -> Iterator[Any]:
+    """Endless micro-batches of input_ids from this rank's shard, epoch after epoch.
+
+    drop_last keeps every rank at the same number of batches per epoch (streaming_split(equal=True)
+    already equalises rows), so no rank waits forever in a collective at an epoch's end.
+    `skip` micro-batches are read and discarded (resume at the consumed position).
+    """
+    import torch
+
+    epoch = 0
+    while True:
+        produced = 0
+        for batch in shard.iter_torch_batches(batch_size=micro_batch, dtypes={"input_ids": torch.long},
+                                              device=device, drop_last=True, prefetch_batches=2):
+            produced += 1
+            if skip:
+                skip -= 1
+                continue
+            yield batch["input_ids"]
+        if produced == 0:
+            raise RuntimeError(f"the training data yields no micro-batch of {micro_batch} sequences per worker "
+                               f"(epoch {epoch}): add data, or lower data.seq_len or the micro-batch size")
+        epoch += 1
+
+
+def build_optimizer(model, training: TrainingConfig, ds_config: dict[str, Any], device):
+    """AdamW and warmup+cosine, unless the DeepSpeed config brings its own optimizer/scheduler."""
+    import torch
+
+    optimizer = scheduler = None
+    if "optimizer" not in ds_config:
+        decay, no_decay = [], []
+        for p in model.parameters():
+            # Under ZeRO-3 p.shape is the (empty) local partition; ds_shape is the real one.
+            (decay if len(getattr(p, "ds_shape", p.shape)) >= 2 else no_decay).append(p)
+        groups = [{"params": decay, "weight_decay": training.weight_decay},
+                  {"params": no_decay, "weight_decay": 0.0}]
+        kwargs = dict(lr=training.learning_rate, betas=tuple(training.adam_betas), eps=training.adam_epsilon)
+        if offload_device(ds_config, "offload_optimizer") != "none":
+            # Offloaded optimizer states live in host memory: DeepSpeed's vectorised CPU Adam is
+            # the only optimizer it accepts there (JIT-compiled once, ~50 s, cached in TORCH_EXTENSIONS_DIR).
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            optimizer = DeepSpeedCPUAdam(groups, adamw_mode=True, **kwargs)
+        else:
+            # torch's fused AdamW on GPU: no JIT build (DeepSpeed's FusedAdam compiles for minutes).
+            optimizer = torch.optim.AdamW(groups, fused=device.type == "cuda", **kwargs)
+    if "scheduler" not in ds_config and optimizer is not None:
+        # (A DeepSpeed JSON with its own optimizer and no scheduler keeps its constant LR, as written.)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(training))
+    return optimizer, scheduler
+
+
+def warmup_cosine(training: TrainingConfig):
+    """LR multiplier: linear warmup to 1, then cosine decay to min_lr_ratio at max_steps."""
+    def factor(step: int) -> float:
+        if step < training.warmup_steps:
+            return (step + 1) / training.warmup_steps
+        progress = min(1.0, (step - training.warmup_steps) / max(1, training.max_steps - training.warmup_steps))
+        return training.min_lr_ratio + (1 - training.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return factor
+
+
+def _import_deepspeed(device):
+    """Import DeepSpeed for this worker's device, without its CPU shared-memory comm op.
+
+    On CPU DeepSpeed would JIT-compile a shared-memory all-reduce (~35 s per process start); gloo is
+    enough for CPU runs, which exist for development and tests, not speed.
+    """
+    if device.type == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+    import deepspeed.ops
+
+    if device.type == "cpu":
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    return deepspeed
