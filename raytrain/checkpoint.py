@@ -5,7 +5,7 @@ reports it with `ray.train.report`; Ray Train merges all ranks' files into one c
 in the run's storage path (local, shared filesystem or cloud URI) and keeps the last K.
 
 Layout of one checkpoint:
-    raytrain.json                 step, resolved run config, metrics (rank 0)
+    raytrain.json                 step, metrics and their history, resolved run config (rank 0)
     latest                        DeepSpeed's pointer to the tag below
     step_00000080/                DeepSpeed's tag: per-rank model and optimizer shards
 
@@ -28,7 +28,8 @@ def tag_for(step: int) -> str:
     return f"step_{step:08d}"
 
 
-def save(engine, step: int, metrics: dict[str, Any], run: dict[str, Any], rank: int) -> str:
+def save(engine, step: int, metrics: dict[str, Any], history: list[dict[str, Any]], run: dict[str, Any],
+         rank: int) -> str:
     """Save this rank's shard for `step` and report it (a collective: every rank must call it)."""
     import ray.train
 
@@ -37,7 +38,7 @@ def save(engine, step: int, metrics: dict[str, Any], run: dict[str, Any], rank: 
         engine.save_checkpoint(local, tag=tag_for(step), client_state={"raytrain_step": step})
         if rank == 0:
             with open(os.path.join(local, METADATA), "w") as f:
-                json.dump({"step": step, "metrics": metrics, "run": run}, f, indent=2, default=str)
+                json.dump({"step": step, "metrics": metrics, "history": history, "run": run}, f, indent=2, default=str)
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(local),
                          checkpoint_dir_name=f"checkpoint_{tag_for(step)}")
     finally:
@@ -57,3 +58,9 @@ def restore(engine) -> int:
     if client_state is None:
         raise RuntimeError(f"checkpoint {checkpoint.path} could not be loaded by DeepSpeed")
     return int(client_state["raytrain_step"])
+
+
+def read_metadata(checkpoint) -> dict[str, Any]:
+    """raytrain.json of a ray.train.Checkpoint (local or remote storage)."""
+    with checkpoint.filesystem.open_input_stream(f"{checkpoint.path}/{METADATA}") as f:
+        return json.loads(f.read().decode())

@@ -30,6 +30,9 @@ def build_dataset(data: DataConfig, model: ModelConfig, seed: int):
     """The packed training dataset: rows of {"input_ids": int32[seq_len]}."""
     import ray.data
 
+    # Ray Data's tqdm bars redraw into every log line (and into `ray job logs`) as escape codes;
+    # progress is in raytrain's own line instead (data_wait).
+    ray.data.DataContext.get_current().enable_progress_bars = False
     fmt = resolve_format(data)
     if data.path is None:
         ds = ray.data.from_items([{"text": t} for t in builtin_corpus(data.num_builtin_documents, seed)])
@@ -103,7 +106,8 @@ def tokenize_and_pack(batch: dict[str, np.ndarray], *, seq_len: int, model: Mode
             raise ConfigError(f"data.text_column={text_column!r} is not a column of the data "
                               f"(columns: {', '.join(batch)}): set data.text_column")
         texts = [t for t in batch[text_column].tolist() if t]
-        docs = [np.asarray(ids, dtype=np.int64) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        encoded = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+        docs = [np.asarray(ids, dtype=np.int64) for ids in encoded]
     eos = np.asarray([tokenizer.eos_token_id], dtype=np.int64)
     flat = np.concatenate([piece for d in docs for piece in (d, eos)]) if docs else np.zeros(0, np.int64)
     n_blocks = len(flat) // seq_len

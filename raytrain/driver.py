@@ -20,6 +20,8 @@ class FitResult:
     """What a finished run leaves: its final metrics and where its checkpoint and files are."""
 
     metrics: dict[str, Any]
+    history: list[dict[str, Any]]
+    """Every logged window of the run (step, loss, lr, grad_norm, tokens_per_s, ...)."""
     checkpoint_path: str | None
     run_path: str
     resolved: dict[str, Any]
@@ -30,6 +32,7 @@ def fit(cfg: RunConfig) -> FitResult:
     import ray.train
     from ray.train.torch import TorchTrainer
 
+    from raytrain.checkpoint import read_metadata
     from raytrain.data import build_dataset, ingest_config
     from raytrain.worker import train_loop_per_worker
 
@@ -58,8 +61,10 @@ def fit(cfg: RunConfig) -> FitResult:
         torch_config=_torch_config(cfg, shape),
     )
     result = trainer.fit()
-    checkpoint = result.checkpoint.path if result.checkpoint is not None else None
-    return FitResult(metrics=dict(result.metrics or {}), checkpoint_path=checkpoint,
+    if result.checkpoint is None:
+        raise RuntimeError(f"the run ended without a checkpoint (see the worker logs above): {result.error}")
+    meta = read_metadata(result.checkpoint)
+    return FitResult(metrics=meta["metrics"], history=meta["history"], checkpoint_path=result.checkpoint.path,
                      run_path=str(result.path), resolved=resolved)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import warnings
 from typing import Any, Iterator
 
 from raytrain.config import RunConfig, TrainingConfig
@@ -62,6 +63,7 @@ def train_loop_per_worker(payload: dict[str, Any]) -> None:
                             skip=start_step * grad_accum)
     pending_losses: list[torch.Tensor] = []
     metrics: dict[str, Any] = {"step": start_step}
+    history: list[dict[str, Any]] = []  # every logged window, saved with each checkpoint
     every_ckpt = cfg.checkpoint.every_n_steps
     for step in range(start_step + 1, cfg.training.max_steps + 1):
         data_wait = 0.0
@@ -86,12 +88,13 @@ def train_loop_per_worker(payload: dict[str, Any]) -> None:
             grad_norm = engine.get_global_grad_norm()
             metrics = meter.collect(step, window.item(), scheduler.get_last_lr()[0] if scheduler else engine.get_lr()[0],
                                     None if grad_norm is None else float(grad_norm), device)
+            history.append(metrics)
             if rank == 0:
                 print(format_line(metrics, cfg.training.max_steps), flush=True)
             if not (last or (every_ckpt and step % every_ckpt == 0)):
                 ray.train.report(metrics)
         if last or (every_ckpt and step % every_ckpt == 0):
-            checkpoint.save(engine, step, metrics, payload["run"], rank)
+            checkpoint.save(engine, step, metrics, history, payload["run"], rank)
 
 
 def micro_batches(shard, micro_batch: int, device, skip: int = 0) -> Iterator[Any]:
@@ -165,6 +168,9 @@ def _import_deepspeed(device):
     """
     if device.type == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    # DeepSpeed's ZeRO-3 calls torch's all_gather_into_tensor, which torch 2.13 deprecates: one
+    # warning per call would bury the progress lines.
+    warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*", category=FutureWarning)
     import deepspeed
     import deepspeed.ops
 

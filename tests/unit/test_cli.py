@@ -1,0 +1,55 @@
+"""The command line as a user meets it: dry runs and one-line errors (real subprocesses, no Ray)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def run_main(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "raytrain.main", *args], capture_output=True, text=True,
+                          timeout=120, cwd=cwd)
+
+
+def test_dry_run_plans_a_gpu_cluster_without_gpus(tmp_path):
+    ds = tmp_path / "seed.json"
+    ds.write_text(json.dumps({"train_batch_size": 512, "gradient_accumulation_steps": 4,
+                              "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+                                                    "overlap_comm": True, "contiguous_gradients": True},
+                              "fp16": {"enabled": True}}))
+    p = run_main("--dry-run", "scaling.use_gpu=true", "scaling.num_workers=8", f"deepspeed={ds}")
+    assert p.returncode == 0, p.stderr
+    plan = json.loads(p.stdout)
+    assert plan["run"]["deepspeed"]["train_micro_batch_size_per_gpu"] == 16
+    assert plan["cluster"] == {"num_workers": 8, "use_gpu": True, "gpus_per_node": None, "cpus_total": None}
+    p64 = run_main("--dry-run", "scaling.use_gpu=true", "scaling.num_workers=64")
+    assert p64.returncode == 0 and json.loads(p64.stdout)["run"]["deepspeed"]["bf16"]["enabled"] is True
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["training.max_step=3"], "did you mean training.max_steps"),
+    (["training.max_steps=abc"], "training.max_steps must be an integer"),
+    (["--config", "/nonexistent/run.yaml"], "does not exist"),
+    (["deepspeed=/nonexistent/ds.json"], "deepspeed: file /nonexistent/ds.json does not exist"),
+    (["scaling.use_gpu=true", "scaling.num_workers=6",
+      'deepspeed={"train_batch_size": 512, "gradient_accumulation_steps": 4, "zero_optimization": {"stage": 3}}'],
+     "world size 6"),
+    (['deepspeed={"fp16": {"enabled": true}, "zero_optimization": {"stage": 3}}', "scaling.use_gpu=false"],
+     "needs GPUs"),
+    (["data.seq_len=4096"], "max_position_embeddings=1024"),
+    (["data.path=/nonexistent/corpus"], "data.path: /nonexistent/corpus does not exist"),
+])
+def test_user_errors_are_one_line_without_traceback(args, needle):
+    p = run_main("--dry-run", *args)
+    assert p.returncode == 2
+    assert needle in p.stderr
+    assert "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_malformed_yaml_is_reported_with_its_line(tmp_path):
+    bad = tmp_path / "run.yaml"
+    bad.write_text("training:\n  max_steps: 5\n  seed: [1\n")
+    p = run_main("--dry-run", "--config", str(bad))
+    assert p.returncode == 2 and "run.yaml is not valid YAML" in p.stderr and "line" in p.stderr

@@ -1,0 +1,97 @@
+"""DeepSpeed resolution: "auto", batch arithmetic, contradictions, precision vs hardware."""
+
+import pytest
+
+from raytrain.config import ConfigError, TrainingConfig
+from raytrain.deepspeed_config import resolve_deepspeed
+
+SEED = {"train_batch_size": 512, "gradient_accumulation_steps": 4,
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+                              "overlap_comm": True, "contiguous_gradients": True},
+        "fp16": {"enabled": True}}
+
+
+def resolve(ds, world_size=8, use_gpu=True, hidden=2048, **training):
+    return resolve_deepspeed(ds, TrainingConfig(**training), world_size=world_size, use_gpu=use_gpu,
+                             hidden_size=hidden, gpus_per_node=8)
+
+
+def test_seed_config_with_8_workers_gives_micro_batch_16():
+    ds = resolve(SEED)
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (512, 16, 4)
+    assert ds["zero_optimization"] == {**SEED["zero_optimization"], "reduce_bucket_size": 2048 * 2048,
+                                       "stage3_prefetch_bucket_size": int(0.9 * 2048 * 2048),
+                                       "stage3_param_persistence_threshold": 20480} \
+        or ds["zero_optimization"]["offload_optimizer"] == SEED["zero_optimization"]["offload_optimizer"]
+    assert SEED["train_batch_size"] == 512 and "train_micro_batch_size_per_gpu" not in SEED  # input untouched
+
+
+def test_world_size_that_does_not_divide_names_the_three_numbers():
+    with pytest.raises(ConfigError) as e:
+        resolve(SEED, world_size=6)
+    msg = str(e.value)
+    assert "train_batch_size=512" in msg and "gradient_accumulation_steps=4" in msg and "world size 6" in msg
+    assert "scaling.num_workers" in msg
+
+
+def test_explicit_triple_that_disagrees():
+    ds = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1}
+    with pytest.raises(ConfigError, match=r"train_batch_size=64 != .* = 32"):
+        resolve(ds, world_size=8)
+
+
+def test_auto_values_are_filled_from_training_and_model():
+    ds = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+          "gradient_clipping": "auto", "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"},
+          "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+          "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+                                "stage3_param_persistence_threshold": "auto"}}
+    out = resolve(ds, world_size=4, hidden=1024, micro_batch_size_per_gpu=2, gradient_accumulation_steps=3,
+                  learning_rate=0.02, gradient_clipping=0.5)
+    assert (out["train_batch_size"], out["train_micro_batch_size_per_gpu"], out["gradient_accumulation_steps"]) == (24, 2, 3)
+    assert out["gradient_clipping"] == 0.5
+    assert out["bf16"]["enabled"] is True and out["fp16"]["enabled"] is False  # GPU default: bf16
+    assert out["optimizer"]["params"] == {"lr": 0.02, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
+    assert out["zero_optimization"]["reduce_bucket_size"] == 1024 * 1024
+    assert "auto" not in repr(out)
+
+
+def test_concrete_values_are_never_rewritten():
+    ds = {"train_micro_batch_size_per_gpu": 3, "gradient_clipping": 2.0,
+          "zero_optimization": {"stage": 3, "reduce_bucket_size": 12345}}
+    out = resolve(ds, world_size=2, gradient_clipping=1.0)
+    assert out["gradient_clipping"] == 2.0 and out["zero_optimization"]["reduce_bucket_size"] == 12345
+    assert out["train_batch_size"] == 6
+
+
+def test_training_value_contradicting_deepspeed_value():
+    with pytest.raises(ConfigError, match="training.micro_batch_size_per_gpu=4 contradicts deepspeed.train_micro_batch_size_per_gpu=2"):
+        resolve({"train_micro_batch_size_per_gpu": 2}, micro_batch_size_per_gpu=4)
+
+
+@pytest.mark.parametrize("ds, match", [
+    ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, "both true"),
+    ({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}}, "offload_param needs stage 3"),
+    ({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}}, "nvme_path is missing"),
+    ({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 3}}, "does not divide world size 8"),
+    ({"zero_optimization": {"stage": 3, "sub_group_size": "auto"}}, "zero_optimization.sub_group_size is \"auto\""),
+    ({"train_batch_size": -4}, "positive integer"),
+])
+def test_contradictions_are_rejected(ds, match):
+    with pytest.raises(ConfigError, match=match):
+        resolve(ds)
+
+
+def test_fp16_on_cpu_is_rejected_with_the_fix():
+    with pytest.raises(ConfigError, match=r"fp16.enabled=true needs GPUs.*scaling.use_gpu=true"):
+        resolve(SEED, use_gpu=False)
+
+
+def test_deepspeed_json_path_is_read(tmp_path):
+    import json
+
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(SEED))
+    assert resolve(str(path))["train_micro_batch_size_per_gpu"] == 16
+    with pytest.raises(ConfigError, match="does not exist"):
+        resolve(str(tmp_path / "missing.json"))
