@@ -6,6 +6,7 @@ in the run's storage path (local, shared filesystem or cloud URI) and keeps the 
 
 Layout of one checkpoint:
     raytrain.json                 step, metrics and their history, resolved run config (rank 0)
+    nccl_env_node<N>.json         the NCCL/Gloo environment node N's workers ran with
     latest                        DeepSpeed's pointer to the tag below
     step_00000080/                DeepSpeed's tag: per-rank model and optimizer shards
 
@@ -28,15 +29,21 @@ def tag_for(step: int) -> str:
     return f"step_{step:08d}"
 
 
-def save(engine, step: int, metrics: dict[str, Any], history: list[dict[str, Any]], run: dict[str, Any],
-         rank: int) -> str:
+def save(engine, step: int, metrics: dict[str, Any], history: list[dict[str, Any]], run: dict[str, Any]) -> str:
     """Save this rank's shard for `step` and report it (a collective: every rank must call it)."""
     import ray.train
 
+    from raytrain.network import applied_env
+
+    ctx = ray.train.get_context()
     local = tempfile.mkdtemp(prefix="raytrain-ckpt-")
     try:
         engine.save_checkpoint(local, tag=tag_for(step), client_state={"raytrain_step": step})
-        if rank == 0:
+        if ctx.get_local_rank() == 0:
+            # The NCCL/Gloo environment this node's workers actually ran with, one file per node.
+            with open(os.path.join(local, f"nccl_env_node{ctx.get_node_rank()}.json"), "w") as f:
+                json.dump(applied_env(), f, indent=2, sort_keys=True)
+        if ctx.get_world_rank() == 0:
             with open(os.path.join(local, METADATA), "w") as f:
                 json.dump({"step": step, "metrics": metrics, "history": history, "run": run}, f, indent=2, default=str)
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(local),

@@ -93,9 +93,10 @@ def live_shape(cfg: RunConfig) -> ClusterShape:
 
 
 def _torch_config(cfg: RunConfig, shape: ClusterShape):
-    from ray.train.torch import TorchConfig
+    from raytrain.network import torch_config
 
-    return TorchConfig(backend="nccl" if shape.use_gpu else "gloo")
+    # raytrain's backend sets each node's NCCL/Gloo environment before the process group exists.
+    return torch_config(cfg.network, backend="nccl" if shape.use_gpu else "gloo")
 
 
 def _storage_path(path: str) -> str:

@@ -80,6 +80,9 @@ def resolve_run(cfg: RunConfig, shape: ClusterShape) -> dict[str, Any]:
             raise ConfigError(f"{shape.num_workers} workers x scaling.cpus_per_worker={cfg.scaling.cpus_per_worker} "
                               f"leave {spare:g} of the cluster's {shape.cpus_total:g} CPUs for Ray Data, which then "
                               f"hangs: lower scaling.cpus_per_worker (fractions work) or add CPUs")
+    from raytrain.network import torch_config
+
+    torch_config(cfg.network, backend="nccl" if shape.use_gpu else "gloo")  # validates network.env
     ds = resolve_deepspeed(cfg.deepspeed, cfg.training, world_size=shape.num_workers, use_gpu=shape.use_gpu,
                            hidden_size=hidden, gpus_per_node=shape.gpus_per_node)
     run = cfg.to_dict()

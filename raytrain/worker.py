@@ -94,7 +94,7 @@ def train_loop_per_worker(payload: dict[str, Any]) -> None:
             if not (last or (every_ckpt and step % every_ckpt == 0)):
                 ray.train.report(metrics)
         if last or (every_ckpt and step % every_ckpt == 0):
-            checkpoint.save(engine, step, metrics, history, payload["run"], rank)
+            checkpoint.save(engine, step, metrics, history, payload["run"])
 
 
 def micro_batches(shard, micro_batch: int, device, skip: int = 0) -> Iterator[Any]:

@@ -10,6 +10,9 @@ import time
 
 import pytest
 
+# Ray reads the auth mode once, when it is imported: set it before any test module imports ray.
+os.environ["RAY_AUTH_MODE"] = "token"
+
 RAY_PORT = int(os.environ.get("RAYTRAIN_TEST_RAY_PORT", "6390"))
 DASHBOARD_PORT = int(os.environ.get("RAYTRAIN_TEST_DASHBOARD_PORT", "8290"))
 RAY_BIN = os.path.join(os.path.dirname(sys.executable), "ray")
@@ -25,18 +28,29 @@ def ray_cluster():
     import ray
 
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
-    subprocess.run([RAY_BIN, "start", "--head", f"--port={RAY_PORT}", "--num-cpus=4", "--num-gpus=0",
-                    "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={DASHBOARD_PORT}",
-                    "--disable-usage-stats"], check=True, env=env, capture_output=True)
+    # --block keeps the head in the foreground: stopping this one process stops this cluster only
+    # (`ray stop` would kill every Ray process on the machine).
+    head = subprocess.Popen([RAY_BIN, "start", "--head", "--block", f"--port={RAY_PORT}", "--num-cpus=4",
+                             "--num-gpus=0", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+                             f"--dashboard-port={DASHBOARD_PORT}", "--disable-usage-stats"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     address = f"127.0.0.1:{RAY_PORT}"
-    os.environ["RAY_AUTH_MODE"] = "token"
+    deadline = time.time() + 120
+    while subprocess.run([RAY_BIN, "status", f"--address={address}"], env=env, capture_output=True).returncode:
+        if head.poll() is not None or time.time() > deadline:
+            head.kill()
+            pytest.fail(f"ray start --head failed: {head.stderr.read().decode()[-2000:]}")
+        time.sleep(1)
     ray.init(address=address)
     try:
         yield {"address": address, "dashboard": f"http://127.0.0.1:{DASHBOARD_PORT}"}
     finally:
         ray.shutdown()
-        subprocess.run([RAY_BIN, "stop", "--force"], capture_output=True, env=env)
-        time.sleep(1)
+        head.terminate()
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            head.kill()
 
 
 @pytest.fixture
