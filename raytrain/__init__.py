@@ -11,8 +11,8 @@ from raytrain.config import ConfigError, RunConfig, load_config
 __all__ = ["ConfigError", "RunConfig", "fit", "load_config"]
 
 
-def fit(config: RunConfig):
+def fit(config: RunConfig, fresh: bool = False):
     """Train `config` on the connected (or a new local) Ray cluster; returns a driver.FitResult."""
     from raytrain.driver import fit as _fit
 
-    return _fit(config)
+    return _fit(config, fresh=fresh)

@@ -38,7 +38,8 @@ def save(engine, step: int, metrics: dict[str, Any], history: list[dict[str, Any
     ctx = ray.train.get_context()
     local = tempfile.mkdtemp(prefix="raytrain-ckpt-")
     try:
-        engine.save_checkpoint(local, tag=tag_for(step), client_state={"raytrain_step": step})
+        # client_state lands in this rank's own model-states file: each rank restores its own RNG.
+        engine.save_checkpoint(local, tag=tag_for(step), client_state={"raytrain_step": step, "rng": _rng_state()})
         if ctx.get_local_rank() == 0:
             # The NCCL/Gloo environment this node's workers actually ran with, one file per node.
             with open(os.path.join(local, f"nccl_env_node{ctx.get_node_rank()}.json"), "w") as f:
@@ -53,18 +54,52 @@ def save(engine, step: int, metrics: dict[str, Any], history: list[dict[str, Any
     return tag_for(step)
 
 
-def restore(engine) -> int:
-    """Load the latest reported checkpoint if Ray Train has one for this run; return its step (0: none)."""
+def restore(engine, resume_from: str | None) -> tuple[int, list[dict[str, Any]]]:
+    """Load the checkpoint to continue from; return (its step, its metrics history), (0, []) if none.
+
+    Ray Train's latest reported checkpoint of this run wins (a restart after a failure, or the
+    same run name submitted again); else `resume_from` (--resume-from PATH) when given.
+    """
     import ray.train
 
     checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None and resume_from:
+        checkpoint = ray.train.Checkpoint(resume_from)
     if checkpoint is None:
-        return 0
+        return 0, []
     with checkpoint.as_directory() as path:
-        _, client_state = engine.load_checkpoint(path)  # reads the `latest` tag
+        _, client_state = engine.load_checkpoint(path)  # reads the `latest` tag; full unpickling
+        with open(os.path.join(path, METADATA)) as f:
+            history = json.load(f)["history"]
     if client_state is None:
         raise RuntimeError(f"checkpoint {checkpoint.path} could not be loaded by DeepSpeed")
-    return int(client_state["raytrain_step"])
+    _set_rng_state(client_state["rng"])
+    return int(client_state["raytrain_step"]), history
+
+
+def _rng_state() -> dict[str, Any]:
+    import random
+
+    import numpy as np
+    import torch
+
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 def read_metadata(checkpoint) -> dict[str, Any]:

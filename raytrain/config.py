@@ -48,22 +48,66 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    """Where the text comes from and how it becomes fixed-length token blocks."""
+    """Where the text comes from, how it becomes fixed-length token blocks, and the held-out split."""
 
     path: str | list[str] | None = None
-    """Files or directories (local, s3://, gs://, ...). None: the built-in generated corpus."""
+    """Files or directories (local, s3://, gs://, hdfs://, abfs://), or a hub id with format "hf".
+    None: the built-in generated corpus."""
     format: str = "auto"
-    """"auto" (by extension), "text", "json", "parquet", "hf" (save_to_disk dir) or "tokenized"."""
+    """"auto" (by extension; parquet with an input_ids column and no text column is "tokenized"),
+    "text", "json", "parquet", "hf" (save_to_disk directory or hub id) or "tokenized"."""
     text_column: str = "text"
     """Column holding the documents (json, parquet, hf)."""
+    text_document: str = "file"
+    """What one document is in a text file: "file" (the whole file: books, articles) or "line"
+    (each non-blank line)."""
+    invalid_utf8: str = "replace"
+    """Bytes that are not UTF-8 in text or JSON files: "replace" (decode them as U+FFFD and log the
+    file and the number of documents affected) or "error" (stop, naming the file and line)."""
+    hf_split: str = "train"
+    """Split to read from a Hugging Face DatasetDict (save_to_disk) or hub dataset."""
     seq_len: int = 128
     """Tokens per packed training sequence."""
+    position_ids: str = "packed"
+    """"packed": positions 0..seq_len-1 in every block. "per_document": a position_ids column that
+    restarts at 0 at each document (and each block) start; flash_attention_2 then also keeps
+    attention within documents."""
     tokenize_batch_size: int = 256
     """Documents per tokenization batch; each batch's leftover tail (< seq_len tokens) is dropped."""
     tokenize_concurrency: int | None = None
     """Number of tokenizer tasks running at once. None: let Ray Data decide."""
     num_builtin_documents: int = 4000
     """Size of the built-in corpus (only used when `path` is None)."""
+    eval_path: str | list[str] | None = None
+    """Held-out data, read like `path` (same format rules). Exclusive with eval_fraction."""
+    eval_fraction: float = 0.0
+    """Hold out this fraction of `path`'s documents (chosen by a hash of each document, so train and
+    eval never share one and the split is the same in every run). 0: no split."""
+    eval_every_n_steps: int = 0
+    """Evaluate every N optimizer steps and after the last one (0: only after the last one).
+    Ignored without eval_path or eval_fraction."""
+    eval_max_batches: int = 8
+    """Micro-batches each rank evaluates per evaluation; every rank runs the same count (all stop
+    early together if one rank's eval shard runs out)."""
+
+    def __post_init__(self) -> None:
+        choices = {"format": ("auto", "text", "json", "parquet", "hf", "tokenized"),
+                   "text_document": ("file", "line"), "invalid_utf8": ("replace", "error"),
+                   "position_ids": ("packed", "per_document")}
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                raise ConfigError(f"data.{key} must be {' or '.join(allowed[:-1])} or {allowed[-1]}, "
+                                  f"got {getattr(self, key)!r}")
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise ConfigError(f"data.eval_fraction must be in [0, 1), got {self.eval_fraction}")
+        if self.eval_fraction and self.eval_path is not None:
+            raise ConfigError("data.eval_path and data.eval_fraction are both set: hold out a fraction of "
+                              "data.path or read a separate eval_path, not both")
+        if self.eval_every_n_steps < 0:
+            raise ConfigError(f"data.eval_every_n_steps must be >= 0 (0: only after the last step), "
+                              f"got {self.eval_every_n_steps}")
+        if self.eval_max_batches < 1:
+            raise ConfigError(f"data.eval_max_batches must be at least 1, got {self.eval_max_batches}")
 
 
 @dataclass
@@ -126,6 +170,10 @@ class CheckpointConfig:
     """Keep the latest K checkpoints in storage."""
     max_failures: int = 3
     """Worker-group restarts Ray Train attempts before the run fails."""
+    resume_from: str | None = None
+    """Start from this checkpoint directory (`--resume-from PATH`); the run's own latest wins after a restart."""
+    export_dir: str | None = None
+    """At the end, write the final checkpoint as a Hugging Face model directory here."""
 
 
 @dataclass

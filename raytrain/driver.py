@@ -27,8 +27,12 @@ class FitResult:
     resolved: dict[str, Any]
 
 
-def fit(cfg: RunConfig) -> FitResult:
-    """Train `cfg` on the Ray cluster (connecting or starting one) and return the result."""
+def fit(cfg: RunConfig, fresh: bool = False) -> FitResult:
+    """Train `cfg` on the Ray cluster (connecting or starting one) and return the result.
+
+    A run whose name already exists in the storage path continues from its latest checkpoint;
+    `fresh=True` sets the old run aside (renamed, nothing deleted) and starts over.
+    """
     import ray.train
     from ray.train.torch import TorchTrainer
 
@@ -42,6 +46,8 @@ def fit(cfg: RunConfig) -> FitResult:
     name = cfg.checkpoint.name or datetime.datetime.now().strftime("raytrain-%Y%m%d-%H%M%S")
     resolved["run"]["checkpoint"]["name"] = name
     storage = _storage_path(cfg.checkpoint.storage_path)
+    _prepare_run_dir(storage, name, fresh=fresh, resume_from=cfg.checkpoint.resume_from)
+    resolved["resume_from"] = cfg.checkpoint.resume_from
 
     resources: dict[str, float] = {"CPU": cfg.scaling.cpus_per_worker}
     if shape.use_gpu:
@@ -64,6 +70,11 @@ def fit(cfg: RunConfig) -> FitResult:
     if result.checkpoint is None:
         raise RuntimeError(f"the run ended without a checkpoint (see the worker logs above): {result.error}")
     meta = read_metadata(result.checkpoint)
+    if cfg.checkpoint.export_dir:
+        from raytrain.export import export
+
+        with result.checkpoint.as_directory() as local:
+            export(local, cfg.checkpoint.export_dir)
     return FitResult(metrics=meta["metrics"], history=meta["history"], checkpoint_path=result.checkpoint.path,
                      run_path=str(result.path), resolved=resolved)
 
@@ -97,6 +108,31 @@ def _torch_config(cfg: RunConfig, shape: ClusterShape):
 
     # raytrain's backend sets each node's NCCL/Gloo environment before the process group exists.
     return torch_config(cfg.network, backend="nccl" if shape.use_gpu else "gloo")
+
+
+def _prepare_run_dir(storage: str, name: str, *, fresh: bool, resume_from: str | None) -> None:
+    """Existing run: continue it (default) or, with fresh=True, rename it aside. Never overwrite."""
+    import pyarrow.fs
+
+    from raytrain.checkpoint import METADATA
+
+    fs, root = pyarrow.fs.FileSystem.from_uri(storage)
+    run_dir = f"{root.rstrip('/')}/{name}"
+    exists = fs.get_file_info(f"{run_dir}/checkpoint_manager_snapshot.json").type != pyarrow.fs.FileType.NotFound
+    if resume_from:
+        if "://" not in resume_from and not os.path.isfile(os.path.join(resume_from, METADATA)):
+            raise ConfigError(f"checkpoint.resume_from={resume_from} is not a raytrain checkpoint (no {METADATA}): "
+                              f"give a checkpoint_step_* directory")
+        if exists and not fresh:
+            raise ConfigError(f"checkpoint.resume_from is set but run {name!r} already exists in {storage}, and it "
+                              f"would continue from its own latest checkpoint: choose a new checkpoint.name")
+    if exists and fresh:
+        aside = f"{run_dir}.replaced-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+        fs.move(run_dir, aside)
+        print(f"raytrain: --fresh: moved the existing run {name!r} to {aside}", flush=True)
+    elif exists:
+        print(f"raytrain: run {name!r} exists in {storage}: continuing from its latest checkpoint "
+              f"(pass --fresh to start over; the old run is kept under another name)", flush=True)
 
 
 def _storage_path(path: str) -> str:

@@ -18,6 +18,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                          "checkpoint, cluster, network, deepspeed)")
     parser.add_argument("--dry-run", action="store_true",
                         help="resolve and validate for the requested cluster shape, print the run as JSON, exit")
+    parser.add_argument("--resume-from", metavar="PATH",
+                        help="start from this checkpoint directory (same as checkpoint.resume_from=PATH)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="the run name exists: set the old run aside (renamed, not deleted) and start over")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="dotted overrides, e.g. training.max_steps=20 deepspeed=ds_config.json")
     return parser.parse_args(argv)
@@ -26,7 +30,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        cfg = load_config(args.config, args.overrides)
+        overrides = list(args.overrides)
+        if args.resume_from:
+            overrides.append(f"checkpoint.resume_from={args.resume_from}")
+        cfg = load_config(args.config, overrides)
         if args.dry_run:
             from raytrain.resolve import resolve_run, shape_from_config
 
@@ -34,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from raytrain.driver import fit
 
-        result = fit(cfg)
+        result = fit(cfg, fresh=args.fresh)
     except ConfigError as e:
         print(f"raytrain: error: {e}", file=sys.stderr)
         return 2

@@ -46,7 +46,7 @@ def train_loop_per_worker(payload: dict[str, Any]) -> None:
     from raytrain import checkpoint
     from raytrain.metrics import StepMeter, flops_per_token, format_line
 
-    start_step = checkpoint.restore(engine)
+    start_step, history = checkpoint.restore(engine, payload.get("resume_from"))
     train_batch, micro_batch, grad_accum = batch_sizes(ds_config)
     seq_len = cfg.data.seq_len
     num_params = sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters())
@@ -62,8 +62,8 @@ def train_loop_per_worker(payload: dict[str, Any]) -> None:
     batches = micro_batches(ray.train.get_dataset_shard("train"), micro_batch, device,
                             skip=start_step * grad_accum)
     pending_losses: list[torch.Tensor] = []
-    metrics: dict[str, Any] = {"step": start_step}
-    history: list[dict[str, Any]] = []  # every logged window, saved with each checkpoint
+    metrics: dict[str, Any] = history[-1] if history else {"step": start_step}
+    # `history` (every logged window, restored with the checkpoint) is saved with each checkpoint.
     every_ckpt = cfg.checkpoint.every_n_steps
     for step in range(start_step + 1, cfg.training.max_steps + 1):
         data_wait = 0.0

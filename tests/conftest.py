@@ -41,6 +41,9 @@ def ray_cluster():
             head.kill()
             pytest.fail(f"ray start --head failed: {head.stderr.read().decode()[-2000:]}")
         time.sleep(1)
+    if head.poll() is not None:  # the port answered, but it is someone else's cluster
+        pytest.fail(f"ray start --head failed (port {RAY_PORT} taken? set RAYTRAIN_TEST_RAY_PORT): "
+                    f"{head.stderr.read().decode()[-2000:]}")
     ray.init(address=address)
     try:
         yield {"address": address, "dashboard": f"http://127.0.0.1:{DASHBOARD_PORT}"}

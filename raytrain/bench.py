@@ -1,0 +1,692 @@
+"""`python -m raytrain.bench`: one model, batch and DeepSpeed config through three paths, side by side.
+
+    python -m raytrain.bench --micro-batch 16 --out bench_out       # 1.1B Llama shape, seq 2048, bf16
+
+The paths, each in its own process (so each gets the whole GPU and a clean CUDA context):
+
+- `raytrain`: the full product path, `raytrain.fit(cfg)`: Ray Train TorchTrainer + Ray Data
+  (built-in corpus, tokenized and packed while training) + DeepSpeed ZeRO-3 in the worker.
+- `deepspeed`: what raytrain's worker does, without Ray: one process, `zero.Init` +
+  `deepspeed.initialize` with the same model builder, optimizer and DeepSpeed dict, synthetic tokens
+  already on the GPU.
+- `torch`: plain PyTorch, no DeepSpeed: fp32 weights, bf16 autocast, fused AdamW (where it fits).
+
+All three see the DeepSpeed dict that raytrain resolves for a world of `--num-gpus` (the raytrain path
+checks that the run it started resolved the same dict). They time steps the same way as the worker
+(`raytrain.metrics.StepMeter`, one sync per window of `--window` steps; the first `--warmup-steps`
+are not counted) and report tokens/s, MFU = tokens/s x (6N + 12 L H S) / peak, peak GPU memory,
+the data-wait fraction and, where visible, a step-time breakdown. Results go to OUT/results.jsonl
+(one line per path, appended) and OUT/results.md (a table of every line in results.jsonl).
+
+`--set KEY=VALUE` takes raytrain's override syntax (`deepspeed.zero_optimization.reduce_bucket_size=5e8`,
+`model.gradient_checkpointing=true`) and applies to every path. `--liger` swaps in Liger kernels
+(pure Python + Triton; GPU only) for the loss, and optionally RMSNorm, SwiGLU and RoPE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from typing import Any
+
+PATHS = ("raytrain", "deepspeed", "torch")
+RESULT_PREFIX = "RAYTRAIN_BENCH_RESULT "
+LIGER_ENV = "RAYTRAIN_BENCH_LIGER"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m raytrain.bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--paths", default="raytrain,deepspeed,torch",
+                   help=f"comma-separated, run in this order: {', '.join(PATHS)}")
+    shape = p.add_argument_group("model shape (Llama; defaults: the 1.1B of issue 8)")
+    shape.add_argument("--hidden-size", type=int, default=2048)
+    shape.add_argument("--num-layers", type=int, default=22)
+    shape.add_argument("--num-heads", type=int, default=32)
+    shape.add_argument("--num-kv-heads", type=int, default=4)
+    shape.add_argument("--intermediate-size", type=int, default=5632)
+    shape.add_argument("--vocab-size", type=int, default=32000)
+    run = p.add_argument_group("batch and steps")
+    run.add_argument("--seq-len", type=int, default=2048)
+    run.add_argument("--micro-batch", type=int, default=8, help="train_micro_batch_size_per_gpu")
+    run.add_argument("--grad-accum", type=int, default=1, help="gradient_accumulation_steps")
+    run.add_argument("--num-gpus", type=int, default=1,
+                     help="world size the DeepSpeed dict is resolved for; the deepspeed and torch paths run "
+                          "one process, so only 1 is measured by them")
+    run.add_argument("--offload", action="store_true",
+                     help="ZeRO-3 optimizer offload to pinned CPU memory (the seed config's "
+                          "offload_optimizer: {device: cpu, pin_memory: true}; DeepSpeed's CPU Adam)")
+    run.add_argument("--steps", type=int, default=8, help="timed optimizer steps")
+    run.add_argument("--warmup-steps", type=int, default=4, help="untimed optimizer steps first")
+    run.add_argument("--window", type=int, default=4,
+                     help="steps per timing window (= training.log_every_n_steps on the raytrain path); "
+                          "must divide --steps and --warmup-steps")
+    run.add_argument("--peak-tflops", type=float, default=989.0,
+                     help="dense bf16 peak of one GPU for MFU (989: H100/H200 SXM)")
+    run.add_argument("--liger", choices=("none", "loss", "all"), default="none",
+                     help="loss: fused linear cross-entropy in the lm_head (logits never materialised); "
+                          "all: also Liger RMSNorm, SwiGLU, RoPE")
+    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="raytrain config override for every path (repeatable)")
+    out = p.add_argument_group("output")
+    out.add_argument("--label", default=None, help="name of this variant in the table (default: its settings)")
+    out.add_argument("--out", default="bench_out", help="directory for results.jsonl, results.md, logs")
+    out.add_argument("--timeout-s", type=float, default=600, help="per path; a path past it is killed")
+    out.add_argument("--no-profile", action="store_true",
+                     help="skip the one profiled step that measures communication kernels (GPU only)")
+    p.add_argument("--child", choices=PATHS, help=argparse.SUPPRESS)  # internal: run one path here
+    args = p.parse_args(argv)
+    paths = [s.strip() for s in args.paths.split(",") if s.strip()]
+    unknown = [s for s in paths if s not in PATHS]
+    if unknown or not paths:
+        p.error(f"--paths: unknown {', '.join(unknown) or '(empty)'}; choose from {', '.join(PATHS)}")
+    args.paths = paths
+    if args.steps < 1 or args.window < 1 or args.steps % args.window or args.warmup_steps % args.window:
+        p.error(f"--window={args.window} must divide --steps={args.steps} and --warmup-steps={args.warmup_steps}")
+    if args.warmup_steps < args.window:
+        p.error("--warmup-steps must be at least one window: the first window holds start-up costs")
+    return args
+
+
+# ---------------------------------------------------------------------------------------------
+# The run config every path shares.
+
+
+def overrides_for(args: argparse.Namespace, use_gpu: bool) -> list[str]:
+    """raytrain KEY=VALUE overrides for this benchmark (the user's --set come last and win)."""
+    from raytrain.config import DEFAULT_DEEPSPEED
+
+    max_steps = args.warmup_steps + args.steps
+    tokens_needed = max_steps * args.micro_batch * args.grad_accum * args.num_gpus * args.seq_len
+    # The built-in documents average ~330 byte tokens; 2x margin keeps the run inside one epoch
+    # (a second epoch re-runs the whole Ray Data pipeline and shows up as data wait).
+    num_documents = max(4000, math.ceil(2 * tokens_needed / 330))
+    model = {"hidden_size": args.hidden_size, "num_hidden_layers": args.num_layers,
+             "num_attention_heads": args.num_heads, "num_key_value_heads": args.num_kv_heads,
+             "intermediate_size": args.intermediate_size, "vocab_size": args.vocab_size,
+             "max_position_embeddings": args.seq_len}
+    # The whole DeepSpeed mapping, written out: a dotted `deepspeed.x=y` override alone would start
+    # an empty mapping instead of editing raytrain's default one. --set deepspeed.* then edits it.
+    ds = copy.deepcopy(DEFAULT_DEEPSPEED)
+    if args.offload:
+        ds["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    items = [f"model.config.{k}={v}" for k, v in model.items()] + [
+        f"data.seq_len={args.seq_len}", f"data.num_builtin_documents={num_documents}",
+        f"training.max_steps={max_steps}", f"training.log_every_n_steps={args.window}",
+        f"training.peak_tflops_per_gpu={args.peak_tflops}",
+        f"training.micro_batch_size_per_gpu={args.micro_batch}",
+        f"training.gradient_accumulation_steps={args.grad_accum}",
+        f"scaling.num_workers={args.num_gpus}", f"scaling.use_gpu={str(use_gpu).lower()}",
+        f"deepspeed={json.dumps(ds)}"]
+    return items + list(args.overrides)
+
+
+def resolve(args: argparse.Namespace, use_gpu: bool):
+    """(RunConfig, resolved run dict) as raytrain resolves them for a world of --num-gpus."""
+    from raytrain.config import load_config
+    from raytrain.resolve import ClusterShape, resolve_run
+
+    cfg = load_config(None, overrides_for(args, use_gpu))
+    resolved = resolve_run(cfg, ClusterShape(num_workers=args.num_gpus, use_gpu=use_gpu,
+                                             gpus_per_node=args.num_gpus if use_gpu else None))
+    return cfg, resolved
+
+
+# ---------------------------------------------------------------------------------------------
+# Liger kernels. The fused loss lives in the lm_head module's forward, so DeepSpeed ZeRO-3's module
+# hooks gather lm_head.weight for it (Liger's own patch reads the weight outside any module forward,
+# where ZeRO-3 leaves it an empty partition).
+
+
+def apply_liger(mode: str) -> None:
+    """Patch transformers' Llama classes in this process; call before the model is built."""
+    if mode == "none":
+        return
+    from transformers.models.llama import modeling_llama
+
+    if mode == "all":
+        from liger_kernel.transformers.rms_norm import LigerRMSNorm
+        from liger_kernel.transformers.rope import liger_rotary_pos_emb
+        from liger_kernel.transformers.swiglu import LigerSwiGLUMLP
+
+        modeling_llama.apply_rotary_pos_emb = liger_rotary_pos_emb
+        modeling_llama.LlamaRMSNorm = LigerRMSNorm
+        modeling_llama.LlamaMLP = LigerSwiGLUMLP
+    if getattr(modeling_llama.LlamaForCausalLM.forward, "_raytrain_fused_loss", False):
+        return
+    original = modeling_llama.LlamaForCausalLM.forward
+
+    def forward(self, input_ids=None, labels=None, **kwargs):
+        if labels is None or not self.training:
+            return original(self, input_ids=input_ids, labels=labels, **kwargs)
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+
+        head_class = fused_head_class()
+        if type(self.lm_head) is not head_class:
+            self.lm_head.__class__ = head_class  # same parameters and ZeRO-3 hooks, new forward
+        hidden = self.model(input_ids=input_ids, **kwargs).last_hidden_state
+        return CausalLMOutputWithPast(loss=self.lm_head(hidden, labels))
+
+    forward._raytrain_fused_loss = True
+    modeling_llama.LlamaForCausalLM.forward = forward
+
+
+def _fused_head_class():
+    import torch
+
+    class _FusedLossHead(torch.nn.Linear):
+        """lm_head whose forward(hidden, labels) returns the mean next-token loss, like transformers'
+        loss (labels shifted by one, -100 ignored), without materialising the logits (Liger on GPU).
+        On CPU it computes the same loss with torch ops (for tests of the ZeRO-3 mechanics)."""
+
+        def forward(self, hidden, labels=None):
+            if labels is None:
+                return super().forward(hidden)
+            h = hidden[:, :-1, :].reshape(-1, hidden.shape[-1])
+            target = labels[:, 1:].reshape(-1)
+            weight = self.weight if self.weight.dtype == h.dtype else self.weight.to(h.dtype)  # under autocast
+            if h.is_cuda:
+                from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+                return liger_fused_linear_cross_entropy(h, weight, target, ignore_index=-100)
+            return torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, weight).float(), target,
+                                                     ignore_index=-100)
+
+    return _FusedLossHead
+
+
+_HEAD_CLASS = None
+
+
+def fused_head_class():
+    """The lm_head class with the fused loss (built on first use: importing this module skips torch)."""
+    global _HEAD_CLASS
+    if _HEAD_CLASS is None:
+        _HEAD_CLASS = _fused_head_class()
+    return _HEAD_CLASS
+
+
+def setup_worker_process() -> None:
+    """Ray `worker_process_setup_hook` for the raytrain path: apply --liger in every Ray worker."""
+    apply_liger(os.environ.get(LIGER_ENV, "none"))
+
+
+# ---------------------------------------------------------------------------------------------
+# One timing loop for the in-process paths, the same shape as raytrain.worker's loop.
+
+
+def timed_loop(*, forward, backward, step, batches, grad_accum: int, meter, window: int, warmup_steps: int,
+               max_steps: int, device, events: bool) -> dict[str, Any]:
+    """Run max_steps optimizer steps; return the windows after warmup and the per-phase times."""
+    import torch
+
+    pending: list[torch.Tensor] = []
+    history: list[dict[str, Any]] = []
+    marks: list[tuple[Any, Any, Any, Any]] = []
+    for n in range(1, max_steps + 1):
+        data_wait = 0.0
+        step_loss = torch.zeros((), device=device)
+        record = events and n > warmup_steps
+        for _ in range(grad_accum):
+            t = time.perf_counter()
+            input_ids = next(batches)
+            data_wait += time.perf_counter() - t
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)] if record else None
+            if ev:
+                ev[0].record()
+            loss = forward(input_ids)
+            if ev:
+                ev[1].record()
+            backward(loss)
+            if ev:
+                ev[2].record()
+            step()
+            if ev:
+                ev[3].record()
+                marks.append(tuple(ev))
+            step_loss += loss.detach()
+        pending.append(step_loss / grad_accum)
+        meter.step(data_wait)
+        if n % window == 0:
+            # One device sync per window, as in the worker (there: plus an all-reduce and a report).
+            value = torch.stack(pending).mean()
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.AVG)
+            pending.clear()
+            m = meter.collect(n, value.item(), 0.0, None, device)
+            if n > warmup_steps:
+                history.append(m)
+    breakdown = {}
+    if marks:
+        torch.cuda.synchronize()
+        steps = max_steps - warmup_steps
+        breakdown = {
+            "forward_s": sum(a.elapsed_time(b) for a, b, _, _ in marks) / 1e3 / steps,
+            "backward_s": sum(b.elapsed_time(c) for _, b, c, _ in marks) / 1e3 / steps,
+            "optimizer_s": sum(c.elapsed_time(d) for _, _, c, d in marks) / 1e3 / steps,
+        }
+    return {"history": history, "breakdown": breakdown}
+
+
+def comm_time_s(run_one_step, device) -> float | None:
+    """GPU time of communication kernels (NCCL) in one profiled optimizer step; None on CPU."""
+    if device.type != "cuda":
+        return None
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run_one_step()
+        torch.cuda.synchronize()
+    total_us = 0.0
+    for evt in prof.key_averages():
+        if "nccl" in evt.key.lower():
+            total_us += getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
+    return total_us / 1e6
+
+
+def summarize(history: list[dict[str, Any]], tokens_per_step: int, flops_per_token: float,
+              peak_flops: float | None) -> dict[str, Any]:
+    """Windows after warmup -> tokens/s (total tokens / total time), MFU, data wait, step time."""
+    step_time = sum(m["step_time_s"] for m in history) / len(history)
+    tokens_per_s = tokens_per_step / step_time
+    return {
+        "tokens_per_s": tokens_per_s,
+        "mfu": tokens_per_s * flops_per_token / peak_flops if peak_flops else None,
+        "step_time_s": step_time,
+        "data_wait_frac": sum(m["data_wait_frac"] for m in history) / len(history),
+        "loss": history[-1]["loss"],
+    }
+
+
+def synthetic_batches(vocab_size: int, micro_batch: int, seq_len: int, device, num_distinct: int = 4):
+    """Endless micro-batches of random token ids, made once on the device (no data wait by design)."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    data = torch.randint(0, vocab_size, (num_distinct, micro_batch, seq_len), generator=g).to(device)
+    i = 0
+    while True:
+        yield data[i % num_distinct]
+        i += 1
+
+
+def _device():
+    import torch
+
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _init_single_process_group(device) -> None:
+    """torch.distributed with world size 1 (DeepSpeed's ZeRO-3 and zero.Init read the group)."""
+    import torch
+
+    if torch.distributed.is_initialized():
+        return
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+    kwargs = {"device_id": device} if device.type == "cuda" else {}
+    torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# The paths. Each returns the metrics part of a result record.
+
+
+def run_deepspeed(args: argparse.Namespace, cfg, resolved: dict[str, Any]) -> dict[str, Any]:
+    """raytrain.worker's setup and loop without Ray: zero.Init, deepspeed.initialize, synthetic tokens."""
+    import torch
+
+    from raytrain.deepspeed_config import batch_sizes
+    from raytrain.metrics import StepMeter, flops_per_token
+    from raytrain.model import build_model, load_model_config
+    from raytrain.worker import _import_deepspeed, build_optimizer
+
+    ds_config = resolved["run"]["deepspeed"]
+    device = _device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    deepspeed = _import_deepspeed(device)
+    _init_single_process_group(device)
+    deepspeed.init_distributed(dist_backend=torch.distributed.get_backend(), auto_mpi_discovery=False)
+    torch.manual_seed(cfg.training.seed)
+    apply_liger(args.liger)
+    hf_config = load_model_config(cfg.model)
+    model = build_model(cfg.model, hf_config, ds_config)
+    optimizer, scheduler = build_optimizer(model, cfg.training, ds_config, device)
+    engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                                   config=ds_config, dist_init_required=False)
+    train_batch, micro_batch, grad_accum = batch_sizes(ds_config)
+    num_params = sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters())
+    fpt = flops_per_token(num_params, hf_config.num_hidden_layers, hf_config.hidden_size, cfg.data.seq_len)
+    peak = args.peak_tflops * 1e12 if device.type == "cuda" else None
+    max_steps = args.warmup_steps + args.steps
+    meter = StepMeter(max_steps=max_steps, tokens_per_step=micro_batch * grad_accum * cfg.data.seq_len,
+                      flops_per_token=fpt, peak_flops_total=peak)
+    batches = synthetic_batches(hf_config.vocab_size, micro_batch, cfg.data.seq_len, device)
+
+    def forward(ids):
+        return engine(input_ids=ids, labels=ids).loss
+
+    loop = timed_loop(forward=forward, backward=engine.backward, step=engine.step, batches=batches,
+                      grad_accum=grad_accum, meter=meter, window=args.window, warmup_steps=args.warmup_steps,
+                      max_steps=max_steps, device=device, events=device.type == "cuda")
+    out = summarize(loop["history"], micro_batch * grad_accum * cfg.data.seq_len, fpt, peak)
+    out.update(loop["breakdown"])
+    if not args.no_profile:
+        def one_step():
+            for _ in range(grad_accum):
+                ids = next(batches)
+                engine.backward(forward(ids))
+                engine.step()
+        out["comm_s"] = comm_time_s(one_step, device)
+    out.update(num_params=num_params, flops_per_token=fpt, **_memory(device))
+    return out
+
+
+def run_torch(args: argparse.Namespace, cfg, resolved: dict[str, Any]) -> dict[str, Any]:
+    """Plain PyTorch: fp32 weights on one device, autocast to the DeepSpeed dict's precision, fused AdamW."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from raytrain.deepspeed_config import batch_sizes, offload_device, precision
+    from raytrain.metrics import StepMeter, flops_per_token
+    from raytrain.model import load_model_config
+    from raytrain.worker import warmup_cosine
+
+    ds_config = resolved["run"]["deepspeed"]
+    if offload_device(ds_config, "offload_optimizer") != "none":
+        raise ValueError("the torch path has no optimizer offload: drop it from --paths with --offload")
+    device = _device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    torch.manual_seed(cfg.training.seed)
+    apply_liger(args.liger)
+    hf_config = load_model_config(cfg.model)
+    model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=cfg.model.attn_implementation,
+                                             dtype=torch.float32).to(device)
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+    model.train()
+    t = cfg.training
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=t.learning_rate,
+                                  betas=tuple(t.adam_betas), eps=t.adam_epsilon, fused=device.type == "cuda")
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(t))
+    _, micro_batch, grad_accum = batch_sizes(ds_config)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[precision(ds_config)]
+    clip = float(ds_config.get("gradient_clipping") or 0.0)
+    num_params = sum(p.numel() for p in model.parameters())
+    fpt = flops_per_token(num_params, hf_config.num_hidden_layers, hf_config.hidden_size, cfg.data.seq_len)
+    peak = args.peak_tflops * 1e12 if device.type == "cuda" else None
+    max_steps = args.warmup_steps + args.steps
+    meter = StepMeter(max_steps=max_steps, tokens_per_step=micro_batch * grad_accum * cfg.data.seq_len,
+                      flops_per_token=fpt, peak_flops_total=peak)
+    batches = synthetic_batches(hf_config.vocab_size, micro_batch, cfg.data.seq_len, device)
+    count = {"micro": 0}
+
+    def forward(ids):
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            return model(input_ids=ids, labels=ids).loss
+
+    def backward(loss):
+        (loss / grad_accum).backward()
+
+    def step():
+        count["micro"] += 1
+        if count["micro"] % grad_accum:
+            return
+        if clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip, foreach=True)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    loop = timed_loop(forward=forward, backward=backward, step=step, batches=batches, grad_accum=grad_accum,
+                      meter=meter, window=args.window, warmup_steps=args.warmup_steps, max_steps=max_steps,
+                      device=device, events=device.type == "cuda")
+    out = summarize(loop["history"], micro_batch * grad_accum * cfg.data.seq_len, fpt, peak)
+    out.update(loop["breakdown"], comm_s=0.0 if device.type == "cuda" else None)
+    out.update(num_params=num_params, flops_per_token=fpt, **_memory(device))
+    return out
+
+
+def run_raytrain(args: argparse.Namespace, cfg, resolved: dict[str, Any]) -> dict[str, Any]:
+    """The product path: raytrain.fit on a local Ray cluster (or RAY_ADDRESS's), built-in corpus."""
+    import shutil
+
+    import ray
+
+    import raytrain
+    from raytrain.metrics import flops_per_token
+    from raytrain.model import count_parameters, load_model_config
+
+    storage = tempfile.mkdtemp(prefix="raytrain-bench-")
+    run_cfg = raytrain.load_config(None, overrides_for(args, bool(cfg.scaling.use_gpu)) + [
+        f"checkpoint.storage_path={storage}", "checkpoint.name=bench", "checkpoint.num_to_keep=1"])
+    if args.liger != "none":
+        # raytrain's worker builds the model itself: the patch has to run in the Ray worker processes.
+        runtime_env = {"worker_process_setup_hook": "raytrain.bench.setup_worker_process",
+                       "env_vars": {LIGER_ENV: args.liger}}
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=runtime_env)
+        else:  # as raytrain.driver.connect would start it, but always a new cluster ("local")
+            ray.init(address="local", num_cpus=max(os.cpu_count() or 1, args.num_gpus + 2),
+                     include_dashboard=False, runtime_env=runtime_env)
+    try:
+        result = raytrain.fit(run_cfg)
+    finally:
+        shutil.rmtree(storage, ignore_errors=True)  # the final checkpoint: GBs nobody needs here
+    ds_got = result.resolved["run"]["deepspeed"]
+    if ds_got != resolved["run"]["deepspeed"]:
+        raise RuntimeError(f"raytrain resolved a different DeepSpeed dict than the other paths: {ds_got}")
+    history = [m for m in result.history if m["step"] > args.warmup_steps]
+    hf_config = load_model_config(cfg.model)
+    num_params = count_parameters(hf_config)
+    fpt = flops_per_token(num_params, hf_config.num_hidden_layers, hf_config.hidden_size, cfg.data.seq_len)
+    peak = args.peak_tflops * 1e12 * args.num_gpus if cfg.scaling.use_gpu else None
+    out = summarize(history, resolved["tokens_per_step"], fpt, peak)
+    # The worker reports torch.cuda.max_memory_allocated (rank 0); no per-phase times (see docs).
+    out.update(num_params=num_params, flops_per_token=fpt, peak_mem_gib=max(m["memory_gib"] for m in history))
+    return out
+
+
+def _memory(device) -> dict[str, float | None]:
+    if device.type != "cuda":
+        return {"peak_mem_gib": None, "peak_reserved_gib": None}
+    import torch
+
+    return {"peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+            "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30}
+
+
+def versions() -> dict[str, Any]:
+    from importlib import metadata
+
+    info: dict[str, Any] = {}
+    for dist in ("torch", "deepspeed", "ray", "transformers", "liger-kernel", "triton"):
+        try:
+            info[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            info[dist] = None
+    import torch
+
+    info["cuda"] = torch.version.cuda
+    info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    info["gpu_count"] = torch.cuda.device_count()
+    info["cpu_count"] = os.cpu_count()
+    return info
+
+
+# ---------------------------------------------------------------------------------------------
+# Orchestration: one child process per path, results as JSON lines and a markdown table.
+
+
+def default_label(args: argparse.Namespace) -> str:
+    parts = [f"mb{args.micro_batch}"]
+    if args.grad_accum != 1:
+        parts.append(f"gas{args.grad_accum}")
+    if args.offload:
+        parts.append("offload")
+    if args.liger != "none":
+        parts.append(f"liger-{args.liger}")
+    parts += [o.split("=")[0].split(".")[-1] + "=" + o.split("=", 1)[1] for o in args.overrides]
+    return " ".join(parts)
+
+
+def run_child(args: argparse.Namespace) -> int:
+    """Run one path in this process and print its result line."""
+    import torch
+
+    record: dict[str, Any] = {"path": args.child}
+    try:
+        use_gpu = torch.cuda.is_available()
+        cfg, resolved = resolve(args, use_gpu)
+        record["ds_config"] = resolved["run"]["deepspeed"]
+        record.update({"raytrain": run_raytrain, "deepspeed": run_deepspeed, "torch": run_torch}[args.child](
+            args, cfg, resolved))
+        record["status"] = "ok"
+    except Exception as e:  # noqa: BLE001 - reported in the table, the traceback in the log
+        traceback.print_exc()
+        text = f"{type(e).__name__}: {e}"
+        record["status"] = "oom" if "out of memory" in text.lower() or isinstance(e, torch.OutOfMemoryError) else "error"
+        record["error"] = text[-500:]
+    print(RESULT_PREFIX + json.dumps(record, default=str), flush=True)
+    return 0
+
+
+def run_path(path: str, args: argparse.Namespace, argv: list[str], log_path: str) -> dict[str, Any]:
+    """Run one path in a child process with a timeout; its output goes to log_path."""
+    cmd = [sys.executable, "-m", "raytrain.bench", *argv, "--child", path]
+    start = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)  # its own process group: a timeout kills Ray too
+        record: dict[str, Any] | None = None
+        try:
+            deadline = start + args.timeout_s
+            for line in _lines_until(proc, deadline):
+                log.write(line)
+                if line.startswith(RESULT_PREFIX):
+                    record = json.loads(line[len(RESULT_PREFIX):])
+        except TimeoutError:
+            record = {"path": path, "status": "timeout", "error": f"killed after {args.timeout_s:.0f} s"}
+        finally:
+            _kill_group(proc)
+    if record is None:
+        record = {"path": path, "status": "error", "error": f"exit code {proc.returncode} without a result (see {log_path})"}
+    record["wall_s"] = time.perf_counter() - start
+    return record
+
+
+def _lines_until(proc, deadline: float):
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    while True:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            raise TimeoutError
+        if sel.select(timeout=min(left, 5.0)):
+            line = proc.stdout.readline()
+            if not line:
+                proc.wait()
+                return
+            yield line
+
+
+def _kill_group(proc) -> None:
+    import signal
+
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+
+
+def markdown_table(records: list[dict[str, Any]]) -> str:
+    def num(v, fmt, suffix=""):
+        return "" if v is None else format(v, fmt) + suffix
+
+    def pct(v):
+        return "" if v is None else f"{100 * v:.1f}%"
+
+    head = ("| variant | path | status | params | mb x gas | tokens/s | MFU | peak mem GiB | data wait | "
+            "step s | fwd s | bwd s | opt s | comm s |")
+    rows = [head, "|" + " --- |" * (head.count("|") - 1)]
+    for r in records:
+        s = r.get("settings", {})
+        status = r["status"] if r["status"] == "ok" else f"{r['status']}: {r.get('error', '')[:80]}"
+        params = r.get("num_params")
+        rows.append("| " + " | ".join([
+            str(r.get("label", "")), r["path"], status.replace("|", "/").replace("\n", " "),
+            num(params and params / 1e9, ".2f", "B"), f"{s.get('micro_batch', '')} x {s.get('grad_accum', '')}",
+            num(r.get("tokens_per_s"), ",.0f"), pct(r.get("mfu")), num(r.get("peak_mem_gib"), ".1f"),
+            pct(r.get("data_wait_frac")), num(r.get("step_time_s"), ".3f"), num(r.get("forward_s"), ".3f"),
+            num(r.get("backward_s"), ".3f"), num(r.get("optimizer_s"), ".3f"), num(r.get("comm_s"), ".3f")]) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if args.child:
+        return run_child(args)
+    os.makedirs(args.out, exist_ok=True)
+    label = args.label or default_label(args)
+    settings = {k: getattr(args, k) for k in ("hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                                              "intermediate_size", "vocab_size", "seq_len", "micro_batch",
+                                              "grad_accum", "num_gpus", "offload", "liger", "overrides",
+                                              "steps", "warmup_steps", "window", "peak_tflops")}
+    info = versions()
+    records = []
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for path in args.paths:
+        log_path = os.path.join(args.out, f"{stamp}-{len(records)}-{path}.log")
+        print(f"raytrain.bench: {label}: {path} ...", flush=True)
+        record = run_path(path, args, argv, log_path)
+        record.update(label=label, settings=settings, versions=info,
+                      command="python -m raytrain.bench " + " ".join(_quote(a) for a in argv))
+        records.append(record)
+        with open(os.path.join(args.out, "results.jsonl"), "a") as f:
+            f.write(json.dumps(record, default=str) + "\n")
+        print(markdown_table([record]).splitlines()[-1], flush=True)
+    with open(os.path.join(args.out, "results.jsonl")) as f:
+        everything = [json.loads(line) for line in f if line.strip()]
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(markdown_table(everything))
+    print(markdown_table(records), end="")
+    return 0 if all(r["status"] == "ok" for r in records) else 1
+
+
+def _quote(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(arg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

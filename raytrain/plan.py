@@ -1,0 +1,546 @@
+"""Memory planning: what a run needs per GPU and per node, worked out before anything allocates.
+
+    python -m raytrain.plan [--config FILE] [--gpu-memory-gib N] [--host-memory-gib N]
+                            [--gpus-per-node N] [KEY=VALUE ...]
+
+Start at `estimate_memory`: from a resolved run (`raytrain.resolve.resolve_run`) and the model's
+transformers config it computes, per worker, the ZeRO-3 model states for three offload settings
+(none, optimizer, parameters + optimizer), the activations with and without gradient
+checkpointing, and the peak GPU memory and host RAM per node of all six combinations. `check_fits`
+turns a plan that does not fit into a one-line `ConfigError` naming the setting that would;
+`format_plan` prints the table. Measured accuracy: docs/plan-accuracy.md.
+
+Where the numbers come from (n = parameters / world size, pb = 2 bytes for bf16/fp16, 4 for fp32):
+
+- Model states follow DeepSpeed 0.19's ZeRO-3 allocations (runtime/zero/stage3.py), itemised
+  rather than its `estimate_zero3_model_states_mem_needs` shortcut (18 bytes/param without
+  offload, +4 x largest layer, 1.5x host buffer factor): parameter partition pb*n, gradient
+  partition pb*n (grad accumulation dtype = model dtype), fp32 master 4*n (a separate copy even in
+  fp32 training: DeepSpeed's check for sharing compares a torch.device with a string, measured),
+  Adam moments 8*n; at the optimizer step a fp32 copy of the gradients (4 bytes per element of a
+  sub-group). While a layer runs, its full parameters and
+  (in backward) its full gradients exist on every rank: pb x (largest layer + prefetch bucket,
+  capped by stage3_max_live_parameters) + pb x largest layer, plus the reduce bucket
+  (reduce_bucket_size elements, allocated once with contiguous_gradients). ZeRO++ hpZ
+  (zero_hpz_partition_size) adds a secondary copy of pb x params / hpz per rank.
+- Activations: see `activation_bytes` (Llama-style decoders; other models are approximated).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from raytrain.config import ConfigError
+
+GIB = 1024**3
+
+# Kept free on every GPU: the CUDA context, NCCL's buffers and the caching allocator's
+# fragmentation, none of which torch.cuda.max_memory_allocated (what the estimate models) counts.
+GPU_RESERVE_FRACTION = 0.10
+# Host RAM a worker process holds besides its tensors: Python, torch, the Ray worker and, on GPU
+# nodes, the CUDA and NCCL libraries. The CPU figure is the measured RSS after imports
+# (docs/plan-accuracy.md); the GPU figure is a round allowance for the CUDA libraries on top.
+HOST_RESERVE_PER_GPU_WORKER = 4 * GIB
+HOST_RESERVE_PER_CPU_WORKER = 1 * GIB
+# Host RAM kept free for the OS, the raylet and Ray's object store: Ray's memory monitor starts
+# killing workers at 95% of a node's memory.
+HOST_RESERVE_FRACTION = 0.10
+
+# DeepSpeed's defaults (runtime/zero/config.py) for keys a config leaves out.
+_ZERO_DEFAULTS = {"reduce_bucket_size": 500_000_000, "prefetch_bucket_size": 50_000_000,
+                  "max_live_parameters": 1_000_000_000, "param_persistence_threshold": 100_000,
+                  "sub_group_size": 1_000_000_000}
+
+OFFLOADS = ("none", "optimizer", "param+optimizer")
+_OFFLOAD_SETTINGS = {
+    "none": [],
+    "optimizer": ["deepspeed.zero_optimization.offload_optimizer.device=cpu"],
+    "param+optimizer": ["deepspeed.zero_optimization.offload_optimizer.device=cpu",
+                        "deepspeed.zero_optimization.offload_param.device=cpu"],
+}
+CHECKPOINTING_SETTING = "model.gradient_checkpointing=true"
+
+
+@dataclass(frozen=True)
+class ParamStats:
+    """What the planner needs to know about a model's parameters (from a meta-device build)."""
+
+    num_params: int
+    largest_layer_params: int
+    """Most parameters owned directly by one module: DeepSpeed's "largest layer" (usually the
+    embedding or lm_head), the biggest thing ZeRO-3 gathers whole on every rank."""
+    param_numels: tuple[int, ...]
+    """Size of every distinct parameter (for stage3_param_persistence_threshold)."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """One offload x checkpointing combination and what it needs."""
+
+    offload: str
+    """"none", "optimizer" or "param+optimizer" (DeepSpeed offload to CPU)."""
+    gradient_checkpointing: bool
+    worker_bytes: int
+    """Peak memory of one worker on its device: GPU memory, or host RAM on a CPU run."""
+    host_bytes_per_node: int
+    """Host RAM of the busiest node: its workers' offloaded states plus process overhead."""
+    breakdown: tuple[tuple[str, int], ...]
+    """Itemised per-worker bytes behind the two totals (resident, working set, transient)."""
+    configured: bool = False
+
+    @property
+    def settings(self) -> list[str]:
+        """The KEY=VALUE overrides that select this option."""
+        return _OFFLOAD_SETTINGS[self.offload] + ([CHECKPOINTING_SETTING] if self.gradient_checkpointing else [])
+
+
+@dataclass
+class MemoryPlan:
+    """The memory a resolved run needs, for every offload and checkpointing choice."""
+
+    use_gpu: bool
+    world_size: int
+    workers_per_node: int
+    workers_per_node_assumed: bool
+    """True when the node size was not known and a full node (8 GPUs) or one node was assumed."""
+    train_batch_size: int
+    micro_batch_per_gpu: int
+    gradient_accumulation_steps: int
+    seq_len: int
+    precision: str
+    model_type: str
+    num_params: int
+    largest_layer_params: int
+    model_states: dict[str, tuple[int, int]]
+    """offload -> (resident bytes on the device, offloaded bytes in host RAM), per worker."""
+    activations: dict[bool, int]
+    """gradient checkpointing -> activation bytes per worker at the configured micro-batch."""
+    options: list[Option]
+    gpu_memory_bytes: int | None = None
+    """Target GPU memory per GPU (None: unknown)."""
+    host_memory_bytes: int | None = None
+    """Target host RAM per node (None: unknown)."""
+
+    @property
+    def num_nodes(self) -> int:
+        return math.ceil(self.world_size / self.workers_per_node)
+
+    @property
+    def configured(self) -> Option:
+        return next(o for o in self.options if o.configured)
+
+
+# ---------------------------------------------------------------------------------------------
+# Estimates.
+
+
+def param_stats(hf_config) -> ParamStats:
+    """Parameter sizes from the config alone: the model is built on the meta device, as
+    `raytrain.model.count_parameters` does (shared parameters such as tied embeddings count once)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config)
+    numels = tuple(p.numel() for p in model.parameters())
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+    return ParamStats(num_params=sum(numels), largest_layer_params=largest, param_numels=numels)
+
+
+def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value: int, *,
+                     checkpointing: bool, attn_implementation: str = "sdpa") -> int:
+    """Activation memory of one worker at the start of backward (its peak), in bytes.
+
+    Korthikanti et al. (2022) give s*b*h*(34 + 5*a*s/h) bytes per layer for a GPT layer in fp16.
+    A Hugging Face Llama layer keeps different tensors for backward; per token, with e bytes per
+    activation (2 for bf16/fp16, 4 for fp32):
+      2 RMSNorms   2 x (4h + e*h)       fp32 upcast of the input + the normalised output
+      attention    e*(q + 2*kv)         rotated q, k and v, kept by SDPA (no GQA copies)
+                   2*e*q + 4*a          SDPA's output, the o_proj input (a copy) and the fp32 logsumexp
+      SwiGLU MLP   4*e*i                gate, silu(gate), up and their product (the down_proj input)
+      eager attn   a*s*(4 + e)          + fp32 softmax probabilities and their cast (SDPA/flash: none)
+    Outside the layers: the final norm and the logits. HF's loss upcasts the logits to fp32, and at
+    the start of backward the fp32 log-softmax (kept), its incoming gradient and the gradient w.r.t.
+    the logits coexist: 12*vocab bytes per token, often more than a whole layer.
+    With checkpointing each layer keeps only its input (e*h per token) and one layer at a time is
+    recomputed with its full activations.
+    """
+    h = hf_config.hidden_size
+    num_layers = hf_config.num_hidden_layers
+    heads = getattr(hf_config, "num_attention_heads", None) or max(1, h // 64)
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    head_dim = getattr(hf_config, "head_dim", None) or h // heads
+    inter = getattr(hf_config, "intermediate_size", None) or 4 * h
+    vocab = hf_config.vocab_size
+    e = bytes_per_value
+    q, kv = heads * head_dim, kv_heads * head_dim
+
+    norm = 4 * h + e * h
+    attention = e * (q + 2 * kv) + 2 * e * q + 4 * heads
+    if attn_implementation == "eager":
+        attention += heads * seq_len * (4 + (e if e < 4 else 0))
+    layer = 2 * norm + attention + 4 * e * inter
+    layers = num_layers * e * h + layer if checkpointing else num_layers * layer
+    per_token = layers + norm + 12 * vocab
+    return micro_batch * seq_len * per_token
+
+
+def estimate_memory(resolved: dict[str, Any], hf_config, *, gpus_per_node: int | None = None,
+                    gpu_memory_bytes: int | None = None, host_memory_bytes: int | None = None,
+                    stats: ParamStats | None = None) -> MemoryPlan:
+    """Plan the memory of a resolved run (`resolve_run`'s result) for every offload/checkpointing choice.
+
+    gpus_per_node: workers per node (default: the resolved cluster's, else 8 GPUs or, on CPU, all
+    workers on one node). gpu/host_memory_bytes: the target, shown in the table; None if unknown.
+    stats: parameter sizes, when already known (default: a meta-device build of the model).
+    """
+    from raytrain.deepspeed_config import batch_sizes, offload_device, precision
+
+    run = resolved["run"]
+    ds = run["deepspeed"]
+    use_gpu = bool(resolved["cluster"]["use_gpu"])
+    world = int(resolved["cluster"]["num_workers"])
+    per_node = gpus_per_node or resolved["cluster"].get("gpus_per_node")
+    assumed = per_node is None
+    if per_node is None:
+        per_node = min(world, 8) if use_gpu else world
+    per_node = min(per_node, world)
+    stats = stats or param_stats(hf_config)
+    train_batch, micro_batch, grad_accum = batch_sizes(ds)
+    prec = precision(ds)
+    pb = 4 if prec == "fp32" else 2
+    seq_len = run["data"]["seq_len"]
+    zero = {**_ZERO_DEFAULTS, **{k.removeprefix("stage3_"): v for k, v in ds.get("zero_optimization", {}).items()}}
+    if int(zero.get("stage", 0)) != 3:
+        raise ConfigError(f"raytrain.plan models ZeRO stage 3; deepspeed.zero_optimization.stage is "
+                          f"{zero.get('stage', 0)}: set it to 3")
+
+    activations = {ckpt: activation_bytes(hf_config, micro_batch, seq_len, pb, checkpointing=ckpt,
+                                          attn_implementation=run["model"]["attn_implementation"])
+                   for ckpt in (False, True)}
+    configured_offload = _configured_offload(offload_device(ds, "offload_optimizer"), offload_device(ds, "offload_param"))
+    # Without its own optimizer section the worker uses torch's AdamW: fused on GPU, but on CPU the
+    # per-tensor loop, whose sqrt/divide temporaries take two more fp32 copies of a sub-group.
+    unfused_adam = not use_gpu and "optimizer" not in ds
+    model_states = {}
+    options = []
+    for offload in OFFLOADS:
+        resident, host, working, step = _model_state_items(stats, world, pb, zero, offload, use_gpu, unfused_adam)
+        model_states[offload] = (sum(b for _, b in resident), sum(b for _, b in host))
+        for ckpt in (False, True):
+            act = activations[ckpt]
+            peak_work = sum(b for _, b in working) + act
+            peak_step = sum(b for _, b in step)
+            device = sum(b for _, b in resident) + max(peak_work, peak_step)
+            breakdown = (*resident, *working, ("activations", act), *step, *host)
+            if use_gpu:
+                host_per_worker = sum(b for _, b in host) + HOST_RESERVE_PER_GPU_WORKER
+                per_worker = device
+            else:
+                # On CPU the "device" is host RAM: everything a worker holds is on its node.
+                per_worker = device + sum(b for _, b in host)
+                host_per_worker = per_worker + HOST_RESERVE_PER_CPU_WORKER
+            options.append(Option(offload=offload, gradient_checkpointing=ckpt, worker_bytes=per_worker,
+                                  host_bytes_per_node=per_node * host_per_worker, breakdown=breakdown,
+                                  configured=(offload == configured_offload
+                                              and ckpt == bool(run["model"]["gradient_checkpointing"]))))
+    return MemoryPlan(
+        use_gpu=use_gpu, world_size=world, workers_per_node=per_node, workers_per_node_assumed=assumed,
+        train_batch_size=train_batch, micro_batch_per_gpu=micro_batch, gradient_accumulation_steps=grad_accum,
+        seq_len=seq_len, precision=prec, model_type=type(hf_config).__name__.removesuffix("Config"), num_params=stats.num_params,
+        largest_layer_params=stats.largest_layer_params, model_states=model_states, activations=activations,
+        options=options, gpu_memory_bytes=gpu_memory_bytes, host_memory_bytes=host_memory_bytes)
+
+
+def _configured_offload(optimizer_device: str, param_device: str) -> str:
+    # NVMe offload is planned as CPU offload for the GPU side (host RAM is then an overestimate).
+    if param_device != "none":
+        return "param+optimizer"
+    return "optimizer" if optimizer_device != "none" else "none"
+
+
+def _model_state_items(stats: ParamStats, world: int, pb: int, zero: dict[str, Any], offload: str,
+                       use_gpu: bool, unfused_adam: bool):
+    """Per-worker (resident on device, working set on device, step transient on device, host) items."""
+    n = math.ceil(stats.num_params / world)  # this rank's partition (DeepSpeed pads to world size)
+    largest = stats.largest_layer_params
+    sub_group = min(n, int(zero["sub_group_size"]))
+    persistent = sum(x for x in stats.param_numels if x <= int(zero["param_persistence_threshold"]))
+    hpz = int(zero.get("zero_hpz_partition_size") or 1)
+    pin = use_gpu and any((zero.get(k) or {}).get("pin_memory") for k in ("offload_optimizer", "offload_param"))
+    on_host_opt = use_gpu and offload != "none"
+    on_host_param = use_gpu and offload == "param+optimizer"
+
+    def pinned(nbytes: int) -> int:
+        # torch's pinned-memory allocator rounds every buffer up to the next power of two.
+        return 1 << (nbytes - 1).bit_length() if pin and nbytes > 0 else nbytes
+
+    def sub_groups(bytes_per_element: int) -> int:  # one pinned buffer per optimizer sub-group
+        full, rest = divmod(n, sub_group)
+        return full * pinned(sub_group * bytes_per_element) + pinned(rest * bytes_per_element)
+
+    resident, host = [], []
+    (host if on_host_param else resident).append(
+        ("parameter partition", pinned(pb * n) if on_host_param else pb * n))
+    if 1 < hpz < world:
+        (host if on_host_param else resident).append(("hpZ secondary parameter copy", pb * math.ceil(stats.num_params / hpz)))
+    resident.append(("persistent small parameters", pb * persistent))
+    if zero.get("contiguous_gradients", True):
+        resident.append(("reduce bucket", pb * int(zero["reduce_bucket_size"])))
+    if on_host_opt:
+        host += [("gradient partition", pinned(pb * n)), ("fp32 master weights", 4 * n),
+                 ("Adam moments", 8 * n), ("fp32 gradients", sub_groups(4))]
+        step = []
+    else:
+        resident += [("gradient partition", pb * n), ("fp32 master weights", 4 * n), ("Adam moments", 8 * n)]
+        # At the step each sub-group's gradients are flattened (model dtype) and cast to fp32.
+        step = [("step: fp32 gradient copy", 4 * sub_group),
+                ("step: flatten / Adam temporaries", max(pb * sub_group if pb < 4 else 0,
+                                                         8 * sub_group if unfused_adam else 0))]
+    gathered = pb * min(largest + int(zero["prefetch_bucket_size"]), max(int(zero["max_live_parameters"]), largest))
+    working = [("gathered layer + prefetch", gathered), ("full gradients of a layer", pb * largest)]
+    return resident, host, working, step
+
+
+# ---------------------------------------------------------------------------------------------
+# Fitting.
+
+
+def fits(option: Option, gpu_memory_bytes: int | None, host_memory_bytes: int | None, use_gpu: bool) -> bool:
+    """True unless a known limit is exceeded (after GPU_RESERVE_FRACTION / HOST_RESERVE_FRACTION)."""
+    if use_gpu and gpu_memory_bytes is not None and option.worker_bytes > gpu_memory_bytes * (1 - GPU_RESERVE_FRACTION):
+        return False
+    return not (host_memory_bytes is not None
+                and option.host_bytes_per_node > host_memory_bytes * (1 - HOST_RESERVE_FRACTION))
+
+
+def check_fits(plan: MemoryPlan, gpu_mem_bytes: int | None, host_mem_bytes: int | None) -> None:
+    """Raise ConfigError (one line) if the configured run does not fit, naming the setting that would.
+
+    Alternatives are tried cheapest first: gradient checkpointing (~1/3 more compute), optimizer
+    offload (CPU Adam, PCIe traffic each step), then parameter offload (PCIe traffic every layer).
+    None: that limit is unknown and not checked.
+    """
+    current = plan.configured
+    if fits(current, gpu_mem_bytes, host_mem_bytes, plan.use_gpu):
+        return
+    need = _need(plan, current)
+    have = _have(plan, gpu_mem_bytes, host_mem_bytes)
+    rank = {"none": 0, "optimizer": 1, "param+optimizer": 2}
+    candidates = sorted(
+        (o for o in plan.options
+         if rank[o.offload] >= rank[current.offload] and o.gradient_checkpointing >= current.gradient_checkpointing
+         and o is not current and (plan.use_gpu or o.offload == current.offload)),
+        key=lambda o: (rank[o.offload], o.gradient_checkpointing))
+    for option in candidates:
+        if fits(option, gpu_mem_bytes, host_mem_bytes, plan.use_gpu):
+            changes = [s for s in option.settings if s not in current.settings]
+            raise ConfigError(f"this run needs {need} ({have}); with {' '.join(changes)}: "
+                              f"{_need(plan, option)} (python -m raytrain.plan shows every option)")
+    act = plan.activations[current.gradient_checkpointing]
+    raise ConfigError(
+        f"this run needs {need} ({have}) and no offload or checkpointing setting makes it fit: lower "
+        f"deepspeed.train_micro_batch_size_per_gpu={plan.micro_batch_per_gpu} (activations: {_gib(act)} of it, "
+        f"linear in the micro-batch) or data.seq_len, or add GPUs with scaling.num_workers "
+        f"(model states shrink with the world size)")
+
+
+def _need(plan: MemoryPlan, option: Option) -> str:
+    if plan.use_gpu:
+        return f"{_gib(option.worker_bytes)} per GPU and {_gib(option.host_bytes_per_node)} host RAM per node"
+    return (f"{_gib(option.host_bytes_per_node)} host RAM per node "
+            f"({plan.workers_per_node} workers x {_gib(option.worker_bytes)})")
+
+
+def _have(plan: MemoryPlan, gpu_mem: int | None, host_mem: int | None) -> str:
+    parts = []
+    if plan.use_gpu and gpu_mem is not None:
+        parts.append(f"the GPUs have {_gib(gpu_mem)}, {_gib(gpu_mem * (1 - GPU_RESERVE_FRACTION))} usable")
+    if host_mem is not None:
+        parts.append(f"the nodes have {_gib(host_mem)} RAM, {_gib(host_mem * (1 - HOST_RESERVE_FRACTION))} usable")
+    return "; ".join(parts)
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / GIB:.1f} GiB"
+
+
+# ---------------------------------------------------------------------------------------------
+# The table.
+
+
+def format_plan(plan: MemoryPlan) -> str:
+    """The plan as a table: batch arithmetic, parameters, model states, activations, and what fits."""
+    device = "GPU" if plan.use_gpu else "worker"
+    node_note = " (assumed: pass --gpus-per-node)" if plan.workers_per_node_assumed and plan.num_nodes > 1 else ""
+    lines = [
+        f"model       {plan.model_type}, {plan.num_params:,} parameters (largest layer {plan.largest_layer_params:,}), "
+        f"{plan.precision}, ZeRO-3",
+        f"cluster     {plan.world_size} {'GPU' if plan.use_gpu else 'CPU'} workers = {plan.num_nodes} node(s) x "
+        f"{plan.workers_per_node}{node_note}",
+        f"batch       train_batch_size {plan.train_batch_size} = micro-batch {plan.micro_batch_per_gpu} x "
+        f"gradient_accumulation_steps {plan.gradient_accumulation_steps} x world size {plan.world_size}; "
+        f"seq_len {plan.seq_len} ({plan.train_batch_size * plan.seq_len:,} tokens per step)",
+        f"target      {_target(plan)}",
+        "",
+        f"model states per {device} (ZeRO-3 over {plan.world_size})   on {device:<6}  in host RAM per node",
+    ]
+    for offload in (OFFLOADS if plan.use_gpu else ("none",)):
+        resident, host = plan.model_states[offload]
+        label = "no offload" if offload == "none" else f"offload {offload} to cpu"
+        lines.append(f"  {label:<40} {_gib(resident):>11}  {_gib(host * plan.workers_per_node):>11}")
+    lines.append(f"activations per {device} (micro-batch {plan.micro_batch_per_gpu} x seq_len {plan.seq_len})")
+    for ckpt in (False, True):
+        label = "gradient checkpointing" if ckpt else "no checkpointing"
+        lines.append(f"  {label:<40} {_gib(plan.activations[ckpt]):>11}")
+    lines += ["", f"peak (states + working set + activations)       per {device:<6}  host per node  fits"]
+    for option in plan.options:
+        if not plan.use_gpu and option.offload != "none":
+            continue
+        label = ("offload " + option.offload if option.offload != "none" else "no offload") + \
+                (", checkpointing" if option.gradient_checkpointing else "")
+        verdict = {True: "yes", False: "no"}[fits(option, plan.gpu_memory_bytes, plan.host_memory_bytes, plan.use_gpu)] \
+            if (plan.gpu_memory_bytes or plan.host_memory_bytes) else "?"
+        mark = "  <- configured" if option.configured else ""
+        lines.append(f"  {label:<45} {_gib(option.worker_bytes):>11}  {_gib(option.host_bytes_per_node):>13}  "
+                     f"{verdict:<4}{mark}")
+    return "\n".join(lines)
+
+
+def _target(plan: MemoryPlan) -> str:
+    parts = []
+    if plan.use_gpu:
+        parts.append(f"{_gib(plan.gpu_memory_bytes)} per GPU ({_gib(plan.gpu_memory_bytes * (1 - GPU_RESERVE_FRACTION))} "
+                     f"usable)" if plan.gpu_memory_bytes else "GPU memory unknown (pass --gpu-memory-gib)")
+    parts.append(f"{_gib(plan.host_memory_bytes)} host RAM per node "
+                 f"({_gib(plan.host_memory_bytes * (1 - HOST_RESERVE_FRACTION))} usable)"
+                 if plan.host_memory_bytes else "host RAM unknown (pass --host-memory-gib)")
+    return ", ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# The target: flags, the connected Ray cluster, or this machine.
+
+
+def cluster_memory(use_gpu: bool) -> tuple[int | None, int | None, int | None]:
+    """(GPU memory per GPU, host RAM per node, GPUs per node) of the connected Ray cluster.
+
+    Each is the smallest over the alive nodes that would run workers (GPU nodes for a GPU run),
+    read on the node itself by a zero-CPU probe task. (None, None, None) when there is no such node
+    yet (an autoscaling cluster whose GPU nodes start at zero): plan with flags then.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    nodes = [n for n in nodes if n["Resources"].get("GPU" if use_gpu else "CPU", 0) > 0]
+    if not nodes:
+        return None, None, None
+    probe = ray.remote(num_cpus=0)(_node_memory)
+    refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
+            for n in nodes]
+    results = ray.get(refs, timeout=120)
+    gpu_sizes = [g for _, gpus in results for g in gpus]
+    gpus_per_node = min(int(n["Resources"].get("GPU", 0)) for n in nodes) if use_gpu else None
+    return (min(gpu_sizes) if gpu_sizes else None), min(h for h, _ in results), gpus_per_node
+
+
+def _node_memory() -> tuple[int, list[int]]:
+    """(host RAM, [memory of each GPU]) of the machine this runs on."""
+    import subprocess
+
+    import psutil
+
+    gpus: list[int] = []
+    try:
+        # nvidia-smi sees every GPU whatever CUDA_VISIBLE_DEVICES says (Ray hides them from a task
+        # that asked for none).
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+        gpus = [int(float(x)) * 1024**2 for x in out.split()]
+    except (OSError, subprocess.SubprocessError, ValueError):
+        import torch
+
+        if torch.cuda.is_available():
+            gpus = [torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())]
+    return psutil.virtual_memory().total, gpus
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m raytrain.plan",
+        description="Print the memory a run needs per GPU and per node (ZeRO-3 model states with and without "
+                    "offload, activations with and without checkpointing) and what fits the target. The target "
+                    "is given by the flags (a cluster that doesn't exist yet), else read from the Ray cluster at "
+                    "RAY_ADDRESS / cluster.address, else this machine. Exit 0: the configured run fits; 1: it "
+                    "does not; 2: a configuration error.")
+    parser.add_argument("--config", help="YAML run config, as for python -m raytrain.main")
+    parser.add_argument("--gpu-memory-gib", type=float, help="memory of one GPU of the target, e.g. 139.8 (H200)")
+    parser.add_argument("--host-memory-gib", type=float, help="host RAM of one node of the target")
+    parser.add_argument("--gpus-per-node", type=int, help="GPUs (workers) per node of the target")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="dotted overrides, e.g. scaling.num_workers=16 model.gradient_checkpointing=true")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        plan = plan_from_args(args)
+        print(format_plan(plan))
+        check_fits(plan, plan.gpu_memory_bytes, plan.host_memory_bytes)
+    except ConfigError as e:
+        print(f"raytrain: {'does not fit' if 'this run needs' in str(e) else 'error'}: {e}", file=sys.stderr)
+        return 1 if "this run needs" in str(e) else 2
+    return 0
+
+
+def plan_from_args(args: argparse.Namespace) -> MemoryPlan:
+    from raytrain.config import load_config
+    from raytrain.model import load_model_config
+    from raytrain.resolve import resolve_run, shape_from_config
+
+    cfg = load_config(args.config, args.overrides)
+    for flag, value in (("--gpu-memory-gib", args.gpu_memory_gib), ("--host-memory-gib", args.host_memory_gib),
+                        ("--gpus-per-node", args.gpus_per_node)):
+        if value is not None and value <= 0:
+            raise ConfigError(f"{flag} must be positive, got {value:g}")
+    flags = (args.gpu_memory_gib, args.host_memory_gib, args.gpus_per_node)
+    if any(v is not None for v in flags):
+        # A cluster that may not exist yet: the config gives its shape, the flags its hardware.
+        if args.gpu_memory_gib is not None and cfg.scaling.use_gpu is False:
+            raise ConfigError("--gpu-memory-gib plans a GPU cluster but scaling.use_gpu=false: drop one of them")
+        if args.gpu_memory_gib is not None and cfg.scaling.use_gpu is None:
+            cfg = dataclasses.replace(cfg, scaling=dataclasses.replace(cfg.scaling, use_gpu=True))
+        shape = shape_from_config(cfg)
+        shape.gpus_per_node = args.gpus_per_node
+        gpu_mem = int(args.gpu_memory_gib * GIB) if args.gpu_memory_gib else None
+        host_mem = int(args.host_memory_gib * GIB) if args.host_memory_gib else None
+    elif cfg.cluster.address or os.environ.get("RAY_ADDRESS"):
+        from raytrain.driver import connect, live_shape
+
+        connect(cfg.cluster, cfg.scaling)
+        shape = live_shape(cfg)
+        gpu_mem, host_mem, gpus_per_node = cluster_memory(shape.use_gpu)
+        shape.gpus_per_node = shape.gpus_per_node or gpus_per_node
+    else:
+        import torch
+
+        host_mem, gpu_list = _node_memory()
+        local = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        shape = shape_from_config(cfg, local)
+        gpu_mem = min(gpu_list) if shape.use_gpu and gpu_list else None
+        shape.gpus_per_node = local or None
+    resolved = resolve_run(cfg, shape)
+    return estimate_memory(resolved, load_model_config(cfg.model), gpus_per_node=shape.gpus_per_node,
+                           gpu_memory_bytes=gpu_mem, host_memory_bytes=host_mem)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

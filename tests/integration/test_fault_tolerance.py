@@ -1,0 +1,101 @@
+"""Fault tolerance for real: worker processes SIGKILLed from outside, three times in one run, at
+different steps (one of them while a checkpoint is being written). The run must finish and its
+per-step losses must equal an uninterrupted run's exactly (CPU, fp32). Then job-level resume:
+--resume-from a chosen checkpoint reproduces the same tail, and re-running a finished run's
+command continues it instead of starting over."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+# 24 steps over ~100 documents: each rank's shard holds a few micro-batches, so the run crosses
+# several epoch boundaries and the kills land both mid-epoch and near a boundary.
+ARGS = ["training.max_steps=24", "training.log_every_n_steps=1", "checkpoint.every_n_steps=4",
+        "checkpoint.num_to_keep=10", "checkpoint.max_failures=6", "data.num_builtin_documents=100",
+        "training.warmup_steps=4", "training.seed=7"]
+
+
+def start(env, storage, name, *extra):
+    return subprocess.Popen([sys.executable, "-m", "raytrain.main", *ARGS, f"checkpoint.storage_path={storage}",
+                             f"checkpoint.name={name}", *extra], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc, timeout=900):
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def losses(storage, name, step=24):
+    meta = json.load(open(os.path.join(storage, name, f"checkpoint_step_{step:08d}", "raytrain.json")))
+    return [(m["step"], m["loss"]) for m in meta["history"]]
+
+
+def worker_pids():
+    from ray.util.state import list_actors
+
+    return {a.pid for a in list_actors(filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])}
+
+
+def wait_for(predicate, timeout, proc):
+    deadline = time.time() + timeout
+    while not predicate():
+        assert proc.poll() is None, "the run ended before the fault could be injected"
+        assert time.time() < deadline, "timed out waiting to inject a fault"
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def runs(ray_cluster, tmp_path_factory):
+    storage = str(tmp_path_factory.mktemp("ft"))
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster["address"], "RAY_AUTH_MODE": "token", "PYTHONUNBUFFERED": "1"}
+    baseline_out = finish(start(env, storage, "baseline"))
+
+    proc = start(env, storage, "faulty")
+    ckpt = lambda step: os.path.join(storage, "faulty", f"checkpoint_step_{step:08d}")  # noqa: E731
+    killed = []
+    # (checkpoint whose appearance triggers the kill, delay): 0 s = while ranks are still writing it.
+    for trigger_step, delay_s in ((4, 1.0), (8, 0.0), (16, 2.5)):
+        wait_for(lambda: os.path.isdir(ckpt(trigger_step)), 600, proc)
+        time.sleep(delay_s)
+        pids = worker_pids() - set(killed)
+        assert pids, "no live training worker to kill"
+        victim = sorted(pids)[len(killed) % len(pids)]
+        os.kill(victim, signal.SIGKILL)  # as a real fault would: no cleanup, no exception
+        killed.append(victim)
+        wait_for(lambda: bool(worker_pids() - set(killed)), 600, proc)  # the group was restarted
+    faulty_out = finish(proc)
+    return {"env": env, "storage": storage, "baseline_out": baseline_out, "faulty_out": faulty_out,
+            "killed": killed}
+
+
+def test_run_survives_three_kills_with_identical_losses(runs):
+    assert len(runs["killed"]) == 3
+    restarts = [line for line in runs["faulty_out"].splitlines() if "starting at step" in line
+                and "starting at step 0" not in line]
+    assert len(restarts) >= 3, runs["faulty_out"][-4000:]
+    base, faulty = losses(runs["storage"], "baseline"), losses(runs["storage"], "faulty")
+    assert [s for s, _ in base] == list(range(1, 25))
+    assert faulty == base  # bit-exact: same floats at every step
+
+
+def test_resume_from_a_chosen_checkpoint_reproduces_the_tail(runs):
+    chosen = os.path.join(runs["storage"], "faulty", "checkpoint_step_00000016")
+    out = finish(start(runs["env"], runs["storage"], "branch", "--resume-from", chosen))
+    assert "starting at step 16" in out
+    assert losses(runs["storage"], "branch")[-8:] == losses(runs["storage"], "baseline")[-8:]
+
+
+def test_same_command_again_continues_the_run_instead_of_overwriting(runs):
+    out = finish(start(runs["env"], runs["storage"], "baseline"))
+    assert "continuing from its latest checkpoint" in out
+    assert "raytrain: done at step 24" in out
+    assert losses(runs["storage"], "baseline") == losses(runs["storage"], "faulty")
