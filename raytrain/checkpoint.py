@@ -20,7 +20,10 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from typing import Any
+
+from raytrain.metrics import emit
 
 METADATA = "raytrain.json"
 
@@ -30,16 +33,33 @@ def tag_for(step: int) -> str:
 
 
 def save(engine, step: int, metrics: dict[str, Any], history: list[dict[str, Any]], run: dict[str, Any]) -> str:
-    """Save this rank's shard for `step` and report it (a collective: every rank must call it)."""
+    """Save this rank's shard for `step` and report it (a collective: every rank must call it).
+
+    Adds checkpoint_save_s (slowest rank's local write), checkpoint_size_gib (all ranks) and
+    checkpoint_gbps to `metrics` (the same dict object that is in `history`).
+    """
     import ray.train
+    import torch
 
     from raytrain.network import applied_env
 
     ctx = ray.train.get_context()
     local = tempfile.mkdtemp(prefix="raytrain-ckpt-")
     try:
+        start = time.perf_counter()
         # client_state lands in this rank's own model-states file: each rank restores its own RNG.
         engine.save_checkpoint(local, tag=tag_for(step), client_state={"raytrain_step": step, "rng": _rng_state()})
+        stats = torch.tensor([time.perf_counter() - start, _dir_bytes(local)], dtype=torch.float64)
+        # one tiny all-reduce per checkpoint: the slowest rank's time, all ranks' bytes
+        seconds = stats[:1].clone()
+        torch.distributed.all_reduce(seconds, op=torch.distributed.ReduceOp.MAX)
+        total = stats[1:].clone()
+        torch.distributed.all_reduce(total)
+        metrics.update(checkpoint_save_s=seconds.item(), checkpoint_size_gib=total.item() / 2**30,
+                       checkpoint_gbps=total.item() / 1e9 / max(seconds.item(), 1e-9))
+        if ctx.get_world_rank() == 0:
+            emit(f"raytrain: checkpoint step {step}: {metrics['checkpoint_size_gib']:.3f} GiB written in "
+                  f"{metrics['checkpoint_save_s']:.2f} s ({metrics['checkpoint_gbps']:.2f} GB/s)")
         if ctx.get_local_rank() == 0:
             # The NCCL/Gloo environment this node's workers actually ran with, one file per node.
             with open(os.path.join(local, f"nccl_env_node{ctx.get_node_rank()}.json"), "w") as f:
@@ -52,6 +72,10 @@ def save(engine, step: int, metrics: dict[str, Any], history: list[dict[str, Any
     finally:
         shutil.rmtree(local, ignore_errors=True)
     return tag_for(step)
+
+
+def _dir_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
 def restore(engine, resume_from: str | None) -> tuple[int, list[dict[str, Any]]]:

@@ -199,6 +199,17 @@ class NetworkConfig:
 
 
 @dataclass
+class TrackingConfig:
+    """Where metrics go besides the progress line and ray.train.report."""
+
+    tensorboard: bool = True
+    """TensorBoard event files under STORAGE/RUN/tensorboard (for a cloud storage_path: ~/raytrain_tensorboard/RUN on rank 0's node)."""
+    mlflow_tracking_uri: str | None = None
+    """MLflow tracking URI (a server, or file:///path for a local store). None: no MLflow."""
+    mlflow_experiment: str = "raytrain"
+
+
+@dataclass
 class RunConfig:
     """The whole run. `deepspeed` is the user's DeepSpeed JSON (a path or a mapping), used unchanged."""
 
@@ -209,6 +220,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
     deepspeed: dict[str, Any] | str = field(default_factory=lambda: dict(DEFAULT_DEEPSPEED))
     """DeepSpeed config: a path to the user's JSON or an inline mapping."""
 

@@ -48,6 +48,7 @@ def fit(cfg: RunConfig, fresh: bool = False) -> FitResult:
     storage = _storage_path(cfg.checkpoint.storage_path)
     _prepare_run_dir(storage, name, fresh=fresh, resume_from=cfg.checkpoint.resume_from)
     resolved["resume_from"] = cfg.checkpoint.resume_from
+    resolved["run"]["checkpoint"]["storage_path"] = storage
 
     resources: dict[str, float] = {"CPU": cfg.scaling.cpus_per_worker}
     if shape.use_gpu:
@@ -70,6 +71,9 @@ def fit(cfg: RunConfig, fresh: bool = False) -> FitResult:
     if result.checkpoint is None:
         raise RuntimeError(f"the run ended without a checkpoint (see the worker logs above): {result.error}")
     meta = read_metadata(result.checkpoint)
+    from raytrain.tracking import write_summary
+
+    write_summary(meta["history"], meta["metrics"], storage, name)
     if cfg.checkpoint.export_dir:
         from raytrain.export import export
 
@@ -93,7 +97,8 @@ def connect(cluster: ClusterConfig, scaling: ScalingConfig) -> None:
     # with only the workers' share, Ray Data never gets a CPU and the run hangs.
     workers = scaling.num_workers or 2
     num_cpus = cluster.num_cpus or max(os.cpu_count() or 1, int(workers * scaling.cpus_per_worker) + 2)
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+    # address="local": always a new cluster; plain ray.init() would join any other one on this machine.
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
 
 
 def live_shape(cfg: RunConfig) -> ClusterShape:

@@ -7,9 +7,19 @@ steps into the metrics dict that is printed, sent to `ray.train.report` and to t
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import time
 from dataclasses import dataclass, field
+
+
+def emit(line: str) -> None:
+    """One line to the user from a worker (rank 0 decides who calls it).
+
+    Through logging, not print: Ray Train V2 patches print in workers and, because Ray also wraps
+    stdout there, every printed line reaches the driver twice.
+    """
+    logging.getLogger("raytrain").info(line)
 
 
 def flops_per_token(num_params: int, num_layers: int, hidden: int, seq_len: int) -> float:

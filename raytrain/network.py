@@ -25,6 +25,7 @@ from typing import Any
 from ray.train.torch.config import TorchConfig, _TorchBackend
 
 from raytrain.config import ConfigError, NetworkConfig
+from raytrain.metrics import emit
 
 # Interfaces that never carry node-to-node traffic: loopback, container and VM bridges, veth pairs,
 # CNI overlays. NCCL's own default (^docker,lo) only knows the first two.
@@ -342,7 +343,7 @@ def apply_nccl_env(forced: Mapping[str, str], auto_configure: bool) -> NcclPlan:
     if _local_rank() in (0, None):
         lines = [f"raytrain.network [{node_ip}]: " + " ".join(f"{k}={v}" for k, v in sorted(_applied.items()))]
         lines += [f"raytrain.network [{node_ip}]:   {note}" for note in plan.notes]
-        print("\n".join(lines), flush=True)
+        emit("\n".join(lines))
     return plan
 
 

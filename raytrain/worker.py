@@ -44,7 +44,8 @@ def train_loop_per_worker(payload: dict[str, Any]) -> None:
                                                    config=ds_config, dist_init_required=False)
 
     from raytrain import checkpoint
-    from raytrain.metrics import StepMeter, flops_per_token, format_line
+    from raytrain.metrics import StepMeter, emit, flops_per_token, format_line
+    from raytrain.tracking import Tracker
 
     start_step, history = checkpoint.restore(engine, payload.get("resume_from"))
     train_batch, micro_batch, grad_accum = batch_sizes(ds_config)
@@ -54,47 +55,64 @@ def train_loop_per_worker(payload: dict[str, Any]) -> None:
         max_steps=cfg.training.max_steps, tokens_per_step=train_batch * seq_len,
         flops_per_token=flops_per_token(num_params, hf_config.num_hidden_layers, hf_config.hidden_size, seq_len),
         peak_flops_total=cfg.training.peak_tflops_per_gpu * 1e12 * ctx.get_world_size() if device.type == "cuda" else None)
+    tracker = Tracker(cfg.tracking, cfg.checkpoint.storage_path, cfg.checkpoint.name, payload["run"], active=rank == 0)
     if rank == 0:
-        print(f"raytrain: {num_params:,} parameters, world size {ctx.get_world_size()}, "
+        emit(f"raytrain: {num_params:,} parameters, world size {ctx.get_world_size()}, "
               f"batch {train_batch} = {micro_batch} x {grad_accum} x {ctx.get_world_size()}, seq_len {seq_len}, "
-              f"device {device.type}, starting at step {start_step}", flush=True)
+              f"device {device.type}, starting at step {start_step}")
 
     batches = micro_batches(ray.train.get_dataset_shard("train"), micro_batch, device,
                             skip=start_step * grad_accum)
     pending_losses: list[torch.Tensor] = []
-    metrics: dict[str, Any] = history[-1] if history else {"step": start_step}
-    # `history` (every logged window, restored with the checkpoint) is saved with each checkpoint.
-    every_ckpt = cfg.checkpoint.every_n_steps
-    for step in range(start_step + 1, cfg.training.max_steps + 1):
-        data_wait = 0.0
-        step_loss = torch.zeros((), device=device)
-        for _ in range(grad_accum):
-            t = time.perf_counter()
-            input_ids = next(batches)
-            data_wait += time.perf_counter() - t
-            loss = engine(input_ids=input_ids, labels=input_ids).loss
-            engine.backward(loss)
-            engine.step()  # DeepSpeed only updates at the accumulation boundary
-            step_loss += loss.detach()
-        pending_losses.append(step_loss / grad_accum)
+    # `history` holds every logged window (restored with the checkpoint, saved with each one).
+    every_log, every_ckpt, max_steps = cfg.training.log_every_n_steps, cfg.checkpoint.every_n_steps, cfg.training.max_steps
+    for step in range(start_step + 1, max_steps + 1):
+        loss, data_wait = train_step(engine, batches, grad_accum, device)
+        pending_losses.append(loss)
         meter.step(data_wait)
+        if step == start_step + 1 and start_step > 0 and rank == 0:
+            import psutil
 
-        last = step == cfg.training.max_steps
-        if step % cfg.training.log_every_n_steps == 0 or last:
-            # One device sync and one small all-reduce per logging window, not per step.
-            window = torch.stack(pending_losses).mean()
-            torch.distributed.all_reduce(window, op=torch.distributed.ReduceOp.AVG)
-            pending_losses.clear()
-            grad_norm = engine.get_global_grad_norm()
-            metrics = meter.collect(step, window.item(), scheduler.get_last_lr()[0] if scheduler else engine.get_lr()[0],
-                                    None if grad_norm is None else float(grad_norm), device)
-            history.append(metrics)
-            if rank == 0:
-                print(format_line(metrics, cfg.training.max_steps), flush=True)
-            if not (last or (every_ckpt and step % every_ckpt == 0)):
-                ray.train.report(metrics)
-        if last or (every_ckpt and step % every_ckpt == 0):
-            checkpoint.save(engine, step, metrics, history, payload["run"])
+            # from this worker process's start to its first step after a restore: what a restart costs
+            emit(f"raytrain: resumed from step {start_step}; first step done "
+                  f"{time.time() - psutil.Process().create_time():.1f} s after the worker process started")
+
+        save_now = step == max_steps or (every_ckpt and step % every_ckpt == 0)
+        if not (save_now or step % every_log == 0):
+            continue
+        # One device sync and one small all-reduce per logging window, not per step.
+        window = torch.stack(pending_losses).mean()
+        torch.distributed.all_reduce(window, op=torch.distributed.ReduceOp.AVG)
+        pending_losses.clear()
+        grad_norm = engine.get_global_grad_norm()
+        metrics = meter.collect(step, window.item(), scheduler.get_last_lr()[0] if scheduler else engine.get_lr()[0],
+                                None if grad_norm is None else float(grad_norm), device)
+        history.append(metrics)
+        if rank == 0:
+            emit(format_line(metrics, max_steps))
+        if save_now:
+            checkpoint.save(engine, step, metrics, history, payload["run"])  # adds checkpoint_* to metrics
+        else:
+            ray.train.report(metrics)
+        tracker.log(metrics, step)
+    tracker.close()
+
+
+def train_step(engine, batches: Iterator[Any], grad_accum: int, device):
+    """One optimizer step over grad_accum micro-batches; returns (mean loss tensor, data wait s)."""
+    import torch
+
+    data_wait = 0.0
+    step_loss = torch.zeros((), device=device)
+    for _ in range(grad_accum):
+        t = time.perf_counter()
+        input_ids = next(batches)
+        data_wait += time.perf_counter() - t
+        loss = engine(input_ids=input_ids, labels=input_ids).loss
+        engine.backward(loss)
+        engine.step()  # DeepSpeed only updates at the accumulation boundary
+        step_loss += loss.detach()  # stays on the device: no sync here
+    return step_loss / grad_accum, data_wait
 
 
 def micro_batches(shard, micro_batch: int, device, skip: int = 0) -> Iterator[Any]:
