@@ -11,15 +11,19 @@ The paths, each in its own process (so each gets the whole GPU and a clean CUDA 
   already on the GPU.
 - `torch`: plain PyTorch, no DeepSpeed: fp32 weights, bf16 autocast, fused AdamW (where it fits).
 
-All three see the DeepSpeed dict that raytrain resolves for a world of `--num-gpus` (the raytrain path
-checks that the run it started resolved the same dict). They time steps the same way as the worker
-(`raytrain.metrics.StepMeter`, one sync per window of `--window` steps; the first `--warmup-steps`
-are not counted) and report tokens/s, MFU = tokens/s x (6N + 12 L H S) / peak, peak GPU memory,
-the data-wait fraction and, where visible, a step-time breakdown. Results go to OUT/results.jsonl
-(one line per path, appended) and OUT/results.md (a table of every line in results.jsonl).
+All three get the DeepSpeed dict that raytrain resolves from the same overrides for a world of
+`--num-gpus`. They time steps the same way as the worker (`raytrain.metrics.StepMeter`, one sync per
+window of `--window` steps; the first `--warmup-steps` are not counted) and report tokens/s,
+MFU = tokens/s x (6N + 12 L H S) / peak, peak GPU memory, the data-wait fraction and, on the two
+in-process paths, a step-time breakdown (CUDA events) and the NCCL kernel time of one profiled step.
+The raytrain row comes from the worker's progress lines; the run is stopped after its last step
+rather than waiting for the final checkpoint (GBs of storage time, not training).
+Results go to OUT/results.jsonl (one line per path, appended) and OUT/results.md (a table of every
+line in results.jsonl), each child's output to OUT/<time>-<n>-<path>.log.
 
-`--set KEY=VALUE` takes raytrain's override syntax (`deepspeed.zero_optimization.reduce_bucket_size=5e8`,
-`model.gradient_checkpointing=true`) and applies to every path. `--liger` swaps in Liger kernels
+`--set KEY=VALUE` takes raytrain's override syntax
+(`deepspeed.zero_optimization.reduce_bucket_size=500000000`, `model.gradient_checkpointing=true`) and
+applies to every path. `--liger` swaps in Liger kernels
 (pure Python + Triton; GPU only) for the loss, and optionally RMSNorm, SwiGLU and RoPE.
 """
 
@@ -30,6 +34,7 @@ import copy
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -40,7 +45,10 @@ from typing import Any
 
 PATHS = ("raytrain", "deepspeed", "torch")
 RESULT_PREFIX = "RAYTRAIN_BENCH_RESULT "
-LIGER_ENV = "RAYTRAIN_BENCH_LIGER"
+PRELIM_PREFIX = "RAYTRAIN_BENCH_PRELIM "
+# raytrain.metrics.format_line, as the raytrain path's rank 0 prints it every training.log_every_n_steps
+PROGRESS = re.compile(r"step (\d+)/(\d+)  loss \S+  lr \S+  grad_norm \S+  tok/s ([\d,]+)  (?:mfu ([\d.]+)%  )?"
+                      r"data_wait ([\d.]+)%  mem ([\d.]+)GiB")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -126,7 +134,7 @@ def overrides_for(args: argparse.Namespace, use_gpu: bool) -> list[str]:
         f"training.micro_batch_size_per_gpu={args.micro_batch}",
         f"training.gradient_accumulation_steps={args.grad_accum}",
         f"scaling.num_workers={args.num_gpus}", f"scaling.use_gpu={str(use_gpu).lower()}",
-        f"deepspeed={json.dumps(ds)}"]
+        f"model.liger_kernel={args.liger}", f"deepspeed={json.dumps(ds)}"]
     return items + list(args.overrides)
 
 
@@ -141,83 +149,7 @@ def resolve(args: argparse.Namespace, use_gpu: bool):
     return cfg, resolved
 
 
-# ---------------------------------------------------------------------------------------------
-# Liger kernels. The fused loss lives in the lm_head module's forward, so DeepSpeed ZeRO-3's module
-# hooks gather lm_head.weight for it (Liger's own patch reads the weight outside any module forward,
-# where ZeRO-3 leaves it an empty partition).
-
-
-def apply_liger(mode: str) -> None:
-    """Patch transformers' Llama classes in this process; call before the model is built."""
-    if mode == "none":
-        return
-    from transformers.models.llama import modeling_llama
-
-    if mode == "all":
-        from liger_kernel.transformers.rms_norm import LigerRMSNorm
-        from liger_kernel.transformers.rope import liger_rotary_pos_emb
-        from liger_kernel.transformers.swiglu import LigerSwiGLUMLP
-
-        modeling_llama.apply_rotary_pos_emb = liger_rotary_pos_emb
-        modeling_llama.LlamaRMSNorm = LigerRMSNorm
-        modeling_llama.LlamaMLP = LigerSwiGLUMLP
-    if getattr(modeling_llama.LlamaForCausalLM.forward, "_raytrain_fused_loss", False):
-        return
-    original = modeling_llama.LlamaForCausalLM.forward
-
-    def forward(self, input_ids=None, labels=None, **kwargs):
-        if labels is None or not self.training:
-            return original(self, input_ids=input_ids, labels=labels, **kwargs)
-        from transformers.modeling_outputs import CausalLMOutputWithPast
-
-        head_class = fused_head_class()
-        if type(self.lm_head) is not head_class:
-            self.lm_head.__class__ = head_class  # same parameters and ZeRO-3 hooks, new forward
-        hidden = self.model(input_ids=input_ids, **kwargs).last_hidden_state
-        return CausalLMOutputWithPast(loss=self.lm_head(hidden, labels))
-
-    forward._raytrain_fused_loss = True
-    modeling_llama.LlamaForCausalLM.forward = forward
-
-
-def _fused_head_class():
-    import torch
-
-    class _FusedLossHead(torch.nn.Linear):
-        """lm_head whose forward(hidden, labels) returns the mean next-token loss, like transformers'
-        loss (labels shifted by one, -100 ignored), without materialising the logits (Liger on GPU).
-        On CPU it computes the same loss with torch ops (for tests of the ZeRO-3 mechanics)."""
-
-        def forward(self, hidden, labels=None):
-            if labels is None:
-                return super().forward(hidden)
-            h = hidden[:, :-1, :].reshape(-1, hidden.shape[-1])
-            target = labels[:, 1:].reshape(-1)
-            weight = self.weight if self.weight.dtype == h.dtype else self.weight.to(h.dtype)  # under autocast
-            if h.is_cuda:
-                from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
-
-                return liger_fused_linear_cross_entropy(h, weight, target, ignore_index=-100)
-            return torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, weight).float(), target,
-                                                     ignore_index=-100)
-
-    return _FusedLossHead
-
-
-_HEAD_CLASS = None
-
-
-def fused_head_class():
-    """The lm_head class with the fused loss (built on first use: importing this module skips torch)."""
-    global _HEAD_CLASS
-    if _HEAD_CLASS is None:
-        _HEAD_CLASS = _fused_head_class()
-    return _HEAD_CLASS
-
-
-def setup_worker_process() -> None:
-    """Ray `worker_process_setup_hook` for the raytrain path: apply --liger in every Ray worker."""
-    apply_liger(os.environ.get(LIGER_ENV, "none"))
+from raytrain.kernels import apply_liger  # noqa: E402 (the levers live with the model code)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -471,24 +403,21 @@ def run_raytrain(args: argparse.Namespace, cfg, resolved: dict[str, Any]) -> dic
     """The product path: raytrain.fit on a local Ray cluster (or RAY_ADDRESS's), built-in corpus."""
     import shutil
 
-    import ray
 
     import raytrain
     from raytrain.metrics import flops_per_token
     from raytrain.model import count_parameters, load_model_config
 
+    hf_config = load_model_config(cfg.model)
+    num_params = count_parameters(hf_config)
+    fpt = flops_per_token(num_params, hf_config.num_hidden_layers, hf_config.hidden_size, cfg.data.seq_len)
+    # What the parent needs to finish this record from the worker's progress lines alone.
+    print(PRELIM_PREFIX + json.dumps({"ds_config": resolved["run"]["deepspeed"], "num_params": num_params,
+                                      "flops_per_token": fpt}), flush=True)
     storage = tempfile.mkdtemp(prefix="raytrain-bench-")
     run_cfg = raytrain.load_config(None, overrides_for(args, bool(cfg.scaling.use_gpu)) + [
         f"checkpoint.storage_path={storage}", "checkpoint.name=bench", "checkpoint.num_to_keep=1"])
-    if args.liger != "none":
-        # raytrain's worker builds the model itself: the patch has to run in the Ray worker processes.
-        runtime_env = {"worker_process_setup_hook": "raytrain.bench.setup_worker_process",
-                       "env_vars": {LIGER_ENV: args.liger}}
-        if os.environ.get("RAY_ADDRESS"):
-            ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=runtime_env)
-        else:  # as raytrain.driver.connect would start it, but always a new cluster ("local")
-            ray.init(address="local", num_cpus=max(os.cpu_count() or 1, args.num_gpus + 2),
-                     include_dashboard=False, runtime_env=runtime_env)
+    # Liger on this path: model.liger_kernel (in overrides_for), applied by raytrain's own worker.
     try:
         result = raytrain.fit(run_cfg)
     finally:
@@ -497,9 +426,6 @@ def run_raytrain(args: argparse.Namespace, cfg, resolved: dict[str, Any]) -> dic
     if ds_got != resolved["run"]["deepspeed"]:
         raise RuntimeError(f"raytrain resolved a different DeepSpeed dict than the other paths: {ds_got}")
     history = [m for m in result.history if m["step"] > args.warmup_steps]
-    hf_config = load_model_config(cfg.model)
-    num_params = count_parameters(hf_config)
-    fpt = flops_per_token(num_params, hf_config.num_hidden_layers, hf_config.hidden_size, cfg.data.seq_len)
     peak = args.peak_tflops * 1e12 * args.num_gpus if cfg.scaling.use_gpu else None
     out = summarize(history, resolved["tokens_per_step"], fpt, peak)
     # The worker reports torch.cuda.max_memory_allocated (rank 0); no per-phase times (see docs).
@@ -577,14 +503,29 @@ def run_path(path: str, args: argparse.Namespace, argv: list[str], log_path: str
     start = time.perf_counter()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"},
                                 start_new_session=True)  # its own process group: a timeout kills Ray too
         record: dict[str, Any] | None = None
+        prelim: dict[str, Any] = {}
+        windows: dict[int, dict[str, float]] = {}
         try:
             deadline = start + args.timeout_s
             for line in _lines_until(proc, deadline):
                 log.write(line)
                 if line.startswith(RESULT_PREFIX):
                     record = json.loads(line[len(RESULT_PREFIX):])
+                elif line.startswith(PRELIM_PREFIX):
+                    prelim = json.loads(line[len(PRELIM_PREFIX):])
+                elif path == "raytrain" and (m := PROGRESS.search(line)):
+                    step, max_steps = int(m.group(1)), int(m.group(2))
+                    windows[step] = {"tokens_per_s": float(m.group(3).replace(",", "")),
+                                     "data_wait_frac": float(m.group(5)) / 100, "memory_gib": float(m.group(6)),
+                                     "on_gpu": m.group(4) is not None}  # the worker shows MFU on GPUs only
+                    if step == max_steps:
+                        # Every timed window is in: stop here rather than wait for the final ZeRO-3
+                        # checkpoint (~15 GB for 1.1B parameters), which measures storage, not training.
+                        record = _from_progress(prelim, windows, args)
+                        break
         except TimeoutError:
             record = {"path": path, "status": "timeout", "error": f"killed after {args.timeout_s:.0f} s"}
         finally:
@@ -593,6 +534,21 @@ def run_path(path: str, args: argparse.Namespace, argv: list[str], log_path: str
         record = {"path": path, "status": "error", "error": f"exit code {proc.returncode} without a result (see {log_path})"}
     record["wall_s"] = time.perf_counter() - start
     return record
+
+
+def _from_progress(prelim: dict[str, Any], windows: dict[int, dict[str, float]],
+                   args: argparse.Namespace) -> dict[str, Any]:
+    """The raytrain path's record from its rank-0 progress lines (windows after warmup)."""
+    timed = [w for step, w in sorted(windows.items()) if step > args.warmup_steps]
+    tokens_per_step = args.micro_batch * args.grad_accum * args.num_gpus * args.seq_len
+    step_time = sum(tokens_per_step / w["tokens_per_s"] for w in timed) / len(timed)
+    tokens_per_s = tokens_per_step / step_time
+    fpt = prelim["flops_per_token"]
+    return {"path": "raytrain", "status": "ok", **prelim, "tokens_per_s": tokens_per_s, "step_time_s": step_time,
+            "mfu": tokens_per_s * fpt / (args.peak_tflops * 1e12 * args.num_gpus) if timed[0]["on_gpu"] else None,
+            "data_wait_frac": sum(w["data_wait_frac"] for w in timed) / len(timed),
+            "peak_mem_gib": max(w["memory_gib"] for w in timed),
+            "windows_tokens_per_s": [w["tokens_per_s"] for w in timed]}
 
 
 def _lines_until(proc, deadline: float):

@@ -32,7 +32,8 @@ def tag_for(step: int) -> str:
     return f"step_{step:08d}"
 
 
-def save(engine, step: int, metrics: dict[str, Any], history: list[dict[str, Any]], run: dict[str, Any]) -> str:
+def save(engine, step: int, metrics: dict[str, Any], history: list[dict[str, Any]], run: dict[str, Any],
+         upload_async: bool = False, data_state: dict[str, Any] | None = None) -> str:
     """Save this rank's shard for `step` and report it (a collective: every rank must call it).
 
     Adds checkpoint_save_s (slowest rank's local write), checkpoint_size_gib (all ranks) and
@@ -48,8 +49,11 @@ def save(engine, step: int, metrics: dict[str, Any], history: list[dict[str, Any
     try:
         start = time.perf_counter()
         # client_state lands in this rank's own model-states file: each rank restores its own RNG.
-        engine.save_checkpoint(local, tag=tag_for(step), client_state={"raytrain_step": step, "rng": _rng_state()})
-        stats = torch.tensor([time.perf_counter() - start, _dir_bytes(local)], dtype=torch.float64)
+        engine.save_checkpoint(local, tag=tag_for(step), client_state={"raytrain_step": step, "rng": _rng_state(),
+                                                                         "data": data_state or {}})
+        # on the engine's device: NCCL (GPU runs) only reduces CUDA tensors
+        stats = torch.tensor([time.perf_counter() - start, _dir_bytes(local)], dtype=torch.float64,
+                             device=engine.device)
         # one tiny all-reduce per checkpoint: the slowest rank's time, all ranks' bytes
         seconds = stats[:1].clone()
         torch.distributed.all_reduce(seconds, op=torch.distributed.ReduceOp.MAX)
@@ -67,9 +71,15 @@ def save(engine, step: int, metrics: dict[str, Any], history: list[dict[str, Any
         if ctx.get_world_rank() == 0:
             with open(os.path.join(local, METADATA), "w") as f:
                 json.dump({"step": step, "metrics": metrics, "history": history, "run": run}, f, indent=2, default=str)
+        # ASYNC: Ray uploads in the background and deletes `local` afterwards, so training goes on
+        # while the shards travel to storage; SYNC: report returns once they are there.
+        mode = ray.train.CheckpointUploadMode.ASYNC if upload_async else ray.train.CheckpointUploadMode.SYNC
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(local),
-                         checkpoint_dir_name=f"checkpoint_{tag_for(step)}")
-    finally:
+                         checkpoint_dir_name=f"checkpoint_{tag_for(step)}", checkpoint_upload_mode=mode)
+    except BaseException:
+        shutil.rmtree(local, ignore_errors=True)
+        raise
+    if not upload_async:
         shutil.rmtree(local, ignore_errors=True)
     return tag_for(step)
 
@@ -78,8 +88,10 @@ def _dir_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
-def restore(engine, resume_from: str | None) -> tuple[int, list[dict[str, Any]]]:
-    """Load the checkpoint to continue from; return (its step, its metrics history), (0, []) if none.
+def restore(engine, resume_from: str | None) -> tuple[int, list[dict[str, Any]], dict[str, Any]]:
+    """Load the checkpoint to continue from; return (step, metrics history, this rank's data position).
+
+    (0, [], {}) when there is none.
 
     Ray Train's latest reported checkpoint of this run wins (a restart after a failure, or the
     same run name submitted again); else `resume_from` (--resume-from PATH) when given.
@@ -90,7 +102,7 @@ def restore(engine, resume_from: str | None) -> tuple[int, list[dict[str, Any]]]
     if checkpoint is None and resume_from:
         checkpoint = ray.train.Checkpoint(resume_from)
     if checkpoint is None:
-        return 0, []
+        return 0, [], {}
     with checkpoint.as_directory() as path:
         _, client_state = engine.load_checkpoint(path)  # reads the `latest` tag; full unpickling
         with open(os.path.join(path, METADATA)) as f:
@@ -98,7 +110,7 @@ def restore(engine, resume_from: str | None) -> tuple[int, list[dict[str, Any]]]
     if client_state is None:
         raise RuntimeError(f"checkpoint {checkpoint.path} could not be loaded by DeepSpeed")
     _set_rng_state(client_state["rng"])
-    return int(client_state["raytrain_step"]), history
+    return int(client_state["raytrain_step"]), history, client_state.get("data", {})
 
 
 def _rng_state() -> dict[str, Any]:

@@ -10,6 +10,7 @@ User mistakes raise `ConfigError`, whose message is one line naming the key or f
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import json
@@ -44,6 +45,9 @@ class ModelConfig:
     """transformers attention backend: "sdpa", "eager", "flash_attention_2"."""
     trust_remote_code: bool = False
     """Allow model/tokenizer code from the hub repo to run (only for repos you trust)."""
+    liger_kernel: str = "none"
+    """Llama only, GPU: "loss" (fused linear+cross-entropy: no logits in memory), "all" (+ RMSNorm,
+    RoPE, SwiGLU kernels). +15% tokens/s and -30 GiB at 1.1B on an H200; needs liger-kernel."""
 
 
 @dataclass
@@ -76,6 +80,9 @@ class DataConfig:
     """Documents per tokenization batch; each batch's leftover tail (< seq_len tokens) is dropped."""
     tokenize_concurrency: int | None = None
     """Number of tokenizer tasks running at once. None: let Ray Data decide."""
+    shuffle_buffer_size: int = 0
+    """Rows in each worker's local shuffle buffer (0: no shuffle). Seeded with training.seed + epoch,
+    so the order is the same in every run and after a restart."""
     num_builtin_documents: int = 4000
     """Size of the built-in corpus (only used when `path` is None)."""
     eval_path: str | list[str] | None = None
@@ -154,6 +161,9 @@ class ScalingConfig:
     """Logical CPUs each worker reserves; the rest of the cluster's CPUs feed Ray Data."""
     accelerator_type: str | None = None
     """Ray accelerator type to schedule on, for example "H200"."""
+    placement_strategy: str = "PACK"
+    """Ray placement group strategy: "PACK" (fill nodes: fast intra-node NVLink), "SPREAD",
+    "STRICT_SPREAD" (one worker per node), "STRICT_PACK"."""
 
 
 @dataclass
@@ -170,6 +180,9 @@ class CheckpointConfig:
     """Keep the latest K checkpoints in storage."""
     max_failures: int = 3
     """Worker-group restarts Ray Train attempts before the run fails."""
+    upload_async: bool = False
+    """Upload checkpoints to storage in the background (Ray's ASYNC mode): training continues while
+    shards travel; costs local disk for a second copy until the upload ends."""
     resume_from: str | None = None
     """Start from this checkpoint directory (`--resume-from PATH`); the run's own latest wins after a restart."""
     export_dir: str | None = None
@@ -247,6 +260,9 @@ DEFAULT_DEEPSPEED: dict[str, Any] = {
         "reduce_bucket_size": "auto",
         "stage3_prefetch_bucket_size": "auto",
         "stage3_param_persistence_threshold": "auto",
+        # ZeRO++ hpZ: "auto" = GPUs per node when the run spans nodes (backward's all-gather then
+        # stays on NVLink, for params/gpus_per_node more memory per GPU), else 1 (off).
+        "zero_hpz_partition_size": "auto",
     },
     "steps_per_print": 1_000_000_000,  # raytrain prints its own progress line
     "wall_clock_breakdown": False,
@@ -264,6 +280,9 @@ def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] 
         data = _read_yaml(path)
     for item in overrides:
         key, value = _parse_override(item)
+        if key.startswith("deepspeed.") and "deepspeed" not in data:
+            # deepspeed.x=y with no DeepSpeed config given edits the default one, not an empty one.
+            data["deepspeed"] = copy.deepcopy(DEFAULT_DEEPSPEED)
         _set_dotted(data, key, value)
     return RunConfig.from_dict(data)
 

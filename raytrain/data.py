@@ -19,7 +19,8 @@ Documents, by source:
   row already ends with it). Token ids outside the model's embedding table stop the run.
 Text and JSON files may be compressed (.gz, .bz2, .zst, .lz4, .br; detected by pyarrow).
 Paths may be local or on any filesystem pyarrow understands (s3://, gs://, hdfs://, abfs://);
-directories are read recursively, skipping names that start with "." or "_".
+directories are read recursively, skipping names that start with "." or "_". As with Ray Data's
+own readers, a local path must be visible on every node that runs tasks (a shared filesystem).
 
 Bad input, at run time (things only reading all the data can tell):
 - invalid UTF-8 in text/JSON files: `data.invalid_utf8="replace"` (default) decodes the bad bytes
@@ -118,7 +119,7 @@ def _build(data: DataConfig, model: ModelConfig, seed: int, path, key: str, spli
             "format": source.format, "filesystem": source.filesystem, "text_column": data.text_column,
             "text_document": data.text_document, "invalid_utf8": data.invalid_utf8})
     elif source.format in ("parquet", "tokenized"):
-        ds = ray.data.read_parquet(source.files, columns=[source.column], filesystem=source.filesystem)
+        ds = ray.data.read_parquet(source.files, filesystem=source.filesystem).select_columns([source.column])
     else:  # a hub dataset, streamed: nothing is downloaded on the driver
         import datasets
 
@@ -138,7 +139,10 @@ def ingest_config():
 
     options = ray.train.DataConfig.default_ingest_options()
     options.preserve_order = True  # costs some pipelining slack; buys reproducible batches
-    return ray.train.DataConfig(execution_options=options)
+    # Locality-aware splitting hands blocks to whichever rank sits near them, which differs from
+    # run to run; without it the split is a pure function of the block order, so a restarted run
+    # (same world size) sees exactly the same batches. Cost: some blocks cross nodes once.
+    return ray.train.DataConfig(execution_options=options, enable_shard_locality=False)
 
 
 def resolve_format(data: DataConfig, path=None, key: str = "data.path") -> str:
@@ -460,8 +464,8 @@ def _decode(raw: bytes, invalid_utf8: str, where: str, counts: collections.Count
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         if invalid_utf8 == "error":
-            raise ConfigError(f"{where}: invalid UTF-8 at byte {e.start}: fix the file, or set "
-                              f"data.invalid_utf8=replace to decode such bytes as U+FFFD (counted in the log)") from None
+            raise ConfigError(f"{where}: invalid UTF-8 at byte {e.start}: fix the file, or set data.invalid_utf8="
+                              f"replace to decode such bytes as U+FFFD (counted in the log)") from None
         counts["invalid_utf8"] += 1
         return raw.decode("utf-8", errors="replace")
 

@@ -9,6 +9,7 @@ it: any that raytrain cannot resolve is an error naming the key.
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 from raytrain.config import ConfigError, TrainingConfig, read_json_file
@@ -39,6 +40,7 @@ def resolve_deepspeed(raw: dict[str, Any] | str, training: TrainingConfig, *, wo
     _fill(zero, "reduce_bucket_size", hidden_size * hidden_size, "zero_optimization.")
     _fill(zero, "stage3_prefetch_bucket_size", int(0.9 * hidden_size * hidden_size), "zero_optimization.")
     _fill(zero, "stage3_param_persistence_threshold", 10 * hidden_size, "zero_optimization.")
+    _resolve_hpz(zero, world_size, use_gpu, gpus_per_node)
     _resolve_optimizer(ds, training)
     _check(ds, world_size, gpus_per_node)
     leftover = _find_auto(ds)
@@ -153,6 +155,15 @@ def _resolve_precision(ds: dict[str, Any], training: TrainingConfig, use_gpu: bo
     if fp16 and not use_gpu:
         raise ConfigError("deepspeed.fp16.enabled=true needs GPUs, and this run is on CPU (scaling.use_gpu=false): "
                           "set deepspeed.fp16.enabled=false (or use bf16), or run on GPUs with scaling.use_gpu=true")
+
+
+def _resolve_hpz(zero: dict[str, Any], world_size: int, use_gpu: bool, gpus_per_node: int | None) -> None:
+    """ZeRO++ hpZ "auto": across nodes, a secondary parameter partition within each node so backward's
+    all-gather stays on NVLink (costs params/gpus_per_node more memory per GPU); otherwise 1."""
+    if zero.get("zero_hpz_partition_size") != AUTO:
+        return
+    spans_nodes = use_gpu and gpus_per_node is not None and world_size > gpus_per_node
+    zero["zero_hpz_partition_size"] = math.gcd(world_size, gpus_per_node) if spans_nodes else 1
 
 
 def _resolve_optimizer(ds: dict[str, Any], training: TrainingConfig) -> None:

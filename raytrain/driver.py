@@ -37,12 +37,22 @@ def fit(cfg: RunConfig, fresh: bool = False) -> FitResult:
     from ray.train.torch import TorchTrainer
 
     from raytrain.checkpoint import read_metadata
-    from raytrain.data import build_dataset, ingest_config
+    from raytrain.data import build_dataset, build_eval_dataset, ingest_config
     from raytrain.worker import train_loop_per_worker
 
     connect(cfg.cluster, cfg.scaling)
     shape = live_shape(cfg)
     resolved = resolve_run(cfg, shape)
+    if cfg.network.preflight:
+        from raytrain.preflight import run_preflight
+
+        # Versions, NCCL transport and collective bandwidth on the workers' placement, before training.
+        report = run_preflight(cfg.network, num_workers=shape.num_workers, use_gpu=shape.use_gpu,
+                               cpus_per_worker=cfg.scaling.cpus_per_worker)
+        print(report.render(), flush=True)
+        if not report.passed:
+            raise ConfigError("network.preflight failed (" + "; ".join(report.failures) + "): fix the fabric, "
+                              "or set network.preflight=false to train anyway")
     name = cfg.checkpoint.name or datetime.datetime.now().strftime("raytrain-%Y%m%d-%H%M%S")
     resolved["run"]["checkpoint"]["name"] = name
     storage = _storage_path(cfg.checkpoint.storage_path)
@@ -50,6 +60,11 @@ def fit(cfg: RunConfig, fresh: bool = False) -> FitResult:
     resolved["resume_from"] = cfg.checkpoint.resume_from
     resolved["run"]["checkpoint"]["storage_path"] = storage
 
+    datasets = {"train": build_dataset(cfg.data, cfg.model, cfg.training.seed)}
+    eval_ds = build_eval_dataset(cfg.data, cfg.model, cfg.training.seed)
+    if eval_ds is not None:
+        datasets["eval"] = eval_ds
+    resolved["has_eval"] = eval_ds is not None
     resources: dict[str, float] = {"CPU": cfg.scaling.cpus_per_worker}
     if shape.use_gpu:
         resources["GPU"] = 1
@@ -58,12 +73,13 @@ def fit(cfg: RunConfig, fresh: bool = False) -> FitResult:
         train_loop_config=resolved,
         scaling_config=ray.train.ScalingConfig(num_workers=shape.num_workers, use_gpu=shape.use_gpu,
                                                resources_per_worker=resources,
-                                               accelerator_type=cfg.scaling.accelerator_type),
+                                               accelerator_type=cfg.scaling.accelerator_type,
+                                               placement_strategy=cfg.scaling.placement_strategy),
         run_config=ray.train.RunConfig(
             name=name, storage_path=storage,
             failure_config=ray.train.FailureConfig(max_failures=cfg.checkpoint.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.num_to_keep)),
-        datasets={"train": build_dataset(cfg.data, cfg.model, cfg.training.seed)},
+        datasets=datasets,
         dataset_config=ingest_config(),
         torch_config=_torch_config(cfg, shape),
     )

@@ -84,6 +84,8 @@ def format_line(m: dict[str, float], max_steps: int) -> str:
              f"grad_norm {m['grad_norm']:.3f}", f"tok/s {m['tokens_per_s']:,.0f}"]
     if "mfu" in m:
         parts.append(f"mfu {100 * m['mfu']:.1f}%")
+    if "eval_loss" in m:
+        parts.append(f"eval_loss {m['eval_loss']:.4f}  eval_ppl {m['eval_ppl']:.2f}")
     parts += [f"data_wait {100 * m['data_wait_frac']:.1f}%", f"mem {m['memory_gib']:.2f}GiB",
               f"eta {datetime.timedelta(seconds=round(m['eta_s']))}"]
     return "  ".join(parts)

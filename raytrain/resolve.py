@@ -67,6 +67,14 @@ def resolve_run(cfg: RunConfig, shape: ClusterShape) -> dict[str, Any]:
     if max_pos is not None and cfg.data.seq_len > max_pos:
         raise ConfigError(f"data.seq_len={cfg.data.seq_len} exceeds the model's max_position_embeddings={max_pos}: "
                           f"lower data.seq_len or set model.config.max_position_embeddings")
+    if cfg.model.liger_kernel not in ("none", "loss", "all"):
+        raise ConfigError(f"model.liger_kernel must be none, loss or all, got {cfg.model.liger_kernel!r}")
+    if cfg.model.liger_kernel != "none":
+        if getattr(hf_config, "model_type", None) != "llama":
+            raise ConfigError(f"model.liger_kernel={cfg.model.liger_kernel} patches Llama models only, and this "
+                              f"model is {getattr(hf_config, 'model_type', '?')}: set model.liger_kernel=none")
+        if cfg.model.liger_kernel == "all" and not shape.use_gpu:
+            raise ConfigError("model.liger_kernel=all needs GPUs (triton kernels): use loss or none on CPU")
     tokenizer = load_tokenizer(cfg.model)
     if len(tokenizer) > hf_config.vocab_size:
         raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens but the model's embedding table has "
@@ -75,8 +83,10 @@ def resolve_run(cfg: RunConfig, shape: ClusterShape) -> dict[str, Any]:
     if shape.cpus_total is not None and not shape.use_gpu:
         # Ray Train reserves the workers' CPUs; with none left, Ray Data cannot schedule a single
         # tokenization task and the run waits forever.
-        spare = shape.cpus_total - shape.num_workers * cfg.scaling.cpus_per_worker
-        if spare < 1:
+        # (A demand above the cluster's CPUs is left to the autoscaler, which adds nodes for it.)
+        demand = shape.num_workers * cfg.scaling.cpus_per_worker
+        spare = shape.cpus_total - demand
+        if demand <= shape.cpus_total and spare < 1:
             raise ConfigError(f"{shape.num_workers} workers x scaling.cpus_per_worker={cfg.scaling.cpus_per_worker} "
                               f"leave {spare:g} of the cluster's {shape.cpus_total:g} CPUs for Ray Data, which then "
                               f"hangs: lower scaling.cpus_per_worker (fractions work) or add CPUs")
@@ -110,5 +120,8 @@ def _check_positive(cfg: RunConfig) -> None:
         raise ConfigError(f"checkpoint.every_n_steps must be >= 0 (0: only at the end), got {cfg.checkpoint.every_n_steps}")
     if not (cfg.training.learning_rate > 0 and math.isfinite(cfg.training.learning_rate)):
         raise ConfigError(f"training.learning_rate must be a positive number, got {cfg.training.learning_rate}")
+    if cfg.scaling.placement_strategy not in ("PACK", "SPREAD", "STRICT_SPREAD", "STRICT_PACK"):
+        raise ConfigError(f"scaling.placement_strategy must be PACK, SPREAD, STRICT_SPREAD or STRICT_PACK, "
+                          f"got {cfg.scaling.placement_strategy!r}")
     if cfg.scaling.cpus_per_worker <= 0:
         raise ConfigError(f"scaling.cpus_per_worker must be > 0, got {cfg.scaling.cpus_per_worker}")

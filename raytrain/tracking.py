@@ -84,11 +84,8 @@ def _flat_params(run: dict[str, Any]) -> dict[str, str]:
 
 def write_summary(history: list[dict[str, Any]], final: dict[str, Any], storage_path: str, name: str) -> list[str]:
     """Write summary.md and loss_curve.png into the run directory; return their paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on cluster nodes
-    import matplotlib.pyplot as plt
     import pyarrow.fs
+    from matplotlib.figure import Figure  # not pyplot: leaves the caller's (a notebook's) backend alone
 
     rows = [("final step", f"{int(final['step'])}"), ("final loss", f"{final['loss']:.4f}")]
     for key, label, fmt in (("eval_loss", "eval loss", "{:.4f}"), ("eval_ppl", "eval perplexity", "{:.2f}"),
@@ -103,7 +100,8 @@ def write_summary(history: list[dict[str, Any]], final: dict[str, Any], storage_
     table = "\n".join(["| metric | value |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in rows])
     text = f"# raytrain run {name}\n\n{table}\n\n![loss](loss_curve.png)\n"
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = Figure(figsize=(7, 4))
+    ax = fig.add_subplot()
     ax.plot([m["step"] for m in history], [m["loss"] for m in history], label="train loss")
     evals = [m for m in history if m.get("eval_loss") is not None]
     if evals:
@@ -115,7 +113,6 @@ def write_summary(history: list[dict[str, Any]], final: dict[str, Any], storage_
     ax.legend()
     png = io.BytesIO()
     fig.savefig(png, format="png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
 
     fs, root = pyarrow.fs.FileSystem.from_uri(storage_path)
     run_dir = f"{root.rstrip('/')}/{name}"

@@ -37,6 +37,9 @@ def train_loop_per_worker(payload: dict[str, Any]) -> None:
     torch.manual_seed(cfg.training.seed)  # same init on every rank before zero.Init partitions it
     from raytrain.model import build_model, load_model_config
 
+    from raytrain.kernels import apply_liger
+
+    apply_liger(cfg.model.liger_kernel)  # patches the model classes: before they are built
     hf_config = load_model_config(cfg.model)
     model = build_model(cfg.model, hf_config, ds_config)
     optimizer, scheduler = build_optimizer(model, cfg.training, ds_config, device)
@@ -44,10 +47,11 @@ def train_loop_per_worker(payload: dict[str, Any]) -> None:
                                                    config=ds_config, dist_init_required=False)
 
     from raytrain import checkpoint
+    from raytrain.evaluation import eval_batches, evaluate
     from raytrain.metrics import StepMeter, emit, flops_per_token, format_line
     from raytrain.tracking import Tracker
 
-    start_step, history = checkpoint.restore(engine, payload.get("resume_from"))
+    start_step, history, data_state = checkpoint.restore(engine, payload.get("resume_from"))
     train_batch, micro_batch, grad_accum = batch_sizes(ds_config)
     seq_len = cfg.data.seq_len
     num_params = sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters())
@@ -61,8 +65,12 @@ def train_loop_per_worker(payload: dict[str, Any]) -> None:
               f"batch {train_batch} = {micro_batch} x {grad_accum} x {ctx.get_world_size()}, seq_len {seq_len}, "
               f"device {device.type}, starting at step {start_step}")
 
-    batches = micro_batches(ray.train.get_dataset_shard("train"), micro_batch, device,
-                            skip=start_step * grad_accum)
+    batches = MicroBatches(ray.train.get_dataset_shard("train"), micro_batch, device, seed=cfg.training.seed,
+                           shuffle_buffer_size=cfg.data.shuffle_buffer_size, skip=start_step * grad_accum,
+                           batches_per_epoch=data_state.get("batches_per_epoch"))
+    # Ray Train raises KeyError for a dataset it was not given: the driver says whether there is one.
+    eval_shard = ray.train.get_dataset_shard("eval") if payload.get("has_eval") else None
+    every_eval = cfg.data.eval_every_n_steps
     pending_losses: list[torch.Tensor] = []
     # `history` holds every logged window (restored with the checkpoint, saved with each one).
     every_log, every_ckpt, max_steps = cfg.training.log_every_n_steps, cfg.checkpoint.every_n_steps, cfg.training.max_steps
@@ -78,7 +86,8 @@ def train_loop_per_worker(payload: dict[str, Any]) -> None:
                   f"{time.time() - psutil.Process().create_time():.1f} s after the worker process started")
 
         save_now = step == max_steps or (every_ckpt and step % every_ckpt == 0)
-        if not (save_now or step % every_log == 0):
+        eval_now = eval_shard is not None and (step == max_steps or (every_eval and step % every_eval == 0))
+        if not (save_now or eval_now or step % every_log == 0):
             continue
         # One device sync and one small all-reduce per logging window, not per step.
         window = torch.stack(pending_losses).mean()
@@ -87,18 +96,22 @@ def train_loop_per_worker(payload: dict[str, Any]) -> None:
         grad_norm = engine.get_global_grad_norm()
         metrics = meter.collect(step, window.item(), scheduler.get_last_lr()[0] if scheduler else engine.get_lr()[0],
                                 None if grad_norm is None else float(grad_norm), device)
+        if eval_now:  # every rank, same step, same batch count (see raytrain.evaluation)
+            metrics.update(evaluate(engine, eval_batches(eval_shard, micro_batch, device), device,
+                                    cfg.data.eval_max_batches))
         history.append(metrics)
         if rank == 0:
             emit(format_line(metrics, max_steps))
         if save_now:
-            checkpoint.save(engine, step, metrics, history, payload["run"])  # adds checkpoint_* to metrics
+            checkpoint.save(engine, step, metrics, history, payload["run"], upload_async=cfg.checkpoint.upload_async,
+                            data_state={"batches_per_epoch": batches.batches_per_epoch})  # adds checkpoint_* to metrics
         else:
             ray.train.report(metrics)
         tracker.log(metrics, step)
     tracker.close()
 
 
-def train_step(engine, batches: Iterator[Any], grad_accum: int, device):
+def train_step(engine, batches: MicroBatches, grad_accum: int, device):
     """One optimizer step over grad_accum micro-batches; returns (mean loss tensor, data wait s)."""
     import torch
 
@@ -106,38 +119,60 @@ def train_step(engine, batches: Iterator[Any], grad_accum: int, device):
     step_loss = torch.zeros((), device=device)
     for _ in range(grad_accum):
         t = time.perf_counter()
-        input_ids = next(batches)
+        batch = next(batches)
         data_wait += time.perf_counter() - t
-        loss = engine(input_ids=input_ids, labels=input_ids).loss
+        # position_ids only when data.position_ids=per_document (positions restart at each document)
+        loss = engine(input_ids=batch["input_ids"], labels=batch["input_ids"], position_ids=batch.get("position_ids")).loss
         engine.backward(loss)
         engine.step()  # DeepSpeed only updates at the accumulation boundary
         step_loss += loss.detach()  # stays on the device: no sync here
     return step_loss / grad_accum, data_wait
 
 
-def micro_batches(shard, micro_batch: int, device, skip: int = 0) -> Iterator[Any]:
-    """Endless micro-batches of input_ids from this rank's shard, epoch after epoch.
+class MicroBatches:
+    """Endless micro-batches ({"input_ids"[, "position_ids"]}) from this rank's shard, epoch after epoch.
+
+    The position is (epoch, batch within epoch). Order is a pure function of the seed: Ray Data
+    keeps block order and splits without locality (raytrain.data.ingest_config), and the optional
+    local shuffle is seeded with seed + epoch. Resuming therefore skips whole epochs by arithmetic
+    once `batches_per_epoch` is known, and re-reads only the current epoch's prefix (Ray Data
+    cannot seek a streaming split).
 
     drop_last keeps every rank at the same number of batches per epoch (streaming_split(equal=True)
     already equalises rows), so no rank waits forever in a collective at an epoch's end.
-    `skip` micro-batches are read and discarded (resume at the consumed position).
     """
-    import torch
 
-    epoch = 0
-    while True:
-        produced = 0
-        for batch in shard.iter_torch_batches(batch_size=micro_batch, dtypes={"input_ids": torch.long},
-                                              device=device, drop_last=True, prefetch_batches=2):
-            produced += 1
-            if skip:
-                skip -= 1
-                continue
-            yield batch["input_ids"]
-        if produced == 0:
-            raise RuntimeError(f"the training data yields no micro-batch of {micro_batch} sequences per worker "
-                               f"(epoch {epoch}): add data, or lower data.seq_len or the micro-batch size")
-        epoch += 1
+    def __init__(self, shard, micro_batch: int, device, seed: int, shuffle_buffer_size: int,
+                 skip: int = 0, batches_per_epoch: int | None = None):
+        self.shard, self.micro_batch, self.device = shard, micro_batch, device
+        self.seed, self.shuffle_buffer_size = seed, shuffle_buffer_size
+        self.batches_per_epoch = batches_per_epoch
+        self.epoch, self.skip = (divmod(skip, batches_per_epoch) if batches_per_epoch else (0, skip))
+        self._it = self._generate()
+
+    def __next__(self) -> dict[str, Any]:
+        return next(self._it)
+
+    def _generate(self) -> Iterator[dict[str, Any]]:
+        import torch
+
+        while True:
+            produced = 0
+            shuffle = {"local_shuffle_buffer_size": self.shuffle_buffer_size,
+                       "local_shuffle_seed": self.seed + self.epoch} if self.shuffle_buffer_size else {}
+            for batch in self.shard.iter_torch_batches(batch_size=self.micro_batch, dtypes=torch.long,
+                                                       device=self.device, drop_last=True, prefetch_batches=2,
+                                                       **shuffle):
+                produced += 1
+                if self.skip:
+                    self.skip -= 1
+                    continue
+                yield batch
+            if produced == 0:
+                raise RuntimeError(f"the training data yields no micro-batch of {self.micro_batch} sequences per "
+                                   f"worker (epoch {self.epoch}): add data, or lower data.seq_len or the micro-batch size")
+            self.batches_per_epoch = produced
+            self.epoch += 1
 
 
 def build_optimizer(model, training: TrainingConfig, ds_config: dict[str, Any], device):

@@ -15,6 +15,9 @@ os.environ["RAY_AUTH_MODE"] = "token"
 
 RAY_PORT = int(os.environ.get("RAYTRAIN_TEST_RAY_PORT", "6390"))
 DASHBOARD_PORT = int(os.environ.get("RAYTRAIN_TEST_DASHBOARD_PORT", "8290"))
+# The job agent's HTTP port (`ray job submit` goes through it): Ray's fixed default 52365 would
+# collide with any other cluster on the machine, leaving "No available agent to submit job".
+AGENT_PORT = 52365 + RAY_PORT - 6390
 RAY_BIN = os.path.join(os.path.dirname(sys.executable), "ray")
 
 
@@ -32,7 +35,8 @@ def ray_cluster():
     # (`ray stop` would kill every Ray process on the machine).
     head = subprocess.Popen([RAY_BIN, "start", "--head", "--block", f"--port={RAY_PORT}", "--num-cpus=4",
                              "--num-gpus=0", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-                             f"--dashboard-port={DASHBOARD_PORT}", "--disable-usage-stats"],
+                             f"--dashboard-port={DASHBOARD_PORT}", f"--dashboard-agent-listen-port={AGENT_PORT}",
+                             "--disable-usage-stats"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     address = f"127.0.0.1:{RAY_PORT}"
     deadline = time.time() + 120

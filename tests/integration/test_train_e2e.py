@@ -48,7 +48,7 @@ def test_checkpoint_has_every_rank_shard_and_loads_into_transformers(default_run
     from raytrain.model import load_model_config, load_tokenizer
 
     p, storage = default_run
-    ckpt = re.search(r"raytrain: checkpoint (\S+)", p.stdout).group(1)
+    ckpt = re.search(r"^raytrain: checkpoint (/\S+)$", p.stdout, re.M).group(1)
     assert ckpt.startswith(str(storage)) and os.path.isdir(ckpt)
     meta = json.load(open(os.path.join(ckpt, "raytrain.json")))
     assert meta["step"] == 80 and meta["run"]["deepspeed"]["zero_optimization"]["stage"] == 3

@@ -68,3 +68,10 @@ def test_deepspeed_override_applies_inside_a_json_file(tmp_path):
 def test_override_syntax_error():
     with pytest.raises(ConfigError, match="is not KEY=VALUE"):
         load_config(None, ["training.max_steps"])
+
+
+def test_deepspeed_key_override_edits_the_default_config():
+    cfg = load_config(None, ["deepspeed.zero_optimization.overlap_comm=false"])
+    assert cfg.deepspeed["zero_optimization"]["stage"] == 3  # the rest of the default stays
+    assert cfg.deepspeed["zero_optimization"]["overlap_comm"] is False
+    assert load_config().deepspeed["zero_optimization"]["overlap_comm"] is True  # default not mutated

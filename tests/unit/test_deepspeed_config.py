@@ -95,3 +95,19 @@ def test_deepspeed_json_path_is_read(tmp_path):
     assert resolve(str(path))["train_micro_batch_size_per_gpu"] == 16
     with pytest.raises(ConfigError, match="does not exist"):
         resolve(str(tmp_path / "missing.json"))
+
+
+@pytest.mark.parametrize("ws,gpn,gpu,want", [(16, 8, True, 8), (8, 8, True, 1), (12, 8, True, 4),
+                                             (16, None, True, 1), (4, 2, False, 1)])
+def test_hpz_auto_is_gpus_per_node_across_nodes(ws, gpn, gpu, want):
+    out = resolve_deepspeed({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": "auto"}}, TrainingConfig(),
+                            world_size=ws, use_gpu=gpu, hidden_size=64, gpus_per_node=gpn)
+    assert out["zero_optimization"]["zero_hpz_partition_size"] == want
+
+
+def test_hpz_written_or_absent_is_kept():
+    def r(z):
+        return resolve_deepspeed({"zero_optimization": z}, TrainingConfig(), world_size=16, use_gpu=True,
+                                 hidden_size=64, gpus_per_node=8)["zero_optimization"]
+    assert r({"stage": 3, "zero_hpz_partition_size": 2})["zero_hpz_partition_size"] == 2
+    assert "zero_hpz_partition_size" not in r({"stage": 3})

@@ -1,0 +1,125 @@
+"""Every source format through the real pipeline: Ray Data on the shared `ray start` cluster reads the
+files written here, tokenizes with a tokenizer loaded by AutoTokenizer from a directory, and packs.
+The blocks are compared token for token with what the packing policy says they must be."""
+
+import gzip
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from raytrain.config import ConfigError, DataConfig, ModelConfig
+from raytrain.data import build_dataset, build_eval_dataset
+from raytrain.model import byte_tokenizer
+
+pytestmark = pytest.mark.integration
+
+DOCS = ["the first document.", "a second, longer document that spans more than one block of sixteen.",
+        "third", "naïve café ✓"]
+
+
+@pytest.fixture(scope="module")
+def model(ray_cluster, tmp_path_factory):
+    """The built-in model with its byte tokenizer saved to a directory: loaded back through AutoTokenizer."""
+    import ray.data
+
+    path = tmp_path_factory.mktemp("tokenizer")
+    byte_tokenizer().save_pretrained(path)
+    context = ray.data.DataContext.get_current()
+    previous = context.execution_options.preserve_order
+    context.execution_options.preserve_order = True  # compare whole streams, in order
+    yield ModelConfig(tokenizer=str(path))
+    context.execution_options.preserve_order = previous
+
+
+def expected_blocks(docs, seq_len):
+    """One tokenization batch (every test source is smaller than data.tokenize_batch_size): each
+    document's tokens then EOS, cut into seq_len blocks, the tail dropped."""
+    tok = byte_tokenizer()
+    stream = [t for d in docs for t in tok(d, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]]
+    n = len(stream) // seq_len
+    return np.array(stream[: n * seq_len], dtype=np.int32).reshape(n, seq_len)
+
+
+def rows(ds, column="input_ids"):
+    return np.array([r[column] for r in ds.take_all()])
+
+
+def build(model, seq_len=16, **data):
+    return rows(build_dataset(DataConfig(seq_len=seq_len, **data), model, seed=0))
+
+
+def test_parquet_with_a_named_text_column_and_a_null_row(tmp_path, model):
+    pq.write_table(pa.table({"body": DOCS[:2] + [None]}), tmp_path / "part-0.parquet")
+    pq.write_table(pa.table({"body": DOCS[2:]}), tmp_path / "part-1.parquet")
+    np.testing.assert_array_equal(build(model, path=str(tmp_path), text_column="body"), expected_blocks(DOCS, 16))
+
+
+def test_json_lines_compressed_with_blank_lines_and_invalid_utf8(tmp_path, model):
+    lines = b"\n".join(b'{"text": "%s", "id": %d}' % (d.encode(), i) for i, d in enumerate(DOCS[:3]))
+    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(lines + b'\n\n{"text": "bad \xff byte"}\n'))
+    blocks = build(model, path=str(tmp_path / "a.jsonl.gz"))
+    np.testing.assert_array_equal(blocks, expected_blocks(DOCS[:3] + ["bad \ufffd byte"], 16))
+    with pytest.raises(Exception, match="a.jsonl.gz line 5: invalid UTF-8 at byte 14"):
+        build(model, path=str(tmp_path / "a.jsonl.gz"), invalid_utf8="error")
+
+
+def test_text_files_are_documents_or_lines_are(tmp_path, model):
+    (tmp_path / "a.txt").write_text(DOCS[0] + "\n" + DOCS[1] + "\n")
+    (tmp_path / "b.txt").write_text(DOCS[2] + "\n\n" + DOCS[3])
+    (tmp_path / "_SUCCESS").write_text("")  # hidden/marker files are not read
+    files = [DOCS[0] + "\n" + DOCS[1] + "\n", DOCS[2] + "\n\n" + DOCS[3]]
+    np.testing.assert_array_equal(build(model, path=str(tmp_path)), expected_blocks(files, 16))
+    np.testing.assert_array_equal(build(model, path=str(tmp_path), text_document="line"), expected_blocks(DOCS, 16))
+
+
+def test_hf_save_to_disk_directory(tmp_path, model):
+    import datasets
+
+    datasets.Dataset.from_dict({"text": DOCS, "n": list(range(4))}).save_to_disk(str(tmp_path / "ds"))
+    np.testing.assert_array_equal(build(model, path=str(tmp_path / "ds")), expected_blocks(DOCS, 16))
+
+
+def test_pretokenized_parquet_skips_tokenization_and_restarts_positions_per_document(tmp_path, model):
+    docs = [list(range(1, 12)), list(range(20, 40)), [7]]
+    pq.write_table(pa.table({"input_ids": docs}), tmp_path / "ids.parquet")
+    ds = build_dataset(DataConfig(path=str(tmp_path / "ids.parquet"), seq_len=8, position_ids="per_document"),
+                       model, seed=0)
+    out = ds.take_all()
+    eos = byte_tokenizer().eos_token_id
+    stream = docs[0] + [eos] + docs[1] + [eos] + docs[2] + [eos]  # 35 tokens -> 4 blocks of 8
+    assert np.concatenate([r["input_ids"] for r in out]).tolist() == stream[:32]
+    assert [r["position_ids"].tolist() for r in out] == [
+        [0, 1, 2, 3, 4, 5, 6, 7], [0, 1, 2, 3, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5, 6, 7], [0, 1, 2, 3, 4, 5, 6, 7]]
+
+
+def test_eval_fraction_and_eval_path(tmp_path, model):
+    docs = [f"doc {i}" for i in range(60)]
+    (tmp_path / "all.txt").write_text("\n".join(docs))
+    data = DataConfig(path=str(tmp_path / "all.txt"), text_document="line", seq_len=1, eval_fraction=0.3)
+    eos = byte_tokenizer().eos_token
+
+    def documents(ds):
+        return byte_tokenizer().decode(rows(ds).flatten().tolist()).split(eos)[:-1]
+
+    train, held_out = documents(build_dataset(data, model, 0)), documents(build_eval_dataset(data, model, 0))
+    assert sorted(train + held_out) == sorted(docs) and 5 < len(held_out) < 35
+    (tmp_path / "eval.txt").write_text("held out")
+    separate = build_eval_dataset(DataConfig(path=str(tmp_path / "all.txt"), eval_path=str(tmp_path / "eval.txt"),
+                                             seq_len=1), model, 0)
+    assert documents(separate) == ["held out"]
+    assert build_eval_dataset(DataConfig(), model, 0) is None
+
+
+def test_bad_input_is_a_config_error_before_any_task(tmp_path, model):
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "a.jsonl").write_text('{"content": "x"}\n')
+    cases = [(DataConfig(path=str(tmp_path / "nope.parquet")), "data.path: .*nope.parquet does not exist"),
+             (DataConfig(path=str(tmp_path / "empty.txt")), "every file of .*empty.txt is empty"),
+             (DataConfig(path=str(tmp_path / "a.jsonl")),
+              "data.text_column='text' is not a key of the records in .*a.jsonl \\(keys: content\\)"),
+             (DataConfig(eval_path=str(tmp_path / "missing")), "data.eval_path: .*missing does not exist")]
+    for data, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            (build_eval_dataset if data.eval_path else build_dataset)(data, model, 0)

@@ -1,0 +1,97 @@
+"""`ray job submit` as a user runs it, against a `ray start --head` cluster with token auth:
+the upload leaves out checkpoints, data and virtualenvs; progress streams to `ray job logs`; a
+job that is stopped and submitted again continues from its latest checkpoint."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+RAY = os.path.join(os.path.dirname(sys.executable), "ray")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A copy of the project as a user's checkout, plus what must never be uploaded."""
+    root = tmp_path_factory.mktemp("checkout") / "raytrain"
+    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    for f in files:
+        if (REPO / f).is_file():
+            (root / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / f, root / f)
+    for junk in (".venv/lib/big.bin", "runs/old/checkpoint.pt", "data/corpus.parquet"):
+        (root / junk).parent.mkdir(parents=True, exist_ok=True)
+        (root / junk).write_bytes(b"x" * 1024)
+    return root
+
+
+def job(ray_cluster, *args, check=True, timeout=600):
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_API_SERVER_ADDRESS": ray_cluster["dashboard"]}
+    env.pop("RAY_ADDRESS", None)
+    p = subprocess.run([RAY, "job", *args], capture_output=True, text=True, env=env, timeout=timeout)
+    assert not check or p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return p.stdout + p.stderr
+
+
+def submit(ray_cluster, workdir, *cmd):
+    # A freshly started head answers "No available agent to submit job" until its job agent is up.
+    for _ in range(60):
+        out = job(ray_cluster, "submit", "--no-wait", "--working-dir", str(workdir), "--", *cmd, check=False)
+        if "No available agent" not in out:
+            break
+        time.sleep(2)
+    found = re.search(r"raysubmit_\w+", out)
+    assert found, out[-3000:]
+    return found.group(0)
+
+
+def wait_status(ray_cluster, job_id, wanted, timeout=600):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        status = job(ray_cluster, "status", job_id).lower()  # "Job '...' succeeded" / "was stopped" / "failed"
+        if any(w in status for w in wanted):
+            return status
+        time.sleep(2)
+    raise AssertionError(f"job {job_id} never reached {wanted}: {status}")
+
+
+def test_upload_leaves_out_checkpoints_data_and_virtualenvs(ray_cluster, workdir):
+    job_id = submit(ray_cluster, workdir, sys.executable, "-c",
+                    "import os; print('FILES', sorted(os.path.join(d, f) for d, _, fs in os.walk('.') for f in fs))")
+    wait_status(ray_cluster, job_id, ["succeeded"])
+    files = job(ray_cluster, "logs", job_id)
+    assert "raytrain/main.py" in files and "cluster/ib.yaml" in files
+    for junk in (".venv", "runs/old", "data/corpus.parquet"):
+        assert junk not in files, junk
+
+
+def test_stopped_job_resubmitted_continues_from_its_checkpoint(ray_cluster, workdir, tmp_path):
+    # sys.executable: the cluster's Python (what `python` means on a real head node's PATH)
+    cmd = [sys.executable, "-m", "raytrain.main", "training.max_steps=40", "checkpoint.every_n_steps=5",
+           f"checkpoint.storage_path={tmp_path}", "checkpoint.name=submitted", "data.num_builtin_documents=400"]
+    first = submit(ray_cluster, workdir, *cmd)
+    ckpt = tmp_path / "submitted" / "checkpoint_step_00000010" / "raytrain.json"
+    deadline = time.time() + 600
+    while not ckpt.exists():
+        assert time.time() < deadline, job(ray_cluster, "logs", first)[-3000:]
+        time.sleep(1)
+    job(ray_cluster, "stop", first)
+    wait_status(ray_cluster, first, ["stopped", "failed"])
+    logs = job(ray_cluster, "logs", first)
+    assert re.search(r"step 10/40  loss [\d.]+", logs), logs[-3000:]  # progress lines reach `ray job logs`
+
+    second = submit(ray_cluster, workdir, *cmd)
+    wait_status(ray_cluster, second, ["succeeded"], timeout=900)
+    logs = job(ray_cluster, "logs", second)
+    assert "continuing from its latest checkpoint" in logs
+    resumed = int(re.search(r"starting at step (\d+)", logs).group(1))
+    assert resumed >= 10, logs[-3000:]
+    assert "raytrain: done at step 40" in logs

@@ -1,0 +1,75 @@
+"""raytrain.preflight on a real local Ray cluster: 2 actors, gloo on CPU, real collectives.
+
+Run: RAYTRAIN_TEST_RAY_PORT=6440 RAYTRAIN_TEST_DASHBOARD_PORT=8440 \
+     /work/venv/bin/python -m pytest tests/integration/test_preflight.py -x -q
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from raytrain.config import NetworkConfig
+from raytrain.preflight import INTRA, OPS, run_preflight
+
+pytestmark = pytest.mark.integration
+
+ROW = re.compile(r"^\s+(\d+ [KMG]iB)((?:\s+[\d.]+){9})\s*$")
+
+
+def test_preflight_measures_every_collective_on_gloo(ray_cluster):
+    import ray
+
+    lines: list[str] = []
+    report = run_preflight(NetworkConfig(), num_workers=2, use_gpu=False, sizes=[1 << 20, 4 << 20], iters=3,
+                           warmup_iters=1, timeout_s=120, progress=lines.append)
+    assert report.passed, report.render()
+    assert [n.num_ranks for n in report.nodes] == [2]
+    assert report.nodes[0].node_ip == ray.util.get_node_ip_address()
+    # The node's NCCL/Gloo plan reached the workers (Gloo's interface at least, where one is found).
+    assert all(k.startswith(("NCCL_", "GLOO_")) for k in report.nodes[0].env)
+
+    got = {(m.op, m.size_bytes): m for m in report.measurements}
+    assert set(got) == {(op, s) for op in OPS for s in (1 << 20, 4 << 20)}
+    for m in report.measurements:
+        assert (m.phase, m.group, m.num_ranks) == (INTRA, f"node {report.nodes[0].node_ip}", 2)
+        assert m.time_s > 0 and m.algbw_gbs > 0
+        assert m.busbw_gbs == pytest.approx(m.algbw_gbs * (1.0 if m.op == "all_reduce" else 0.5))
+
+    # One progress line per measurement, with a rate and an ETA.
+    steps = [line for line in lines if line.startswith("preflight [")]
+    assert len(steps) == 6 and all(re.search(r"meas/s  eta \d+:\d\d:\d\d$", s) for s in steps)
+
+    text = report.render()
+    rows = [ROW.match(line) for line in text.splitlines()]
+    rows = [r for r in rows if r]
+    assert [r.group(1) for r in rows] == ["1 MiB", "4 MiB"]
+    for r in rows:
+        numbers = [float(x) for x in r.group(2).split()]  # time_us algbw busbw, for each collective
+        assert all(x > 0 for x in numbers)
+    assert text.splitlines()[-1].startswith("preflight: PASS (1 node(s), 2 rank(s), gloo)")
+    # Placement group and actors are released (asynchronously): the cluster's CPUs come back.
+    deadline = time.time() + 60
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"] and time.time() < deadline:
+        time.sleep(1)
+    assert ray.available_resources().get("CPU", 0) == ray.cluster_resources()["CPU"]
+
+
+def test_cli_exits_1_below_the_minimum_and_2_on_a_mistake(subprocess_env):
+    cmd = [sys.executable, "-m", "raytrain.preflight", "--num-workers", "2", "--no-use-gpu", "--sizes", "1M",
+           "--iters", "2", "--warmup-iters", "1"]
+    p = subprocess.run([*cmd, "--min-nvlink-busbw-gbs", "1e6"], capture_output=True, text=True,
+                       env=subprocess_env, timeout=300)
+    assert p.returncode == 1, p.stdout + p.stderr
+    verdict = p.stdout.strip().splitlines()[-1]
+    assert verdict.startswith("preflight: FAIL (1 node(s), 2 rank(s), gloo): node ")
+    assert "is below the minimum 1e+06 GB/s (set by --min-nvlink-busbw-gbs)" in verdict
+    assert re.search(r"^preflight \[  1/3\] within each node +all_reduce +1 MiB +busbw +[\d.]+ GB/s", p.stdout, re.M)
+
+    p = subprocess.run([*cmd, "network.env.PATH=/tmp"], capture_output=True, text=True, env=subprocess_env,
+                       timeout=300)
+    assert p.returncode == 2 and "network.env.PATH: only NCCL_* and GLOO_*" in p.stderr, p.stderr
