@@ -29,22 +29,7 @@ def train_loop_per_worker(payload: dict[str, Any]) -> None:
     device = ray.train.torch.get_device()  # the device Ray assigned, not a guess from LOCAL_RANK
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    deepspeed = _import_deepspeed(device)
-    # torch.distributed is already initialised by Ray Train: DeepSpeed's comm wraps that process
-    # group (it must exist before zero.Init, which reads the world size from it).
-    deepspeed.init_distributed(dist_backend=torch.distributed.get_backend(), auto_mpi_discovery=False)
-
-    torch.manual_seed(cfg.training.seed)  # same init on every rank before zero.Init partitions it
-    from raytrain.model import build_model, load_model_config
-
-    from raytrain.kernels import apply_liger
-
-    apply_liger(cfg.model.liger_kernel)  # patches the model classes: before they are built
-    hf_config = load_model_config(cfg.model)
-    model = build_model(cfg.model, hf_config, ds_config)
-    optimizer, scheduler = build_optimizer(model, cfg.training, ds_config, device)
-    engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                                   config=ds_config, dist_init_required=False)
+    engine, scheduler, hf_config = build_engine(cfg, ds_config, device)
 
     from raytrain import checkpoint
     from raytrain.evaluation import eval_batches, evaluate
@@ -62,8 +47,8 @@ def train_loop_per_worker(payload: dict[str, Any]) -> None:
     tracker = Tracker(cfg.tracking, cfg.checkpoint.storage_path, cfg.checkpoint.name, payload["run"], active=rank == 0)
     if rank == 0:
         emit(f"raytrain: {num_params:,} parameters, world size {ctx.get_world_size()}, "
-              f"batch {train_batch} = {micro_batch} x {grad_accum} x {ctx.get_world_size()}, seq_len {seq_len}, "
-              f"device {device.type}, starting at step {start_step}")
+             f"batch {train_batch} = {micro_batch} x {grad_accum} x {ctx.get_world_size()}, seq_len {seq_len}, "
+             f"device {device.type}, starting at step {start_step}")
 
     batches = MicroBatches(ray.train.get_dataset_shard("train"), micro_batch, device, seed=cfg.training.seed,
                            shuffle_buffer_size=cfg.data.shuffle_buffer_size, skip=start_step * grad_accum,
@@ -83,7 +68,7 @@ def train_loop_per_worker(payload: dict[str, Any]) -> None:
 
             # from this worker process's start to its first step after a restore: what a restart costs
             emit(f"raytrain: resumed from step {start_step}; first step done "
-                  f"{time.time() - psutil.Process().create_time():.1f} s after the worker process started")
+                 f"{time.time() - psutil.Process().create_time():.1f} s after the worker process started")
 
         save_now = step == max_steps or (every_ckpt and step % every_ckpt == 0)
         eval_now = eval_shard is not None and (step == max_steps or (every_eval and step % every_eval == 0))
@@ -109,6 +94,27 @@ def train_loop_per_worker(payload: dict[str, Any]) -> None:
             ray.train.report(metrics)
         tracker.log(metrics, step)
     tracker.close()
+
+
+def build_engine(cfg: RunConfig, ds_config: dict[str, Any], device):
+    """DeepSpeed on Ray's process group, the model created under zero.Init, optimizer and schedule."""
+    import torch
+
+    from raytrain.kernels import apply_liger
+    from raytrain.model import build_model, load_model_config
+
+    deepspeed = _import_deepspeed(device)
+    # torch.distributed is already initialised by Ray Train: DeepSpeed's comm wraps that process
+    # group (it must exist before zero.Init, which reads the world size from it).
+    deepspeed.init_distributed(dist_backend=torch.distributed.get_backend(), auto_mpi_discovery=False)
+    torch.manual_seed(cfg.training.seed)  # same init on every rank before zero.Init partitions it
+    apply_liger(cfg.model.liger_kernel)  # patches the model classes: before they are built
+    hf_config = load_model_config(cfg.model)
+    model = build_model(cfg.model, hf_config, ds_config)
+    optimizer, scheduler = build_optimizer(model, cfg.training, ds_config, device)
+    engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                                   config=ds_config, dist_init_required=False)
+    return engine, scheduler, hf_config
 
 
 def train_step(engine, batches: MicroBatches, grad_accum: int, device):

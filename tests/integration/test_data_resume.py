@@ -13,21 +13,6 @@ pytestmark = pytest.mark.integration
 N = 20  # micro-batches per rank to compare; the shard holds ~6 per epoch, so N spans 3+ epochs
 
 
-def read_batches(config):
-    import ray.train
-    import torch
-
-    from raytrain.worker import MicroBatches
-
-    batches = MicroBatches(ray.train.get_dataset_shard("train"), 4, torch.device("cpu"), seed=11,
-                           shuffle_buffer_size=16, skip=config["skip"], batches_per_epoch=config["bpe"])
-    digests = [hashlib.sha1(next(batches)["input_ids"].numpy().tobytes()).hexdigest()
-               for _ in range(N - config["skip"])]
-    rank = ray.train.get_context().get_world_rank()
-    with open(f"{config['out']}/rank{rank}-skip{config['skip']}-bpe{config['bpe']}.json", "w") as f:
-        json.dump({"digests": digests, "batches_per_epoch": batches.batches_per_epoch}, f)
-
-
 def run(tmp_path, skip, bpe):
     import ray.train
     from ray.train.torch import TorchTrainer
@@ -35,7 +20,22 @@ def run(tmp_path, skip, bpe):
     from raytrain.config import DataConfig, ModelConfig
     from raytrain.data import build_dataset, ingest_config
 
-    data = DataConfig(num_builtin_documents=40, seq_len=64)
+    # Nested, so Ray pickles it by value: workers cannot import this test module by name.
+    def read_batches(config):
+        import ray.train
+        import torch
+
+        from raytrain.worker import MicroBatches
+
+        batches = MicroBatches(ray.train.get_dataset_shard("train"), 4, torch.device("cpu"), seed=11,
+                               shuffle_buffer_size=16, skip=config["skip"], batches_per_epoch=config["bpe"])
+        digests = [hashlib.sha1(next(batches)["input_ids"].numpy().tobytes()).hexdigest()
+                   for _ in range(N - config["skip"])]
+        rank = ray.train.get_context().get_world_rank()
+        with open(f"{config['out']}/rank{rank}-skip{config['skip']}-bpe{config['bpe']}.json", "w") as f:
+            json.dump({"digests": digests, "batches_per_epoch": batches.batches_per_epoch}, f)
+
+    data = DataConfig(num_builtin_documents=8, seq_len=64)  # ~16 rows per rank: 4 batches per epoch
     TorchTrainer(read_batches, train_loop_config={"skip": skip, "bpe": bpe, "out": str(tmp_path)},
                  scaling_config=ray.train.ScalingConfig(num_workers=2),
                  run_config=ray.train.RunConfig(storage_path=str(tmp_path / "runs"), name=f"resume-{skip}-{bpe}"),
