@@ -43,6 +43,7 @@ def fit(cfg: RunConfig, fresh: bool = False) -> FitResult:
     connect(cfg.cluster, cfg.scaling)
     shape = live_shape(cfg)
     resolved = resolve_run(cfg, shape)
+    _check_memory(cfg, shape, resolved)
     if cfg.network.preflight:
         from raytrain.preflight import run_preflight
 
@@ -97,6 +98,17 @@ def fit(cfg: RunConfig, fresh: bool = False) -> FitResult:
             export(local, cfg.checkpoint.export_dir)
     return FitResult(metrics=meta["metrics"], history=meta["history"], checkpoint_path=result.checkpoint.path,
                      run_path=str(result.path), resolved=resolved)
+
+
+def _check_memory(cfg: RunConfig, shape: ClusterShape, resolved: dict[str, Any]) -> None:
+    """Refuse a run whose model states and activations cannot fit the cluster's GPUs / host RAM,
+    naming the setting that would make it fit (raytrain.plan; `python -m raytrain.plan` shows it all)."""
+    from raytrain.model import load_model_config
+    from raytrain.plan import check_fits, cluster_memory, estimate_memory
+
+    gpu_mem, host_mem, gpus_per_node = cluster_memory(shape.use_gpu)  # None where unknown: not checked
+    check_fits(estimate_memory(resolved, load_model_config(cfg.model),
+                               gpus_per_node=shape.gpus_per_node or gpus_per_node), gpu_mem, host_mem)
 
 
 def connect(cluster: ClusterConfig, scaling: ScalingConfig) -> None:

@@ -13,16 +13,17 @@ turns a plan that does not fit into a one-line `ConfigError` naming the setting 
 Where the numbers come from (n = parameters / world size, pb = 2 bytes for bf16/fp16, 4 for fp32):
 
 - Model states follow DeepSpeed 0.19's ZeRO-3 allocations (runtime/zero/stage3.py), itemised
-  rather than its `estimate_zero3_model_states_mem_needs` shortcut (18 bytes/param without
-  offload, +4 x largest layer, 1.5x host buffer factor): parameter partition pb*n, gradient
-  partition pb*n (grad accumulation dtype = model dtype), fp32 master 4*n (a separate copy even in
-  fp32 training: DeepSpeed's check for sharing compares a torch.device with a string, measured),
-  Adam moments 8*n; at the optimizer step a fp32 copy of the gradients (4 bytes per element of a
-  sub-group). While a layer runs, its full parameters and
-  (in backward) its full gradients exist on every rank: pb x (largest layer + prefetch bucket,
-  capped by stage3_max_live_parameters) + pb x largest layer, plus the reduce bucket
-  (reduce_bucket_size elements, allocated once with contiguous_gradients). ZeRO++ hpZ
-  (zero_hpz_partition_size) adds a secondary copy of pb x params / hpz per rank.
+  rather than its `estimate_zero3_model_states_mem_needs` shortcut (18 bytes/param + 4 x largest
+  layer per GPU without offload, a 1.5x buffer factor on host RAM). Resident: parameter partition
+  pb*n, gradient partition pb*n (gradients accumulate in the model dtype), fp32 master weights 4*n
+  (a separate copy even in fp32 training, as measured), Adam moments 8*n, the reduce bucket
+  (reduce_bucket_size elements) and ZeRO++ hpZ's secondary copy (pb x parameters / hpz).
+  While a layer runs its full parameters and, in backward, its full gradients exist on every rank:
+  pb x (largest layer + stage3_prefetch_bucket_size, capped by stage3_max_live_parameters) +
+  pb x largest layer. At the optimizer step each sub-group's gradients are flattened and cast to
+  fp32 (4 + pb bytes per element of a sub-group). Offloading moves the gradient partition, master
+  weights, Adam moments and a fp32 gradient buffer (18 bytes/param in bf16) to host RAM, then the
+  parameters too; pinned buffers are rounded up to a power of two, as torch's pinned allocator does.
 - Activations: see `activation_bytes` (Llama-style decoders; other models are approximated).
 """
 
@@ -48,6 +49,9 @@ GPU_RESERVE_FRACTION = 0.10
 # (docs/plan-accuracy.md); the GPU figure is a round allowance for the CUDA libraries on top.
 HOST_RESERVE_PER_GPU_WORKER = 4 * GIB
 HOST_RESERVE_PER_CPU_WORKER = 1 * GIB
+# On CPU, glibc keeps freed blocks below its adaptive mmap threshold (up to 32 MiB: most activation
+# tensors) in the heap, so a worker's peak RSS runs above its live tensors: +15% to +32% measured.
+CPU_HEAP_RETENTION = 0.30
 # Host RAM kept free for the OS, the raylet and Ray's object store: Ray's memory monitor starts
 # killing workers at 95% of a node's memory.
 HOST_RESERVE_FRACTION = 0.10
@@ -114,6 +118,7 @@ class MemoryPlan:
     gradient_accumulation_steps: int
     seq_len: int
     precision: str
+    zero_stage: int
     model_type: str
     num_params: int
     largest_layer_params: int
@@ -140,27 +145,28 @@ class MemoryPlan:
 # Estimates.
 
 
-def param_stats(hf_config) -> ParamStats:
+def param_stats(hf_config, trust_remote_code: bool = False) -> ParamStats:
     """Parameter sizes from the config alone: the model is built on the meta device, as
     `raytrain.model.count_parameters` does (shared parameters such as tied embeddings count once)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config)
+        model = AutoModelForCausalLM.from_config(hf_config, trust_remote_code=trust_remote_code)
     numels = tuple(p.numel() for p in model.parameters())
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
     return ParamStats(num_params=sum(numels), largest_layer_params=largest, param_numels=numels)
 
 
 def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value: int, *,
-                     checkpointing: bool, attn_implementation: str = "sdpa") -> int:
+                     checkpointing: bool, attn_implementation: str = "sdpa", liger_kernel: str = "none") -> int:
     """Activation memory of one worker at the start of backward (its peak), in bytes.
 
     Korthikanti et al. (2022) give s*b*h*(34 + 5*a*s/h) bytes per layer for a GPT layer in fp16.
     A Hugging Face Llama layer keeps different tensors for backward; per token, with e bytes per
     activation (2 for bf16/fp16, 4 for fp32):
-      2 RMSNorms   2 x (4h + e*h)       fp32 upcast of the input + the normalised output
+      2 RMSNorms   2 x (4h + 2*e*h)     fp32 upcast of the input, the normalised value (kept by the
+                                        weight multiply) and the output (kept by the next projections)
       attention    e*(q + 2*kv)         rotated q, k and v, kept by SDPA (no GQA copies)
                    2*e*q + 4*a          SDPA's output, the o_proj input (a copy) and the fp32 logsumexp
       SwiGLU MLP   4*e*i                gate, silu(gate), up and their product (the down_proj input)
@@ -170,6 +176,9 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
     the logits coexist: 12*vocab bytes per token, often more than a whole layer.
     With checkpointing each layer keeps only its input (e*h per token) and one layer at a time is
     recomputed with its full activations.
+    Liger kernels (model.liger_kernel): "loss" computes the loss in chunks without materialising
+    the logits (12*vocab -> 0); "all" also keeps only the input and output of each RMSNorm (2*e*h)
+    and gate, up and their product in the MLP (3*e*i), recomputing silu in backward.
     """
     h = hf_config.hidden_size
     num_layers = hf_config.num_hidden_layers
@@ -181,13 +190,16 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
     e = bytes_per_value
     q, kv = heads * head_dim, kv_heads * head_dim
 
-    norm = 4 * h + e * h
+    fused = liger_kernel == "all"
+    norm = (e * h if fused else 4 * h + e * h) + e * h
     attention = e * (q + 2 * kv) + 2 * e * q + 4 * heads
     if attn_implementation == "eager":
         attention += heads * seq_len * (4 + (e if e < 4 else 0))
-    layer = 2 * norm + attention + 4 * e * inter
+    mlp = (3 if fused else 4) * e * inter
+    layer = 2 * norm + attention + mlp
     layers = num_layers * e * h + layer if checkpointing else num_layers * layer
-    per_token = layers + norm + 12 * vocab
+    logits = 0 if liger_kernel in ("loss", "all") else 12 * vocab
+    per_token = layers + norm + logits
     return micro_batch * seq_len * per_token
 
 
@@ -211,26 +223,29 @@ def estimate_memory(resolved: dict[str, Any], hf_config, *, gpus_per_node: int |
     if per_node is None:
         per_node = min(world, 8) if use_gpu else world
     per_node = min(per_node, world)
-    stats = stats or param_stats(hf_config)
+    stats = stats or param_stats(hf_config, run["model"].get("trust_remote_code", False))
     train_batch, micro_batch, grad_accum = batch_sizes(ds)
     prec = precision(ds)
     pb = 4 if prec == "fp32" else 2
     seq_len = run["data"]["seq_len"]
     zero = {**_ZERO_DEFAULTS, **{k.removeprefix("stage3_"): v for k, v in ds.get("zero_optimization", {}).items()}}
-    if int(zero.get("stage", 0)) != 3:
-        raise ConfigError(f"raytrain.plan models ZeRO stage 3; deepspeed.zero_optimization.stage is "
-                          f"{zero.get('stage', 0)}: set it to 3")
+    stage = int(zero.get("stage", 0))
+    # DeepSpeed offloads the optimizer from stage 1 and parameters only at stage 3.
+    offloads = list(OFFLOADS[:1 + (stage >= 1) + (stage == 3)])
 
     activations = {ckpt: activation_bytes(hf_config, micro_batch, seq_len, pb, checkpointing=ckpt,
-                                          attn_implementation=run["model"]["attn_implementation"])
+                                          attn_implementation=run["model"]["attn_implementation"],
+                                          liger_kernel=run["model"].get("liger_kernel", "none"))
                    for ckpt in (False, True)}
     configured_offload = _configured_offload(offload_device(ds, "offload_optimizer"), offload_device(ds, "offload_param"))
+    if configured_offload not in offloads:
+        offloads.append(configured_offload)
     # Without its own optimizer section the worker uses torch's AdamW: fused on GPU, but on CPU the
     # per-tensor loop, whose sqrt/divide temporaries take two more fp32 copies of a sub-group.
     unfused_adam = not use_gpu and "optimizer" not in ds
     model_states = {}
     options = []
-    for offload in OFFLOADS:
+    for offload in offloads:
         resident, host, working, step = _model_state_items(stats, world, pb, zero, offload, use_gpu, unfused_adam)
         model_states[offload] = (sum(b for _, b in resident), sum(b for _, b in host))
         for ckpt in (False, True):
@@ -245,7 +260,7 @@ def estimate_memory(resolved: dict[str, Any], hf_config, *, gpus_per_node: int |
             else:
                 # On CPU the "device" is host RAM: everything a worker holds is on its node.
                 per_worker = device + sum(b for _, b in host)
-                host_per_worker = per_worker + HOST_RESERVE_PER_CPU_WORKER
+                host_per_worker = int(per_worker * (1 + CPU_HEAP_RETENTION)) + HOST_RESERVE_PER_CPU_WORKER
             options.append(Option(offload=offload, gradient_checkpointing=ckpt, worker_bytes=per_worker,
                                   host_bytes_per_node=per_node * host_per_worker, breakdown=breakdown,
                                   configured=(offload == configured_offload
@@ -253,9 +268,10 @@ def estimate_memory(resolved: dict[str, Any], hf_config, *, gpus_per_node: int |
     return MemoryPlan(
         use_gpu=use_gpu, world_size=world, workers_per_node=per_node, workers_per_node_assumed=assumed,
         train_batch_size=train_batch, micro_batch_per_gpu=micro_batch, gradient_accumulation_steps=grad_accum,
-        seq_len=seq_len, precision=prec, model_type=type(hf_config).__name__.removesuffix("Config"), num_params=stats.num_params,
-        largest_layer_params=stats.largest_layer_params, model_states=model_states, activations=activations,
-        options=options, gpu_memory_bytes=gpu_memory_bytes, host_memory_bytes=host_memory_bytes)
+        seq_len=seq_len, precision=prec, zero_stage=stage, model_type=type(hf_config).__name__.removesuffix("Config"),
+        num_params=stats.num_params, largest_layer_params=stats.largest_layer_params, model_states=model_states,
+        activations=activations, options=options, gpu_memory_bytes=gpu_memory_bytes,
+        host_memory_bytes=host_memory_bytes)
 
 
 def _configured_offload(optimizer_device: str, param_device: str) -> str:
@@ -267,10 +283,18 @@ def _configured_offload(optimizer_device: str, param_device: str) -> str:
 
 def _model_state_items(stats: ParamStats, world: int, pb: int, zero: dict[str, Any], offload: str,
                        use_gpu: bool, unfused_adam: bool):
-    """Per-worker (resident on device, working set on device, step transient on device, host) items."""
+    """Per-worker (resident on device, host, working set on device, step transient on device) items.
+
+    Stage 3 partitions parameters, gradients and optimizer states; stage 2 keeps the parameters
+    whole, stage 1 the gradients too, stage 0 everything (approximations: raytrain is built for 3).
+    """
+    stage = int(zero.get("stage", 0))
     n = math.ceil(stats.num_params / world)  # this rank's partition (DeepSpeed pads to world size)
+    params = n if stage == 3 else stats.num_params
+    grads = n if stage >= 2 else stats.num_params
+    optim = n if stage >= 1 else stats.num_params
     largest = stats.largest_layer_params
-    sub_group = min(n, int(zero["sub_group_size"]))
+    sub_group = min(optim, int(zero["sub_group_size"])) if stage == 3 else optim
     persistent = sum(x for x in stats.param_numels if x <= int(zero["param_persistence_threshold"]))
     hpz = int(zero.get("zero_hpz_partition_size") or 1)
     pin = use_gpu and any((zero.get(k) or {}).get("pin_memory") for k in ("offload_optimizer", "offload_param"))
@@ -282,29 +306,35 @@ def _model_state_items(stats: ParamStats, world: int, pb: int, zero: dict[str, A
         return 1 << (nbytes - 1).bit_length() if pin and nbytes > 0 else nbytes
 
     def sub_groups(bytes_per_element: int) -> int:  # one pinned buffer per optimizer sub-group
-        full, rest = divmod(n, sub_group)
+        full, rest = divmod(optim, sub_group)
         return full * pinned(sub_group * bytes_per_element) + pinned(rest * bytes_per_element)
 
     resident, host = [], []
     (host if on_host_param else resident).append(
-        ("parameter partition", pinned(pb * n) if on_host_param else pb * n))
-    if 1 < hpz < world:
-        (host if on_host_param else resident).append(("hpZ secondary parameter copy", pb * math.ceil(stats.num_params / hpz)))
-    resident.append(("persistent small parameters", pb * persistent))
+        ("parameter partition" if stage == 3 else "parameters", pinned(pb * params) if on_host_param else pb * params))
+    if stage == 3 and 1 < hpz < world:
+        (host if on_host_param else resident).append(
+            ("hpZ secondary parameter copy", pb * math.ceil(stats.num_params / hpz)))
+    if stage == 3:
+        resident.append(("persistent small parameters", pb * persistent))
     if zero.get("contiguous_gradients", True):
         resident.append(("reduce bucket", pb * int(zero["reduce_bucket_size"])))
     if on_host_opt:
-        host += [("gradient partition", pinned(pb * n)), ("fp32 master weights", 4 * n),
-                 ("Adam moments", 8 * n), ("fp32 gradients", sub_groups(4))]
+        host += [("gradient partition", pinned(pb * grads)), ("fp32 master weights", 4 * optim),
+                 ("Adam moments", 8 * optim), ("fp32 gradients", sub_groups(4))]
         step = []
     else:
-        resident += [("gradient partition", pb * n), ("fp32 master weights", 4 * n), ("Adam moments", 8 * n)]
+        resident += [("gradient partition", pb * grads), ("fp32 master weights", 4 * optim), ("Adam moments", 8 * optim)]
         # At the step each sub-group's gradients are flattened (model dtype) and cast to fp32.
         step = [("step: fp32 gradient copy", 4 * sub_group),
                 ("step: flatten / Adam temporaries", max(pb * sub_group if pb < 4 else 0,
                                                          8 * sub_group if unfused_adam else 0))]
-    gathered = pb * min(largest + int(zero["prefetch_bucket_size"]), max(int(zero["max_live_parameters"]), largest))
-    working = [("gathered layer + prefetch", gathered), ("full gradients of a layer", pb * largest)]
+    working = []
+    if stage == 3:
+        working.append(("gathered layer + prefetch", pb * min(largest + int(zero["prefetch_bucket_size"]),
+                                                              max(int(zero["max_live_parameters"]), largest))))
+    if stage >= 2:
+        working.append(("full gradients of a layer", pb * largest))
     return resident, host, working, step
 
 
@@ -344,11 +374,12 @@ def check_fits(plan: MemoryPlan, gpu_mem_bytes: int | None, host_mem_bytes: int 
             raise ConfigError(f"this run needs {need} ({have}); with {' '.join(changes)}: "
                               f"{_need(plan, option)} (python -m raytrain.plan shows every option)")
     act = plan.activations[current.gradient_checkpointing]
+    more = ("add GPUs with scaling.num_workers (model states shrink with the world size)" if plan.use_gpu
+            else "train on GPUs (scaling.use_gpu=true)")
     raise ConfigError(
         f"this run needs {need} ({have}) and no offload or checkpointing setting makes it fit: lower "
         f"deepspeed.train_micro_batch_size_per_gpu={plan.micro_batch_per_gpu} (activations: {_gib(act)} of it, "
-        f"linear in the micro-batch) or data.seq_len, or add GPUs with scaling.num_workers "
-        f"(model states shrink with the world size)")
+        f"linear in the micro-batch) or data.seq_len, or {more}")
 
 
 def _need(plan: MemoryPlan, option: Option) -> str:
@@ -368,7 +399,7 @@ def _have(plan: MemoryPlan, gpu_mem: int | None, host_mem: int | None) -> str:
 
 
 def _gib(nbytes: float) -> str:
-    return f"{nbytes / GIB:.1f} GiB"
+    return f"{nbytes / GIB:.1f} GiB" if nbytes >= GIB else f"{nbytes / 2**20:.0f} MiB"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -381,7 +412,7 @@ def format_plan(plan: MemoryPlan) -> str:
     node_note = " (assumed: pass --gpus-per-node)" if plan.workers_per_node_assumed and plan.num_nodes > 1 else ""
     lines = [
         f"model       {plan.model_type}, {plan.num_params:,} parameters (largest layer {plan.largest_layer_params:,}), "
-        f"{plan.precision}, ZeRO-3",
+        f"{plan.precision}, ZeRO-{plan.zero_stage}",
         f"cluster     {plan.world_size} {'GPU' if plan.use_gpu else 'CPU'} workers = {plan.num_nodes} node(s) x "
         f"{plan.workers_per_node}{node_note}",
         f"batch       train_batch_size {plan.train_batch_size} = micro-batch {plan.micro_batch_per_gpu} x "
@@ -389,24 +420,29 @@ def format_plan(plan: MemoryPlan) -> str:
         f"seq_len {plan.seq_len} ({plan.train_batch_size * plan.seq_len:,} tokens per step)",
         f"target      {_target(plan)}",
         "",
-        f"model states per {device} (ZeRO-3 over {plan.world_size})   on {device:<6}  in host RAM per node",
+        f"model states per {device} (ZeRO-{plan.zero_stage} over {plan.world_size})"
+        + ("   on GPU      in host RAM per node" if plan.use_gpu else "   in host RAM"),
     ]
-    for offload in (OFFLOADS if plan.use_gpu else ("none",)):
+    for offload in (plan.model_states if plan.use_gpu else ("none",)):
         resident, host = plan.model_states[offload]
         label = "no offload" if offload == "none" else f"offload {offload} to cpu"
-        lines.append(f"  {label:<40} {_gib(resident):>11}  {_gib(host * plan.workers_per_node):>11}")
+        if plan.use_gpu:
+            lines.append(f"  {label:<40} {_gib(resident):>11}  {_gib(host * plan.workers_per_node):>11}")
+        else:
+            lines.append(f"  {label:<40} {_gib(resident + host):>11}")
     lines.append(f"activations per {device} (micro-batch {plan.micro_batch_per_gpu} x seq_len {plan.seq_len})")
     for ckpt in (False, True):
         label = "gradient checkpointing" if ckpt else "no checkpointing"
         lines.append(f"  {label:<40} {_gib(plan.activations[ckpt]):>11}")
     lines += ["", f"peak (states + working set + activations)       per {device:<6}  host per node  fits"]
+    target_known = plan.gpu_memory_bytes is not None or plan.host_memory_bytes is not None
     for option in plan.options:
         if not plan.use_gpu and option.offload != "none":
             continue
-        label = ("offload " + option.offload if option.offload != "none" else "no offload") + \
+        label = ("no offload" if option.offload == "none" else "offload " + option.offload) + \
                 (", checkpointing" if option.gradient_checkpointing else "")
-        verdict = {True: "yes", False: "no"}[fits(option, plan.gpu_memory_bytes, plan.host_memory_bytes, plan.use_gpu)] \
-            if (plan.gpu_memory_bytes or plan.host_memory_bytes) else "?"
+        fit = fits(option, plan.gpu_memory_bytes, plan.host_memory_bytes, plan.use_gpu)
+        verdict = ("yes" if fit else "no") if target_known else "?"
         mark = "  <- configured" if option.configured else ""
         lines.append(f"  {label:<45} {_gib(option.worker_bytes):>11}  {_gib(option.host_bytes_per_node):>13}  "
                      f"{verdict:<4}{mark}")

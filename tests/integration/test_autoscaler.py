@@ -25,7 +25,8 @@ def test_fake_autoscaler_adds_nodes_and_the_run_finishes(tmp_path):
     cluster["provider"]["gcs_address"] = f"{ip}:{PORT}"  # the shipped file assumes the default 6379
     config = tmp_path / "fake.yaml"
     config.write_text(yaml.safe_dump(cluster))
-    env = {**os.environ, "RAY_FAKE_CLUSTER": "1", "RAY_AUTH_MODE": "token"}
+    marker = f"{os.getpid()}-{time.time_ns()}"  # inherited by every process of this fake cluster
+    env = {**os.environ, "RAY_FAKE_CLUSTER": "1", "RAY_AUTH_MODE": "token", "RAYTRAIN_TEST_FAKE_CLUSTER": marker}
     env.pop("RAY_ADDRESS", None)
     head = subprocess.Popen([RAY, "start", "--head", "--block", f"--port={PORT}", "--num-cpus=2", "--num-gpus=0",
                              f"--autoscaling-config={config}", "--include-dashboard=false", "--disable-usage-stats"],
@@ -53,3 +54,17 @@ def test_fake_autoscaler_adds_nodes_and_the_run_finishes(tmp_path):
             head.wait(timeout=60)
         except subprocess.TimeoutExpired:
             head.kill()
+        # The fake provider's worker nodes (raylets and their agents) are not children of the head
+        # and outlive it: stop every process that carries this cluster's marker.
+        _kill_marked(marker)
+
+
+def _kill_marked(marker: str) -> None:
+    needle = f"RAYTRAIN_TEST_FAKE_CLUSTER={marker}".encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle in f.read().split(b"\0") and int(pid) != os.getpid():
+                    os.kill(int(pid), 9)
+        except (OSError, ValueError):
+            pass
