@@ -284,23 +284,15 @@ def run_deepspeed(args: argparse.Namespace, cfg, resolved: dict[str, Any]) -> di
 
     from raytrain.deepspeed_config import batch_sizes
     from raytrain.metrics import StepMeter, flops_per_token
-    from raytrain.model import build_model, load_model_config
-    from raytrain.worker import _import_deepspeed, build_optimizer
+    from raytrain.worker import build_engine
 
     ds_config = resolved["run"]["deepspeed"]
     device = _device()
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    deepspeed = _import_deepspeed(device)
     _init_single_process_group(device)
-    deepspeed.init_distributed(dist_backend=torch.distributed.get_backend(), auto_mpi_discovery=False)
-    torch.manual_seed(cfg.training.seed)
-    apply_liger(args.liger)
-    hf_config = load_model_config(cfg.model)
-    model = build_model(cfg.model, hf_config, ds_config)
-    optimizer, scheduler = build_optimizer(model, cfg.training, ds_config, device)
-    engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                                   config=ds_config, dist_init_required=False)
+    # exactly the worker's setup (Liger comes from model.liger_kernel in the overrides)
+    engine, scheduler, hf_config = build_engine(cfg, ds_config, device)
     train_batch, micro_batch, grad_accum = batch_sizes(ds_config)
     num_params = sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters())
     fpt = flops_per_token(num_params, hf_config.num_hidden_layers, hf_config.hidden_size, cfg.data.seq_len)

@@ -27,28 +27,27 @@ class ClusterShape:
 
 def shape_from_config(cfg: RunConfig, gpus_available: int = 0) -> ClusterShape:
     """The shape the config asks for, without a Ray cluster (dry runs on a laptop)."""
-    use_gpu = cfg.scaling.use_gpu if cfg.scaling.use_gpu is not None else gpus_available > 0
-    num_workers = cfg.scaling.num_workers
-    if num_workers is None:
-        if use_gpu and gpus_available == 0:
-            raise ConfigError("scaling.num_workers is not set and there are no GPUs here to count: "
-                              "set scaling.num_workers to the number of GPUs of the target cluster")
-        num_workers = gpus_available if use_gpu else 2
-    return ClusterShape(num_workers=num_workers, use_gpu=use_gpu, gpus_per_node=gpus_available or None)
+    return _shape(cfg, gpus_available, gpus_available or None, None,
+                  "scaling.num_workers is not set and there are no GPUs here to count: "
+                  "set scaling.num_workers to the number of GPUs of the target cluster")
 
 
 def shape_from_cluster(cfg: RunConfig, resources: dict[str, float], gpus_per_node: int | None) -> ClusterShape:
     """The shape on a live Ray cluster (`ray.cluster_resources()`)."""
-    gpus = int(resources.get("GPU", 0))
+    return _shape(cfg, int(resources.get("GPU", 0)), gpus_per_node, resources.get("CPU"),
+                  "scaling.use_gpu=true but the cluster has no GPU yet: set scaling.num_workers "
+                  "(the autoscaler adds GPU nodes for the workers you ask for)")
+
+
+def _shape(cfg: RunConfig, gpus: int, gpus_per_node: int | None, cpus_total: float | None,
+           no_gpu_message: str) -> ClusterShape:
     use_gpu = cfg.scaling.use_gpu if cfg.scaling.use_gpu is not None else gpus > 0
     num_workers = cfg.scaling.num_workers
     if num_workers is None:
         if use_gpu and gpus == 0:
-            raise ConfigError("scaling.use_gpu=true but the cluster has no GPU yet: set scaling.num_workers "
-                              "(the autoscaler adds GPU nodes for the workers you ask for)")
-        num_workers = gpus if use_gpu else 2
-    return ClusterShape(num_workers=num_workers, use_gpu=use_gpu, gpus_per_node=gpus_per_node,
-                        cpus_total=resources.get("CPU"))
+            raise ConfigError(no_gpu_message)
+        num_workers = gpus if use_gpu else 2  # one worker per GPU; 2 on CPU (ZeRO-3 needs >1 to partition)
+    return ClusterShape(num_workers=num_workers, use_gpu=use_gpu, gpus_per_node=gpus_per_node, cpus_total=cpus_total)
 
 
 def resolve_run(cfg: RunConfig, shape: ClusterShape) -> dict[str, Any]:
