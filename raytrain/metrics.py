@@ -58,7 +58,7 @@ class StepMeter:
             "grad_norm": float("nan") if grad_norm is None else grad_norm,
             "tokens_per_s": tokens_per_s,
             "step_time_s": step_time,
-            "data_wait_frac": self.window_data_wait_s / elapsed,
+            "data_wait_frac": self.window_data_wait_s / elapsed,  # this rank's; the worker takes the max
             "eta_s": step_time * (self.max_steps - step),
             "memory_gib": _memory_gib(device),
         }

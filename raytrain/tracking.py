@@ -116,6 +116,7 @@ def write_summary(history: list[dict[str, Any]], final: dict[str, Any], storage_
 
     fs, root = pyarrow.fs.FileSystem.from_uri(storage_path)
     run_dir = f"{root.rstrip('/')}/{name}"
+    fs.create_dir(run_dir, recursive=True)
     written = []
     for filename, data in (("summary.md", text.encode()), ("loss_curve.png", png.getvalue())):
         with fs.open_output_stream(f"{run_dir}/{filename}") as f:

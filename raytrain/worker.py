@@ -7,6 +7,7 @@ model under zero.Init -> deepspeed.initialize -> restore -> loop(train step, met
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -49,6 +50,8 @@ def train_loop_per_worker(payload: dict[str, Any]) -> None:
         emit(f"raytrain: {num_params:,} parameters, world size {ctx.get_world_size()}, "
              f"batch {train_batch} = {micro_batch} x {grad_accum} x {ctx.get_world_size()}, seq_len {seq_len}, "
              f"device {device.type}, starting at step {start_step}")
+        emit("raytrain: DeepSpeed config (resolved; saved in every checkpoint's raytrain.json): "
+             + json.dumps(ds_config, sort_keys=True))
 
     batches = MicroBatches(ray.train.get_dataset_shard("train"), micro_batch, device, seed=cfg.training.seed,
                            shuffle_buffer_size=cfg.data.shuffle_buffer_size, skip=start_step * grad_accum,
@@ -81,6 +84,10 @@ def train_loop_per_worker(payload: dict[str, Any]) -> None:
         grad_norm = engine.get_global_grad_norm()
         metrics = meter.collect(step, window.item(), scheduler.get_last_lr()[0] if scheduler else engine.get_lr()[0],
                                 None if grad_norm is None else float(grad_norm), device)
+        # the slowest rank's data wait is what the step waits for
+        wait = torch.tensor([metrics["data_wait_frac"]], dtype=torch.float64, device=device)
+        torch.distributed.all_reduce(wait, op=torch.distributed.ReduceOp.MAX)
+        metrics["data_wait_frac"] = wait.item()
         if eval_now:  # every rank, same step, same batch count (see raytrain.evaluation)
             metrics.update(evaluate(engine, eval_batches(eval_shard, micro_batch, device), device,
                                     cfg.data.eval_max_batches))
