@@ -56,7 +56,10 @@ def wait_for(predicate, timeout, proc):
 @pytest.fixture(scope="module")
 def runs(ray_cluster, tmp_path_factory):
     storage = str(tmp_path_factory.mktemp("ft"))
-    env = {**os.environ, "RAY_ADDRESS": ray_cluster["address"], "RAY_AUTH_MODE": "token", "PYTHONUNBUFFERED": "1"}
+    # RAY_DEDUP_LOGS=0: Ray folds identical lines of different workers into one ("[repeated 2x]"),
+    # and two restarts from the same checkpoint print identical "starting at step N" lines.
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster["address"], "RAY_AUTH_MODE": "token", "PYTHONUNBUFFERED": "1",
+           "RAY_DEDUP_LOGS": "0"}
     baseline_out = finish(start(env, storage, "baseline"))
 
     proc = start(env, storage, "faulty")

@@ -67,7 +67,8 @@ def test_upload_leaves_out_checkpoints_data_and_virtualenvs(ray_cluster, workdir
     job_id = submit(ray_cluster, workdir, sys.executable, "-c",
                     "import os; print('FILES', sorted(os.path.join(d, f) for d, _, fs in os.walk('.') for f in fs))")
     wait_status(ray_cluster, job_id, ["succeeded"])
-    files = job(ray_cluster, "logs", job_id)
+    logs = job(ray_cluster, "logs", job_id)
+    files = next(line for line in logs.splitlines() if line.startswith("FILES"))  # not the entrypoint echo
     assert "raytrain/main.py" in files and "cluster/ib.yaml" in files
     for junk in (".venv", "runs/old", "data/corpus.parquet"):
         assert junk not in files, junk
