@@ -434,14 +434,8 @@ def read_documents(row: dict[str, Any], *, format: str, filesystem, text_column:
                 if not isinstance(record, dict):
                     raise ConfigError(f"{where} is a {type(record).__name__}, not a JSON object: "
                                       f"give one object per line")
-                value = record.get(text_column)
-                if value is None or value == "":
-                    counts["empty"] += 1
-                elif isinstance(value, str):
-                    yield {"text": value}
-                else:
-                    raise ConfigError(f"{where}: data.text_column={text_column!r} holds a {type(value).__name__}, "
-                                      f"not a string: set data.text_column to the text field")
+                if _is_document(record.get(text_column), where, text_column, counts):
+                    yield {"text": record[text_column]}
     _report_file(path, counts)
 
 
@@ -490,14 +484,20 @@ def _read_arrow_file(path: str, filesystem, column: str) -> Iterator[dict[str, s
     with filesystem.open_input_file(path) as stream:
         for batch in pa.ipc.open_stream(stream):
             for value in batch.column(batch.schema.get_field_index(column)).to_pylist():
-                if value is None or value == "":
-                    counts["empty"] += 1
-                elif isinstance(value, str):
+                if _is_document(value, path, column, counts):
                     yield {"text": value}
-                else:
-                    raise ConfigError(f"{path}: data.text_column={column!r} holds a {type(value).__name__}, "
-                                      f"not a string: set data.text_column to the text column")
     _report_file(path, counts)
+
+
+def _is_document(value: Any, where: str, column: str, counts: collections.Counter) -> bool:
+    """True for a non-empty string; empty or missing values are counted (reported per file)."""
+    if value is None or value == "":
+        counts["empty"] += 1
+        return False
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: data.text_column={column!r} holds a {type(value).__name__}, "
+                          f"not a string: set data.text_column to the text field")
+    return True
 
 
 def _report_file(path: str, counts: collections.Counter) -> None:
