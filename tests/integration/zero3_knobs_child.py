@@ -14,6 +14,7 @@ accelerator lacks what the variant needs) and the test asserts on it. Start at V
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import json
 import math
 import os
@@ -320,6 +321,9 @@ def main() -> int:
     missing = capabilities()
     failed = False
     for name in names:
+        # A variant that hangs prints every thread's stack and ends the process, so the log
+        # shows where (the other rank then fails its next collective after the gloo timeout).
+        faulthandler.dump_traceback_later(300, exit=True)
         reason = missing.get(VARIANTS[name].needs) if VARIANTS[name].needs else None
         if reason:
             result = {"skipped": reason}
@@ -332,6 +336,7 @@ def main() -> int:
                 result = {"ok": False, "error": traceback.format_exc()}
                 print(f"rank {rank} variant {name} failed:\n{result['error']}", file=sys.stderr, flush=True)
                 failed = True
+        faulthandler.cancel_dump_traceback_later()
         if rank == 0:
             with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
                 json.dump(result, f, indent=1)
