@@ -21,6 +21,7 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from raytrain.metrics import emit
@@ -88,29 +89,71 @@ def _dir_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
-def restore(engine, resume_from: str | None) -> tuple[int, list[dict[str, Any]], dict[str, Any]]:
-    """Load the checkpoint to continue from; return (step, metrics history, this rank's data position).
+@dataclass
+class ResumePoint:
+    """The checkpoint a worker continues from."""
 
-    (0, [], {}) when there is none.
+    checkpoint: Any  # ray.train.Checkpoint
+    universal: bool
+    """True: DeepSpeed's universal form of a checkpoint written by another number of workers."""
+
+
+def resume_point(payload: dict[str, Any], world_size: int) -> ResumePoint | None:
+    """Which checkpoint to load, or None to start from scratch.
 
     Ray Train's latest reported checkpoint of this run wins (a restart after a failure, or the
-    same run name submitted again); else `resume_from` (--resume-from PATH) when given.
+    same run name submitted again); else checkpoint.resume_from (--resume-from PATH). One written
+    by another number of workers is loaded from the universal copy the driver made of it
+    (payload["universal"], raytrain.reshard).
     """
     import ray.train
 
     checkpoint = ray.train.get_checkpoint()
-    if checkpoint is None and resume_from:
-        checkpoint = ray.train.Checkpoint(resume_from)
+    if checkpoint is None and payload.get("resume_from"):
+        checkpoint = ray.train.Checkpoint(payload["resume_from"])
     if checkpoint is None:
+        return None
+    meta = read_metadata(checkpoint)
+    written_by = meta["run"]["scaling"]["num_workers"]
+    if written_by == world_size:
+        return ResumePoint(checkpoint, universal=False)
+    universal = payload.get("universal") or {}
+    if universal.get("step") != meta["step"]:
+        raise RuntimeError(f"checkpoint {checkpoint.path} (step {meta['step']}) was written by {written_by} workers, "
+                           f"this run has {world_size}, and the driver prepared no universal copy of it "
+                           f"(it has one of step {universal.get('step')})")
+    return ResumePoint(ray.train.Checkpoint(universal["path"]), universal=True)
+
+
+def restore(engine, resume: ResumePoint | None, seed: int, rank: int) -> tuple[int, list[dict[str, Any]], dict[str, Any]]:
+    """Load `resume` into the engine; return (step, metrics history, data position). (0, [], {}) for none."""
+    if resume is None:
         return 0, [], {}
-    with checkpoint.as_directory() as path:
-        _, client_state = engine.load_checkpoint(path)  # reads the `latest` tag; full unpickling
+    with resume.checkpoint.as_directory() as path:
+        _, client_state = engine.load_checkpoint(path)  # reads the `latest` (or `latest_universal`) tag; full unpickling
         with open(os.path.join(path, METADATA)) as f:
             history = json.load(f)["history"]
     if client_state is None:
-        raise RuntimeError(f"checkpoint {checkpoint.path} could not be loaded by DeepSpeed")
-    _set_rng_state(client_state["rng"])
-    return int(client_state["raytrain_step"]), history, client_state.get("data", {})
+        raise RuntimeError(f"checkpoint {resume.checkpoint.path} could not be loaded by DeepSpeed")
+    step = int(client_state["raytrain_step"])
+    if resume.universal:
+        # Every rank got rank 0's client state; per-rank RNG streams of another world size have no
+        # counterpart here, so each rank starts a fresh one (only dropout, if any, draws from it).
+        _seed_all(seed * 1_000_003 + step * 1009 + rank)
+    else:
+        _set_rng_state(client_state["rng"])
+    return step, history, client_state["data"]
+
+
+def _seed_all(seed: int) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
 
 
 def _rng_state() -> dict[str, Any]:

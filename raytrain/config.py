@@ -81,8 +81,15 @@ class DataConfig:
     tokenize_concurrency: int | None = None
     """Number of tokenizer tasks running at once. None: let Ray Data decide."""
     shuffle_buffer_size: int = 0
-    """Rows in each worker's local shuffle buffer (0: no shuffle). Seeded with training.seed + epoch,
-    so the order is the same in every run and after a restart."""
+    """Shuffle each data shard in consecutive windows of at least this many rows (0: no shuffle).
+    Seeded with (training.seed, epoch, shard, window): the order is the same in every run, after a
+    restart and at any number of workers (raytrain.ingest)."""
+    num_shards: int | None = None
+    """Data streams the training rows are split into (Ray Data streaming_split, equal rows each);
+    each worker reads num_shards / num_workers of them. None: one per worker. The data position in
+    a checkpoint is per shard, so a run can resume on a different number of workers when
+    num_shards is divisible by both (and the micro-batch by num_shards / num_workers): for example
+    48 allows 1, 2, 3, 4, 6, 8, 12, 16, 24 or 48 workers. Fixed for the life of a run."""
     num_builtin_documents: int = 4000
     """Size of the built-in corpus (only used when `path` is None)."""
     eval_path: str | list[str] | None = None
@@ -96,6 +103,9 @@ class DataConfig:
     eval_max_batches: int = 8
     """Micro-batches each rank evaluates per evaluation; every rank runs the same count (all stop
     early together if one rank's eval shard runs out)."""
+    progress_every_s: float = 30.0
+    """Print how much of the training data has been read and tokenized (percent of the pass, rate,
+    ETA) every this many seconds, from the driver (terminal and `ray job logs`). 0: never."""
 
     def __post_init__(self) -> None:
         choices = {"format": ("auto", "text", "json", "parquet", "hf", "tokenized"),
@@ -113,8 +123,13 @@ class DataConfig:
         if self.eval_every_n_steps < 0:
             raise ConfigError(f"data.eval_every_n_steps must be >= 0 (0: only after the last step), "
                               f"got {self.eval_every_n_steps}")
+        if self.num_shards is not None and self.num_shards < 1:
+            raise ConfigError(f"data.num_shards must be at least 1 (or null: one per worker), got {self.num_shards}")
         if self.eval_max_batches < 1:
             raise ConfigError(f"data.eval_max_batches must be at least 1, got {self.eval_max_batches}")
+        if self.progress_every_s < 0:
+            raise ConfigError(f"data.progress_every_s must be >= 0 (0: no data progress lines), "
+                              f"got {self.progress_every_s}")
 
 
 @dataclass

@@ -6,7 +6,8 @@ it holds files of one format, the text column is there, it is not empty) and rai
 naming the key. Tokenization then runs as Ray Data tasks on the cluster's CPUs while the workers
 train; each worker reads its share through `ray.train.get_dataset_shard("train")` (Ray Train splits
 it with `streaming_split(equal=True)`, so every rank gets the same number of rows).
-`ingest_config` is the Ray Train DataConfig that keeps the order deterministic.
+`ingest_config` is the Ray Train DataConfig that keeps the order deterministic. The tasks report
+what they read to the run's progress counter (raytrain.data_progress), which the driver prints.
 
 Documents, by source:
 - text files (.txt, .text, .md): `data.text_document="file"` (default) makes each file one
@@ -60,13 +61,14 @@ from typing import Any, Iterator
 import numpy as np
 
 from raytrain.config import ConfigError, DataConfig, ModelConfig
+from raytrain.data_progress import DataProgress, FileReads, report
 
 logger = logging.getLogger("raytrain.data")
 
 FORMATS = ("text", "json", "parquet", "hf", "tokenized")
 _EXTENSIONS = {".txt": "text", ".text": "text", ".md": "text", ".json": "json", ".jsonl": "json",
                ".ndjson": "json", ".parquet": "parquet"}
-_COMPRESSED = (".gz", ".bz2", ".zst", ".lz4", ".br")  # pyarrow's open_input_stream detects these
+_COMPRESSED = (".gz", ".bz2", ".zst", ".lz4", ".br")  # what open_text decompresses
 _HF_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
 _BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark is not text
 
@@ -86,9 +88,10 @@ class Source:
     """A Hugging Face hub dataset id (format "hf", not on any filesystem)."""
 
 
-def build_dataset(data: DataConfig, model: ModelConfig, seed: int):
-    """The packed training dataset: rows of {"input_ids": int32[seq_len]} (+ "position_ids")."""
-    return _build(data, model, seed, data.path, "data.path", "train" if data.eval_fraction else None)
+def build_dataset(data: DataConfig, model: ModelConfig, seed: int, progress: DataProgress | None = None):
+    """The packed training dataset: rows of {"input_ids": int32[seq_len]} (+ "position_ids").
+    `progress` counts what its tasks read (the held-out data is never counted)."""
+    return _build(data, model, seed, data.path, "data.path", "train" if data.eval_fraction else None, progress)
 
 
 def build_eval_dataset(data: DataConfig, model: ModelConfig, seed: int):
@@ -100,15 +103,17 @@ def build_eval_dataset(data: DataConfig, model: ModelConfig, seed: int):
     return None
 
 
-def _build(data: DataConfig, model: ModelConfig, seed: int, path, key: str, split: str | None):
+def _build(data: DataConfig, model: ModelConfig, seed: int, path, key: str, split: str | None,
+           progress: DataProgress | None = None):
     import ray.data
 
     from raytrain.model import load_model_config
 
     # Ray Data's tqdm bars redraw into every log line (and into `ray job logs`) as escape codes;
-    # progress is in raytrain's own line instead (data_wait).
+    # progress is in raytrain's own lines instead (raytrain.data_progress, and data_wait).
     ray.data.DataContext.get_current().enable_progress_bars = False
     source = inspect_source(data, path, key)
+    counter = progress.track(source) if progress is not None else None
     if source.format == "builtin":
         ds = ray.data.from_items([{"text": t} for t in builtin_corpus(data.num_builtin_documents, seed)])
     elif source.format in ("text", "json", "hf") and source.hub_id is None:
@@ -117,7 +122,7 @@ def _build(data: DataConfig, model: ModelConfig, seed: int, path, key: str, spli
         ds = ray.data.from_items([{"path": f} for f in source.files], override_num_blocks=len(source.files))
         ds = ds.flat_map(read_documents, fn_kwargs={
             "format": source.format, "filesystem": source.filesystem, "text_column": data.text_column,
-            "text_document": data.text_document, "invalid_utf8": data.invalid_utf8})
+            "text_document": data.text_document, "invalid_utf8": data.invalid_utf8, "progress": counter})
     elif source.format in ("parquet", "tokenized"):
         ds = ray.data.read_parquet(source.files, filesystem=source.filesystem).select_columns([source.column])
     else:  # a hub dataset, streamed: nothing is downloaded on the driver
@@ -128,21 +133,17 @@ def _build(data: DataConfig, model: ModelConfig, seed: int, path, key: str, spli
     fn_kwargs = {"seq_len": data.seq_len, "model": model, "text_column": source.column,
                  "pretokenized": source.format == "tokenized", "position_ids": data.position_ids,
                  "split": split, "eval_fraction": data.eval_fraction,
-                 "vocab_size": load_model_config(model).vocab_size}
+                 "vocab_size": load_model_config(model).vocab_size, "progress": counter}
     return ds.map_batches(tokenize_and_pack, fn_kwargs=fn_kwargs, batch_size=data.tokenize_batch_size,
                           batch_format="numpy", concurrency=data.tokenize_concurrency)
 
 
-def ingest_config():
-    """Ray Train's DataConfig with order preserved, so a seed fixes what each rank sees."""
-    import ray.train
+def ingest_config(num_shards: int | None = None):
+    """Ray Train's DataConfig for raytrain: order preserved, training rows in `num_shards` shards
+    (None: one per worker). See raytrain.ingest."""
+    from raytrain.ingest import ShardedIngest
 
-    options = ray.train.DataConfig.default_ingest_options()
-    options.preserve_order = True  # costs some pipelining slack; buys reproducible batches
-    # Locality-aware splitting hands blocks to whichever rank sits near them, which differs from
-    # run to run; without it the split is a pure function of the block order, so a restarted run
-    # (same world size) sees exactly the same batches. Cost: some blocks cross nodes once.
-    return ray.train.DataConfig(execution_options=options, enable_shard_locality=False)
+    return ShardedIngest(num_shards)
 
 
 def resolve_format(data: DataConfig, path=None, key: str = "data.path") -> str:
@@ -300,9 +301,15 @@ def _check_parquet(source: Source, data: DataConfig, key: str) -> Source:
     return source
 
 
+def open_text(filesystem, path: str):
+    """A text/JSON file's stream, decompressed by extension. pyarrow detects .gz, .bz2, .lz4 and
+    .zst itself but not brotli's .br, which it can decode when told."""
+    return filesystem.open_input_stream(path, compression="brotli" if path.endswith(".br") else "detect")
+
+
 def _check_json_column(source: Source, column: str, key: str) -> None:
     """The first record of the first non-empty file must have `column` (one read of up to 1 MiB)."""
-    with source.filesystem.open_input_stream(source.files[0]) as f:
+    with open_text(source.filesystem, source.files[0]) as f:
         head = f.read(1 << 20)
     line, newline, _ = head.removeprefix(_BOM).lstrip().partition(b"\n")
     if not line or line.startswith(b"[") or (not newline and len(head) == 1 << 20):
@@ -402,14 +409,28 @@ def _first_line(e: BaseException) -> str:
 
 
 def read_documents(row: dict[str, Any], *, format: str, filesystem, text_column: str, text_document: str,
-                   invalid_utf8: str) -> Iterator[dict[str, str]]:
-    """One file -> rows of {"text": document}, streamed (a line-per-document file never sits in memory whole)."""
-    path = row["path"]
+                   invalid_utf8: str, progress: str | None = None) -> Iterator[dict[str, str]]:
+    """One file -> rows of {"text": document}, streamed (a line-per-document file never sits in memory whole).
+    `progress`: the run's counter actor, told how many bytes of the file were read and how many
+    documents they held."""
+    reads = FileReads(progress)
     if format == "hf":
-        yield from _read_arrow_file(path, filesystem, text_column)
-        return
+        documents = _read_arrow_file(row["path"], filesystem, text_column, reads)
+    else:
+        documents = _read_text_file(row["path"], format, filesystem, text_column, text_document, invalid_utf8, reads)
+    yield from reads.count(documents)
+
+
+def _read_text_file(path: str, format: str, filesystem, text_column: str, text_document: str, invalid_utf8: str,
+                    reads: FileReads) -> Iterator[dict[str, str]]:
+    """A text or JSON file (format "text" or "json"), read as `read_documents` says."""
+    import pyarrow as pa
+
     counts: collections.Counter = collections.Counter()
-    with filesystem.open_input_stream(path) as f:  # decompresses .gz/.zst/... by extension
+    with open_text(filesystem, path) as stream:  # decompresses .gz/.zst/.br/... by extension
+        # Decompressed bytes are not the file's bytes: a compressed file counts whole when it ends.
+        compressed = isinstance(stream, pa.CompressedInputStream)
+        f = stream if compressed else reads.counting(stream)
         if format == "text" and text_document == "file":
             text = _decode(f.read().removeprefix(_BOM), invalid_utf8, path, counts)
             if text:
@@ -436,6 +457,7 @@ def read_documents(row: dict[str, Any], *, format: str, filesystem, text_column:
                                       f"give one object per line")
                 if _is_document(record.get(text_column), where, text_column, counts):
                     yield {"text": record[text_column]}
+    reads.close((lambda: filesystem.get_file_info(path).size) if compressed else None)
     _report_file(path, counts)
 
 
@@ -476,7 +498,7 @@ def _parse_json(text: str, path: str, lineno: int | None) -> Any:
     return value
 
 
-def _read_arrow_file(path: str, filesystem, column: str) -> Iterator[dict[str, str]]:
+def _read_arrow_file(path: str, filesystem, column: str, reads: FileReads) -> Iterator[dict[str, str]]:
     """One .arrow file of a save_to_disk directory (Arrow IPC stream), one record batch at a time."""
     import pyarrow as pa
 
@@ -486,6 +508,8 @@ def _read_arrow_file(path: str, filesystem, column: str) -> Iterator[dict[str, s
             for value in batch.column(batch.schema.get_field_index(column)).to_pylist():
                 if _is_document(value, path, column, counts):
                     yield {"text": value}
+            reads.at(stream.tell())
+        reads.close(stream.size)  # the IPC stream's end marker is never "read" as a batch
     _report_file(path, counts)
 
 
@@ -527,11 +551,13 @@ def _report_skipped_rows(n: int, batch_size: int) -> None:
 
 def tokenize_and_pack(batch: dict[str, np.ndarray], *, seq_len: int, model: ModelConfig, text_column: str,
                       pretokenized: bool, position_ids: str = "packed", split: str | None = None,
-                      eval_fraction: float = 0.0, vocab_size: int | None = None) -> dict[str, np.ndarray]:
+                      eval_fraction: float = 0.0, vocab_size: int | None = None,
+                      progress: str | None = None) -> dict[str, np.ndarray]:
     """One Ray Data batch of documents -> blocks of seq_len token ids (see the packing policy above).
 
     `split` "train"/"eval" keeps the documents on that side of `eval_fraction` (by content hash);
-    `vocab_size` (the model's embedding rows) makes any token id beyond it an error, not a crash on GPU.
+    `vocab_size` (the model's embedding rows) makes any token id beyond it an error, not a crash on GPU;
+    `progress` (the run's counter actor) gets the batch's rows, documents and tokens (EOS included).
     """
     from raytrain.model import load_tokenizer
 
@@ -573,6 +599,7 @@ def tokenize_and_pack(batch: dict[str, np.ndarray], *, seq_len: int, model: Mode
         fix = ("the data was tokenized with another vocabulary: re-tokenize it with model.tokenizer"
                if pretokenized else "set model.config.vocab_size >= len(tokenizer) or use the model's own tokenizer")
         raise ConfigError(f"token id {bad} is outside the model's embedding table ({vocab_size} rows): {fix}")
+    report(progress, rows=len(values), documents=len(docs), tokens=int(flat.size))
     n_blocks = len(flat) // seq_len
     out = {"input_ids": flat[: n_blocks * seq_len].reshape(n_blocks, seq_len).astype(np.int32)}
     if position_ids == "per_document":

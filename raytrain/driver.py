@@ -38,6 +38,7 @@ def fit(cfg: RunConfig, fresh: bool = False) -> FitResult:
 
     from raytrain.checkpoint import read_metadata
     from raytrain.data import build_dataset, build_eval_dataset, ingest_config
+    from raytrain.data_progress import DataProgress
     from raytrain.worker import train_loop_per_worker
 
     connect(cfg.cluster, cfg.scaling)
@@ -60,8 +61,14 @@ def fit(cfg: RunConfig, fresh: bool = False) -> FitResult:
     _prepare_run_dir(storage, name, fresh=fresh, resume_from=cfg.checkpoint.resume_from)
     resolved["resume_from"] = cfg.checkpoint.resume_from
     resolved["run"]["checkpoint"]["storage_path"] = storage
+    from raytrain.reshard import prepare
 
-    datasets = {"train": build_dataset(cfg.data, cfg.model, cfg.training.seed)}
+    # A checkpoint written by another number of workers is converted here, once, before workers start.
+    resolved["universal"] = prepare(cfg, storage, name, shape.num_workers,
+                                    resolved["run"]["deepspeed"]["train_micro_batch_size_per_gpu"])
+
+    progress = DataProgress(cfg.data, name)  # prints the training data's read/tokenize progress
+    datasets = {"train": build_dataset(cfg.data, cfg.model, cfg.training.seed, progress)}
     eval_ds = build_eval_dataset(cfg.data, cfg.model, cfg.training.seed)
     if eval_ds is not None:
         datasets["eval"] = eval_ds
@@ -81,10 +88,11 @@ def fit(cfg: RunConfig, fresh: bool = False) -> FitResult:
             failure_config=ray.train.FailureConfig(max_failures=cfg.checkpoint.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.num_to_keep)),
         datasets=datasets,
-        dataset_config=ingest_config(),
+        dataset_config=ingest_config(cfg.data.num_shards),
         torch_config=_torch_config(cfg, shape),
     )
-    result = trainer.fit()
+    with progress:
+        result = trainer.fit()
     if result.checkpoint is None:
         raise RuntimeError(f"the run ended without a checkpoint (see the worker logs above): {result.error}")
     meta = read_metadata(result.checkpoint)

@@ -1,9 +1,11 @@
 """`python -m raytrain.export CHECKPOINT OUT_DIR`: a raytrain checkpoint -> a Hugging Face model directory.
 
-The ZeRO-3 shards are merged with DeepSpeed's own converter in lazy mode (each rank's fp32
-partition is read once and tensors are materialised shard by shard), so the host needs about one
-full fp32 copy of the weights, not one per rank. OUT_DIR gets safetensors weights (sharded past
-5 GB), config.json and the tokenizer: `AutoModelForCausalLM.from_pretrained(OUT_DIR)` loads it.
+The ZeRO-3 shards are merged with DeepSpeed's lazy reader (each rank's fp32 partition is memory-
+mapped and tensors are materialised one output shard at a time), so the host needs about one full
+fp32 copy of the weights, not one per rank. OUT_DIR gets safetensors weights (sharded past 5 GB),
+config.json and the tokenizer: `AutoModelForCausalLM.from_pretrained(OUT_DIR)` loads it. The
+weights are the files DeepSpeed's `convert_zero_checkpoint_to_fp32_state_dict` writes, byte for
+byte; raytrain runs its steps itself to print progress (bytes, rate, ETA) every few seconds.
 
 Trust: reading the shards unpickles them (DeepSpeed's format); only export checkpoints you trust.
 """
@@ -17,11 +19,12 @@ import sys
 import time
 
 from raytrain.config import ConfigError, RunConfig
+from raytrain.progress import Meter
+
+PROGRESS_EVERY_S = 5.0
 
 
 def export(checkpoint_dir: str, out_dir: str, max_shard_size: str = "5GB") -> str:
-    from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
-
     from raytrain.checkpoint import METADATA
     from raytrain.model import load_model_config, load_tokenizer
 
@@ -34,8 +37,7 @@ def export(checkpoint_dir: str, out_dir: str, max_shard_size: str = "5GB") -> st
     start = time.perf_counter()
     print(f"raytrain.export: [1/3] merging ZeRO-3 shards of {checkpoint_dir}", flush=True)
     os.makedirs(out_dir, exist_ok=True)
-    convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, out_dir, max_shard_size=max_shard_size,
-                                               safe_serialization=True)
+    write_weights(checkpoint_dir, out_dir, max_shard_size)
     print(f"raytrain.export: [2/3] config ({time.perf_counter() - start:.1f}s)", flush=True)
     hf_config = load_model_config(run.model)
     hf_config.use_cache = True  # training turned the KV cache off; generation wants it
@@ -44,6 +46,54 @@ def export(checkpoint_dir: str, out_dir: str, max_shard_size: str = "5GB") -> st
     load_tokenizer(run.model).save_pretrained(out_dir)
     print(f"raytrain.export: wrote {out_dir} in {time.perf_counter() - start:.1f}s", flush=True)
     return out_dir
+
+
+def write_weights(checkpoint_dir: str, out_dir: str, max_shard_size: str,
+                  every_s: float = PROGRESS_EVERY_S) -> None:
+    """fp32 safetensors of a ZeRO-3 checkpoint: DeepSpeed's convert_zero_checkpoint_to_state_dict
+    (deepspeed/utils/zero_to_fp32.py) with safe_serialization, step by step, with a progress line."""
+    import torch
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint, to_torch_tensor
+    from huggingface_hub import split_torch_state_dict_into_shards
+    from safetensors.torch import save_file
+
+    lazy = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, lazy_mode=True)
+    # Uninitialised tensors plan the shards without reading a weight (their pages are never touched).
+    empty = to_torch_tensor(lazy, return_empty_tensor=True, dtype=torch.float32)
+    split = split_torch_state_dict_into_shards(empty, filename_pattern="model{suffix}.safetensors",
+                                               max_shard_size=max_shard_size)
+    meter = Meter(sum(t.nbytes for t in _unique(empty)), "B", every_s)
+    shards = list(split.filename_to_tensors.items())
+    for i, (filename, names) in enumerate(shards, 1):
+        tensors = _materialise(lazy, names, meter, f"shard {i} of {len(shards)}")
+        save_file(tensors, os.path.join(out_dir, filename), metadata={"format": "pt"})
+        del tensors  # before the next shard is read: one shard in memory at a time
+    print(f"raytrain.export: [1/3] {meter.line()}, shard {len(shards)} of {len(shards)}", flush=True)
+    if split.is_sharded:
+        index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
+        with open(os.path.join(out_dir, "model.safetensors.index.json"), "w", encoding="utf-8") as f:
+            f.write(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
+def _materialise(lazy: dict, names: list[str], meter: Meter, where: str) -> dict:
+    """Read the fp32 tensors `names` (gathered from every rank's partition); tied names stay one tensor."""
+    import torch
+    from deepspeed.utils.zero_to_fp32 import to_torch_tensor
+
+    out, by_id = {}, {}
+    for name in names:
+        lazy_tensor = lazy[name]
+        if id(lazy_tensor) not in by_id:
+            by_id[id(lazy_tensor)] = to_torch_tensor({name: lazy_tensor}, dtype=torch.float32)[name]
+            if meter.add(by_id[id(lazy_tensor)].nbytes):
+                print(f"raytrain.export: [1/3] {meter.line()}, {where}", flush=True)
+        out[name] = by_id[id(lazy_tensor)]
+    return out
+
+
+def _unique(state_dict: dict) -> list:
+    """The tensors of `state_dict`, each tied tensor once."""
+    return list({id(t): t for t in state_dict.values()}.values())
 
 
 def main(argv: list[str] | None = None) -> int:

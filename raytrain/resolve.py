@@ -94,6 +94,7 @@ def resolve_run(cfg: RunConfig, shape: ClusterShape) -> dict[str, Any]:
     torch_config(cfg.network, backend="nccl" if shape.use_gpu else "gloo")  # validates network.env
     ds = resolve_deepspeed(cfg.deepspeed, cfg.training, world_size=shape.num_workers, use_gpu=shape.use_gpu,
                            hidden_size=hidden, gpus_per_node=shape.gpus_per_node)
+    check_shards(cfg.data.num_shards, shape.num_workers, ds["train_micro_batch_size_per_gpu"])
     run = cfg.to_dict()
     run["deepspeed"] = ds
     run["scaling"].update(num_workers=shape.num_workers, use_gpu=shape.use_gpu)
@@ -106,6 +107,21 @@ def resolve_run(cfg: RunConfig, shape: ClusterShape) -> dict[str, Any]:
                   "vocab_size": hf_config.vocab_size, "tokenizer_size": len(tokenizer)},
         "tokens_per_step": ds["train_batch_size"] * cfg.data.seq_len,
     }
+
+
+def check_shards(num_shards: int | None, num_workers: int, micro_batch: int) -> None:
+    """Each worker reads num_shards / num_workers data shards and takes the same number of rows
+    from each for every micro-batch (raytrain.ingest.MicroBatches)."""
+    if num_shards is None:
+        return
+    if num_shards % num_workers:
+        raise ConfigError(f"data.num_shards={num_shards} is not divisible by the {num_workers} workers: choose a "
+                          f"multiple of every worker count the run may use (e.g. 48), or null for one per worker")
+    per_worker = num_shards // num_workers
+    if micro_batch % per_worker:
+        raise ConfigError(f"the micro-batch of {micro_batch} is not divisible by the {per_worker} data shards each of "
+                          f"the {num_workers} workers reads (data.num_shards={num_shards}): set "
+                          f"training.micro_batch_size_per_gpu to a multiple of {per_worker}")
 
 
 def _check_positive(cfg: RunConfig) -> None:

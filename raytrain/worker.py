@@ -30,14 +30,18 @@ def train_loop_per_worker(payload: dict[str, Any]) -> None:
     device = ray.train.torch.get_device()  # the device Ray assigned, not a guess from LOCAL_RANK
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    engine, scheduler, hf_config = build_engine(cfg, ds_config, device)
-
     from raytrain import checkpoint
     from raytrain.evaluation import eval_batches, evaluate
+    from raytrain.ingest import MicroBatches
     from raytrain.metrics import StepMeter, emit, flops_per_token, format_line
     from raytrain.tracking import Tracker
 
-    start_step, history, data_state = checkpoint.restore(engine, payload.get("resume_from"))
+    resume = checkpoint.resume_point(payload, ctx.get_world_size())
+    if resume is not None and resume.universal:
+        # written by another number of workers: DeepSpeed re-partitions its universal form (raytrain.reshard)
+        ds_config = {**ds_config, "checkpoint": {**ds_config.get("checkpoint", {}), "load_universal": True}}
+    engine, scheduler, hf_config = build_engine(cfg, ds_config, device)
+    start_step, history, data_state = checkpoint.restore(engine, resume, seed=cfg.training.seed, rank=rank)
     train_batch, micro_batch, grad_accum = batch_sizes(ds_config)
     seq_len = cfg.data.seq_len
     num_params = sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters())
@@ -54,8 +58,8 @@ def train_loop_per_worker(payload: dict[str, Any]) -> None:
              + json.dumps(ds_config, sort_keys=True))
 
     batches = MicroBatches(ray.train.get_dataset_shard("train"), micro_batch, device, seed=cfg.training.seed,
-                           shuffle_buffer_size=cfg.data.shuffle_buffer_size, skip=start_step * grad_accum,
-                           batches_per_epoch=data_state.get("batches_per_epoch"))
+                           shuffle_buffer_size=cfg.data.shuffle_buffer_size,
+                           position=(data_state["epoch"], data_state["rows"]) if start_step else (0, 0))
     # Ray Train raises KeyError for a dataset it was not given: the driver says whether there is one.
     eval_shard = ray.train.get_dataset_shard("eval") if payload.get("has_eval") else None
     every_eval = cfg.data.eval_every_n_steps
@@ -96,7 +100,7 @@ def train_loop_per_worker(payload: dict[str, Any]) -> None:
             emit(format_line(metrics, max_steps))
         if save_now:
             checkpoint.save(engine, step, metrics, history, payload["run"], upload_async=cfg.checkpoint.upload_async,
-                            data_state={"batches_per_epoch": batches.batches_per_epoch})  # adds checkpoint_* to metrics
+                            data_state=batches.position())  # adds checkpoint_* to metrics
         else:
             ray.train.report(metrics)
         tracker.log(metrics, step)
@@ -124,7 +128,7 @@ def build_engine(cfg: RunConfig, ds_config: dict[str, Any], device):
     return engine, scheduler, hf_config
 
 
-def train_step(engine, batches: MicroBatches, grad_accum: int, device):
+def train_step(engine, batches: Iterator[dict[str, Any]], grad_accum: int, device):
     """One optimizer step over grad_accum micro-batches; returns (mean loss tensor, data wait s)."""
     import torch
 
@@ -140,52 +144,6 @@ def train_step(engine, batches: MicroBatches, grad_accum: int, device):
         engine.step()  # DeepSpeed only updates at the accumulation boundary
         step_loss += loss.detach()  # stays on the device: no sync here
     return step_loss / grad_accum, data_wait
-
-
-class MicroBatches:
-    """Endless micro-batches ({"input_ids"[, "position_ids"]}) from this rank's shard, epoch after epoch.
-
-    The position is (epoch, batch within epoch). Order is a pure function of the seed: Ray Data
-    keeps block order and splits without locality (raytrain.data.ingest_config), and the optional
-    local shuffle is seeded with seed + epoch. Resuming therefore skips whole epochs by arithmetic
-    once `batches_per_epoch` is known, and re-reads only the current epoch's prefix (Ray Data
-    cannot seek a streaming split).
-
-    drop_last keeps every rank at the same number of batches per epoch (streaming_split(equal=True)
-    already equalises rows), so no rank waits forever in a collective at an epoch's end.
-    """
-
-    def __init__(self, shard, micro_batch: int, device, seed: int, shuffle_buffer_size: int,
-                 skip: int = 0, batches_per_epoch: int | None = None):
-        self.shard, self.micro_batch, self.device = shard, micro_batch, device
-        self.seed, self.shuffle_buffer_size = seed, shuffle_buffer_size
-        self.batches_per_epoch = batches_per_epoch
-        self.epoch, self.skip = (divmod(skip, batches_per_epoch) if batches_per_epoch else (0, skip))
-        self._it = self._generate()
-
-    def __next__(self) -> dict[str, Any]:
-        return next(self._it)
-
-    def _generate(self) -> Iterator[dict[str, Any]]:
-        import torch
-
-        while True:
-            produced = 0
-            shuffle = {"local_shuffle_buffer_size": self.shuffle_buffer_size,
-                       "local_shuffle_seed": self.seed + self.epoch} if self.shuffle_buffer_size else {}
-            for batch in self.shard.iter_torch_batches(batch_size=self.micro_batch, dtypes=torch.long,
-                                                       device=self.device, drop_last=True, prefetch_batches=2,
-                                                       **shuffle):
-                produced += 1
-                if self.skip:
-                    self.skip -= 1
-                    continue
-                yield batch
-            if produced == 0:
-                raise RuntimeError(f"the training data yields no micro-batch of {self.micro_batch} sequences per "
-                                   f"worker (epoch {self.epoch}): add data, or lower data.seq_len or the micro-batch size")
-            self.batches_per_epoch = produced
-            self.epoch += 1
 
 
 def build_optimizer(model, training: TrainingConfig, ds_config: dict[str, Any], device):

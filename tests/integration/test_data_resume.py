@@ -1,7 +1,11 @@
-"""Exact data resume, compared batch by batch: after skipping k micro-batches (what a restart from
-step k does), each rank's next batches are exactly those of an uninterrupted run, mid-epoch and
-across epoch boundaries, with the seeded local shuffle on, and with whole epochs skipped by
-arithmetic once the epoch length is known. Real Ray Train workers, real Ray Data shards."""
+"""Exact data resume, compared row by row, with real Ray Train workers and real Ray Data shards.
+
+- Same world size: after a restart at a checkpointed position, each rank's next micro-batches are
+  exactly those of an uninterrupted run, mid-epoch and across epoch boundaries, shuffle on.
+- Another world size (issue 5): 2 workers read part of an epoch, 3 workers resume at that position,
+  and each data shard's rows, read by either run, are exactly that shard's rows in order: none
+  skipped, none read twice, up to the documented tail (fewer rows than one micro-batch's share).
+"""
 
 import hashlib
 import json
@@ -10,10 +14,13 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-N = 20  # micro-batches per rank to compare; the shard holds ~6 per epoch, so N spans 3+ epochs
+SHARDS = 6  # divisible by 1, 2 and 3 workers
+MICRO = 6  # divisible by the shards per worker at 1, 2 and 3 workers (6, 3, 2)
 
 
-def run(tmp_path, skip, bpe):
+def read(tmp_path, tag, *, workers, num_shards, micro, batches, position=(0, 0)):
+    """Each rank reads `batches` micro-batches (None: to the end of the epoch it starts in);
+    returns per rank: [(epoch, rows) after each batch], and per shard id the row digests it read."""
     import ray.train
     from ray.train.torch import TorchTrainer
 
@@ -25,38 +32,79 @@ def run(tmp_path, skip, bpe):
         import ray.train
         import torch
 
-        from raytrain.worker import MicroBatches
+        from raytrain.ingest import MicroBatches
 
-        batches = MicroBatches(ray.train.get_dataset_shard("train"), 4, torch.device("cpu"), seed=11,
-                               shuffle_buffer_size=16, skip=config["skip"], batches_per_epoch=config["bpe"])
-        digests = [hashlib.sha1(next(batches)["input_ids"].numpy().tobytes()).hexdigest()
-                   for _ in range(N - config["skip"])]
+        group = ray.train.get_dataset_shard("train")
+        batches = MicroBatches(group, config["micro"], torch.device("cpu"), seed=11, shuffle_buffer_size=8,
+                               position=tuple(config["position"]))
+        per_shard = config["micro"] // len(group.shard_ids)
+        positions, rows = [], {sid: [] for sid in group.shard_ids}
+        start_epoch = batches.epoch
+        while config["batches"] is None or len(positions) < config["batches"]:
+            batch = next(batches)["input_ids"].numpy()
+            if config["batches"] is None and batches.epoch != start_epoch:
+                break  # this batch already belongs to the next epoch
+            for i, sid in enumerate(group.shard_ids):
+                rows[sid] += [hashlib.sha1(r.tobytes()).hexdigest() for r in batch[i * per_shard:(i + 1) * per_shard]]
+            positions.append(batches.position())
         rank = ray.train.get_context().get_world_rank()
-        with open(f"{config['out']}/rank{rank}-skip{config['skip']}-bpe{config['bpe']}.json", "w") as f:
-            json.dump({"digests": digests, "batches_per_epoch": batches.batches_per_epoch}, f)
+        with open(f"{config['out']}/{config['tag']}-rank{rank}.json", "w") as f:
+            json.dump({"positions": positions, "rows": rows}, f)
 
-    data = DataConfig(num_builtin_documents=8, seq_len=64)  # ~16 rows per rank: 4 batches per epoch
-    TorchTrainer(read_batches, train_loop_config={"skip": skip, "bpe": bpe, "out": str(tmp_path)},
-                 scaling_config=ray.train.ScalingConfig(num_workers=2),
-                 run_config=ray.train.RunConfig(storage_path=str(tmp_path / "runs"), name=f"resume-{skip}-{bpe}"),
+    data = DataConfig(num_builtin_documents=24, seq_len=64, num_shards=num_shards)
+    TorchTrainer(read_batches,
+                 train_loop_config={"micro": micro, "batches": batches, "position": list(position),
+                                    "out": str(tmp_path), "tag": tag},
+                 # fractional CPUs: up to 3 workers and Ray Data share the test cluster's 4
+                 scaling_config=ray.train.ScalingConfig(num_workers=workers, resources_per_worker={"CPU": 0.5}),
+                 run_config=ray.train.RunConfig(storage_path=str(tmp_path / "runs"), name=tag),
                  datasets={"train": build_dataset(data, ModelConfig(), seed=3)},
-                 dataset_config=ingest_config()).fit()
-    return [json.load(open(tmp_path / f"rank{r}-skip{skip}-bpe{bpe}.json")) for r in range(2)]
+                 dataset_config=ingest_config(num_shards)).fit()
+    return [json.load(open(tmp_path / f"{tag}-rank{r}.json")) for r in range(workers)]
 
 
 def test_resumed_batches_equal_uninterrupted_ones(ray_cluster, tmp_path):
-    full = run(tmp_path, skip=0, bpe=None)
-    bpe = full[0]["batches_per_epoch"]
-    assert bpe and full[1]["batches_per_epoch"] == bpe and N > 3 * bpe  # equal shards, several epochs
-    assert full[0]["digests"] != full[1]["digests"]  # ranks read different data
-    assert full[0]["digests"][:bpe] != full[0]["digests"][bpe:2 * bpe]  # the shuffle differs per epoch
+    full = read(tmp_path, "full", workers=2, num_shards=None, micro=8, batches=20)
+    epochs = [p["epoch"] for p in full[0]["positions"]]
+    assert epochs[-1] >= 2, epochs  # several epochs
+    assert full[0]["positions"] == full[1]["positions"]  # every rank at the same position
+    first_end = epochs.index(1)  # the first batch of epoch 1
+    assert full[0]["rows"] != full[1]["rows"]  # ranks read different data
 
-    mid_epoch = bpe + 2  # a restart in the middle of the second epoch, epoch length not yet known
-    resumed = run(tmp_path, skip=mid_epoch, bpe=None)
-    for rank in range(2):
-        assert resumed[rank]["digests"] == full[rank]["digests"][mid_epoch:]
+    def tail(result, k):
+        """Row digests each rank read after its k-th batch."""
+        per_rank = []
+        for r in result:
+            (sid, rows), = r["rows"].items()
+            per_rank.append(rows[k * 8:])
+        return per_rank
 
-    later = 3 * bpe - 1  # whole epochs skipped by arithmetic, then one batch before a boundary
-    skipped = run(tmp_path, skip=later, bpe=bpe)
-    for rank in range(2):
-        assert skipped[rank]["digests"] == full[rank]["digests"][later:]
+    # The shuffle differs per epoch: epoch 1 is not epoch 0 again.
+    (sid, rows0), = full[0]["rows"].items()
+    assert rows0[:first_end * 8] != rows0[first_end * 8:2 * first_end * 8]
+    for k in (first_end + 2, 2 * first_end - 1):  # mid-epoch 1; one batch before the next boundary
+        position = full[0]["positions"][k - 1]
+        resumed = read(tmp_path, f"at{k}", workers=2, num_shards=None, micro=8, batches=20 - k, position=(
+            position["epoch"], position["rows"]))
+        assert [list(r["rows"].values())[0] for r in resumed] == tail(full, k)
+
+
+def test_resume_on_another_world_size_skips_and_repeats_nothing(ray_cluster, tmp_path):
+    # Ground truth: one worker reads every shard, one row of each per micro-batch (no tail dropped).
+    truth = read(tmp_path, "truth", workers=1, num_shards=SHARDS, micro=SHARDS, batches=None)[0]["rows"]
+    lengths = {len(rows) for rows in truth.values()}
+    assert len(lengths) == 1 and lengths.pop() >= 8, truth  # equal shards, long enough to stop midway
+
+    before = read(tmp_path, "two", workers=2, num_shards=SHARDS, micro=MICRO, batches=2)
+    position = before[0]["positions"][-1]
+    assert position == {"epoch": 0, "rows": 4} and before[1]["positions"][-1] == position  # 2 batches x 2 rows
+    after = read(tmp_path, "three", workers=3, num_shards=SHARDS, micro=MICRO, batches=None,
+                 position=(position["epoch"], position["rows"]))
+
+    first = {sid: rows for r in before for sid, rows in r["rows"].items()}
+    second = {sid: rows for r in after for sid, rows in r["rows"].items()}
+    assert sorted(first) == sorted(second) == sorted(truth) == [str(i) for i in range(SHARDS)]
+    for sid, rows in truth.items():
+        read_rows = first[sid] + second[sid]
+        assert read_rows == rows[:len(read_rows)], f"shard {sid}: rows skipped, repeated or out of order"
+        assert len(rows) - len(read_rows) < MICRO // 2, f"shard {sid}: more than the tail left unread"

@@ -123,3 +123,36 @@ def test_bad_input_is_a_config_error_before_any_task(tmp_path, model):
     for data, message in cases:
         with pytest.raises(ConfigError, match=message):
             (build_eval_dataset if data.eval_path else build_dataset)(data, model, 0)
+
+
+def test_progress_counts_every_byte_document_and_token_of_each_pass(tmp_path, model, capsys):
+    import re
+    import time
+
+    from raytrain.data_progress import DataProgress
+    from raytrain.progress import format_bytes
+
+    docs = [f"document number {i}, " + "x" * (i % 50) for i in range(600)]
+    (tmp_path / "a.jsonl").write_text("".join(f'{{"text": "{d}"}}\n' for d in docs[:400]))
+    (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress("".join(f'{{"text": "{d}"}}\n' for d in docs[400:]).encode()))
+    size = sum(f.stat().st_size for f in tmp_path.iterdir())  # the compressed file counts by its own size
+    tokens = sum(len(d.encode()) + 1 for d in docs)  # the byte tokenizer: one token per byte, plus EOS
+    data = DataConfig(path=str(tmp_path), seq_len=16, progress_every_s=0.5)
+    progress = DataProgress(data, "data-sources")
+    ds = build_dataset(data, model, seed=0, progress=progress)
+    with progress:
+        for n in (1, 2):  # two passes, as two epochs read the data
+            rows(ds)
+            wanted = {"bytes": n * size, "rows_read": n * 600, "rows": n * 600, "documents": n * 600,
+                      "tokens": n * tokens}
+            deadline = time.time() + 30  # the tasks' reports are fire-and-forget: wait for the last ones
+            while {k: progress.counts()[k] for k in wanted} != wanted and time.time() < deadline:
+                time.sleep(0.2)
+            assert {k: progress.counts()[k] for k in wanted} == wanted
+            time.sleep(1.5)  # the thread prints a line after the pass's last report
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("raytrain: data:")]
+    line = re.compile(r"raytrain: data: pass (\d): [\d.]+ k?B of ([\d.]+ kB) \((\d+)%\), "
+                      r"(?:[\d.]+ [kM]?B/s, )?ETA \S+; tokenized ([\d.]+k?) documents, [\d.]+k tokens")
+    parsed = [line.fullmatch(text).groups() for text in lines]
+    assert ("1", format_bytes(size), "100", "600") in parsed, lines
+    assert parsed[-1] == ("2", format_bytes(size), "100", "1.20k"), lines

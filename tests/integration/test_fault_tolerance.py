@@ -2,7 +2,9 @@
 different steps (one of them while a checkpoint is being written). The run must finish and its
 per-step losses must equal an uninterrupted run's exactly (CPU, fp32). Then job-level resume:
 --resume-from a chosen checkpoint reproduces the same tail, and re-running a finished run's
-command continues it instead of starting over."""
+command continues it instead of starting over. Last, a 2-worker checkpoint resumed on 3 workers
+(DeepSpeed universal conversion, data shards reassigned), and the refusal when the run's data
+shards cannot be split over the new world size."""
 
 import json
 import os
@@ -39,10 +41,11 @@ def losses(storage, name, step=24):
     return [(m["step"], m["loss"]) for m in meta["history"]]
 
 
-def worker_pids():
+def worker_pids(address):
     from ray.util.state import list_actors
 
-    return {a.pid for a in list_actors(filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])}
+    # address: never "the latest local cluster", which may be another one on this machine
+    return {a.pid for a in list_actors(address=address, filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])}
 
 
 def wait_for(predicate, timeout, proc):
@@ -69,12 +72,12 @@ def runs(ray_cluster, tmp_path_factory):
     for trigger_step, delay_s in ((4, 1.0), (8, 0.0), (16, 2.5)):
         wait_for(lambda: os.path.isdir(ckpt(trigger_step)), 600, proc)
         time.sleep(delay_s)
-        pids = worker_pids() - set(killed)
+        pids = worker_pids(ray_cluster["address"]) - set(killed)
         assert pids, "no live training worker to kill"
         victim = sorted(pids)[len(killed) % len(pids)]
         os.kill(victim, signal.SIGKILL)  # as a real fault would: no cleanup, no exception
         killed.append(victim)
-        wait_for(lambda: bool(worker_pids() - set(killed)), 600, proc)  # the group was restarted
+        wait_for(lambda: bool(worker_pids(ray_cluster["address"]) - set(killed)), 600, proc)  # the group was restarted
     faulty_out = finish(proc)
     return {"env": env, "storage": storage, "baseline_out": baseline_out, "faulty_out": faulty_out,
             "killed": killed}
@@ -106,3 +109,40 @@ def test_same_command_again_continues_the_run_instead_of_overwriting(runs):
     assert "continuing from its latest checkpoint" in out
     assert "raytrain: done at step 24" in out
     assert losses(runs["storage"], "baseline") == losses(runs["storage"], "faulty")
+
+
+# Issue 5, item 5: a 2-worker checkpoint resumed on 3 workers. Same global batch (6 x 3 x 2 =
+# 6 x 2 x 3 = 36 sequences), 6 data shards (3 per worker, then 2).
+WIDE = ["data.num_shards=6", "training.micro_batch_size_per_gpu=6", "training.max_steps=8"]
+
+
+def test_resume_on_another_number_of_workers(runs):
+    env, storage = runs["env"], runs["storage"]
+    finish(start(env, storage, "two", *WIDE, "training.gradient_accumulation_steps=3"))
+    chosen = os.path.join(storage, "two", "checkpoint_step_00000004")
+    out = finish(start(env, storage, "three", *WIDE, "training.gradient_accumulation_steps=2",
+                       "scaling.num_workers=3", "--resume-from", chosen))
+    assert "resuming step 4 on 3 workers (written by 2)" in out, out[-4000:]
+    assert "raytrain: done at step 8" in out, out[-4000:]
+    assert os.path.isfile(os.path.join(storage, "three", "universal", "checkpoint_step_00000004", "raytrain.json"))
+    two, three = dict(losses(storage, "two", 8)), dict(losses(storage, "three", 8))
+    assert sorted(three) == list(range(1, 9))  # history restored, then steps 5..8 on 3 workers
+    assert [three[s] for s in range(1, 5)] == [two[s] for s in range(1, 5)]
+    # Step 5's loss is computed with the restored weights, on other sequences than the 2-worker
+    # run's step 5: close to it, far below the untrained loss (random weights would be back there).
+    assert abs(three[5] - two[5]) < 0.25 * (two[1] - two[5]), (two, three)
+    meta = json.load(open(os.path.join(storage, "three", "checkpoint_step_00000008", "raytrain.json")))
+    lrs = {m["step"]: m["lr"] for m in meta["history"]}
+    two_lrs = {m["step"]: m["lr"] for m in json.load(open(os.path.join(
+        storage, "two", "checkpoint_step_00000008", "raytrain.json")))["history"]}
+    assert lrs == two_lrs  # the LR schedule continued from step 4, not from 0
+    shards = os.listdir(os.path.join(storage, "three", "checkpoint_step_00000008", "step_00000008"))
+    assert sum(f.endswith("optim_states.pt") for f in shards) == 3  # re-partitioned for 3 ranks
+
+
+def test_another_number_of_workers_without_shards_for_it_is_refused(runs):
+    # "baseline" ran with one data shard per worker (2): its data position has no 3-worker form.
+    proc = start(runs["env"], runs["storage"], "baseline", "scaling.num_workers=3")
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 2, out[-3000:]
+    assert "data.num_shards" in out and "written by 2 workers" in out, out[-3000:]

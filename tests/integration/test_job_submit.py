@@ -77,7 +77,8 @@ def test_upload_leaves_out_checkpoints_data_and_virtualenvs(ray_cluster, workdir
 def test_stopped_job_resubmitted_continues_from_its_checkpoint(ray_cluster, workdir, tmp_path):
     # sys.executable: the cluster's Python (what `python` means on a real head node's PATH)
     cmd = [sys.executable, "-m", "raytrain.main", "training.max_steps=40", "checkpoint.every_n_steps=5",
-           f"checkpoint.storage_path={tmp_path}", "checkpoint.name=submitted", "data.num_builtin_documents=400"]
+           f"checkpoint.storage_path={tmp_path}", "checkpoint.name=submitted", "data.num_builtin_documents=400",
+           "data.progress_every_s=1"]
     first = submit(ray_cluster, workdir, *cmd)
     ckpt = tmp_path / "submitted" / "checkpoint_step_00000010" / "raytrain.json"
     deadline = time.time() + 600
@@ -88,6 +89,8 @@ def test_stopped_job_resubmitted_continues_from_its_checkpoint(ray_cluster, work
     wait_status(ray_cluster, first, ["stopped", "failed"])
     logs = job(ray_cluster, "logs", first)
     assert re.search(r"step 10/40  loss [\d.]+", logs), logs[-3000:]  # progress lines reach `ray job logs`
+    # and so do the driver's tokenization progress lines
+    assert re.search(r"^raytrain: data: pass 1: \S+ documents of 400 documents \(\d+%\), ", logs, re.M), logs[-3000:]
 
     second = submit(ray_cluster, workdir, *cmd)
     wait_status(ray_cluster, second, ["succeeded"], timeout=900)

@@ -1,6 +1,7 @@
 """The embedded default, end to end: `python -m raytrain.main` on a real local Ray cluster, real
-DeepSpeed ZeRO-3 on CPU (gloo), the built-in tiny Llama and Ray Data. The loss must fall and the
-sharded checkpoint must load into a plain transformers model."""
+DeepSpeed ZeRO-3 on CPU (gloo), the built-in tiny Llama and Ray Data. The loss must fall, the data
+progress lines must add up, the sharded checkpoint must load into a plain transformers model and
+export to the files DeepSpeed's own converter writes."""
 
 import json
 import os
@@ -22,7 +23,8 @@ def default_run(ray_cluster, tmp_path_factory):
     storage = tmp_path_factory.mktemp("runs")
     env = {**os.environ, "RAY_ADDRESS": ray_cluster["address"], "RAY_AUTH_MODE": "token", "PYTHONUNBUFFERED": "1"}
     p = subprocess.run([sys.executable, "-m", "raytrain.main", f"checkpoint.storage_path={storage}",
-                        "checkpoint.name=default"], capture_output=True, text=True, env=env, timeout=900)
+                        "checkpoint.name=default", "data.progress_every_s=1"],
+                       capture_output=True, text=True, env=env, timeout=900)
     return p, storage
 
 
@@ -38,6 +40,55 @@ def test_loss_falls(default_run):
     p, _ = default_run
     losses = {int(m.group(1)): float(m.group(3)) for m in LINE.finditer(p.stdout + p.stderr)}
     assert losses[80] < 0.5 * losses[5], losses  # ln(257)=5.55 at init; the corpus is learnable
+
+
+DATA = re.compile(r"raytrain: data: pass (\d+): (\S+) documents of 4.00k documents \((\d+)%\), "
+                  r"(?:\S+ documents/s, )?ETA \S+; tokenized (\S+) documents, (\S+) tokens")
+
+
+def test_data_progress_lines_count_the_builtin_corpus(default_run):
+    p, _ = default_run
+    lines = [line for line in p.stdout.splitlines() if line.startswith("raytrain: data:")]
+    parsed = [DATA.fullmatch(line) for line in lines]
+    assert parsed and all(parsed), lines
+    for m in parsed:
+        # Every document of the built-in corpus is tokenized (no empties, no eval split): the count
+        # since the start is the earlier passes plus this one's (to the line's 3 digits).
+        since_start = (int(m.group(1)) - 1) * 4000 + _count(m.group(2))
+        assert abs(_count(m.group(4)) - since_start) <= 0.01 * since_start, m.group(0)
+    percents = [(int(m.group(1)), int(m.group(3))) for m in parsed]
+    assert percents == sorted(percents) and 0 < percents[-1][1], lines  # tokenization only moves forward
+
+
+def _count(text: str) -> float:
+    """A count as progress lines print it: 999, 1.23k, 4.56M."""
+    return float(text[:-1]) * {"k": 1e3, "M": 1e6}[text[-1]] if text[-1] in "kM" else float(text)
+
+
+def test_export_prints_progress_and_writes_deepspeeds_files_byte_for_byte(default_run, tmp_path):
+    from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict, \
+        get_fp32_state_dict_from_zero_checkpoint
+    from transformers import AutoModelForCausalLM
+
+    p, _ = default_run
+    ckpt = re.search(r"^raytrain: checkpoint (/\S+)$", p.stdout, re.M).group(1)
+    out, reference = tmp_path / "hf", tmp_path / "deepspeed"
+    # 1 MB shards: the 3.3 MB model becomes 4 shards and an index, as a large model would
+    export = subprocess.run([sys.executable, "-m", "raytrain.export", ckpt, str(out), "--max-shard-size", "1MB"],
+                            capture_output=True, text=True, timeout=600)
+    assert export.returncode == 0, export.stdout[-3000:] + export.stderr[-3000:]
+    lines = re.findall(r"^raytrain\.export: \[1/3\] ([\d.]+ MB) of ([\d.]+ MB) \((\d+)%\), [\d.]+ [kMG]?B/s, "
+                       r"ETA \S+, shard (\d) of 4$", export.stdout, re.M)
+    assert lines and lines[-1] == ("3.28 MB", "3.28 MB", "100", "4"), export.stdout
+
+    convert_zero_checkpoint_to_fp32_state_dict(ckpt, str(reference), max_shard_size="1MB", safe_serialization=True)
+    written = sorted(f.name for f in reference.iterdir())
+    assert written == ["model-0000%d-of-00004.safetensors" % i for i in range(1, 5)] + ["model.safetensors.index.json"]
+    for name in written:
+        assert (out / name).read_bytes() == (reference / name).read_bytes(), name
+
+    loaded = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in get_fp32_state_dict_from_zero_checkpoint(ckpt).items())
 
 
 def test_checkpoint_has_every_rank_shard_and_loads_into_transformers(default_run):

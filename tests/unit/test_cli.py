@@ -39,6 +39,10 @@ def test_dry_run_plans_a_gpu_cluster_without_gpus(tmp_path):
      "needs GPUs"),
     (["data.seq_len=4096"], "max_position_embeddings=1024"),
     (["data.path=/nonexistent/corpus"], "data.path: /nonexistent/corpus does not exist"),
+    (["scaling.num_workers=4", "data.num_shards=6"], "data.num_shards=6 is not divisible by the 4 workers"),
+    (["scaling.num_workers=2", "data.num_shards=6", "training.micro_batch_size_per_gpu=4"],
+     "set training.micro_batch_size_per_gpu to a multiple of 3"),
+    (["data.num_shards=0"], "data.num_shards must be at least 1"),
 ])
 def test_user_errors_are_one_line_without_traceback(args, needle):
     p = run_main("--dry-run", *args)

@@ -133,6 +133,11 @@ def test_json_lines_arrays_compression_and_bad_records(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="raytrain.data"):
         assert read(f, "json") == ["one", "two"]
     assert "skipped 2 empty documents" in caplog.text
+    for suffix, codec in ((".zst", "zstd"), (".br", "brotli")):  # pyarrow detects zstd, not brotli
+        packed = tmp_path / f"d.jsonl{suffix}"
+        with pa.output_stream(str(packed), compression=codec) as out:
+            out.write(b'{"text": "three"}\n')
+        assert read(packed, "json") == ["three"]
     arr = tmp_path / "b.json"
     arr.write_text(json.dumps([{"body": "x"}, {"body": "y"}]))
     assert read(arr, "json", text_column="body") == ["x", "y"]
@@ -212,7 +217,8 @@ def test_data_config_checks_its_own_fields():
                             ({"text_document": "para"}, "data.text_document must be file or line"),
                             ({"eval_fraction": 1.0}, "data.eval_fraction must be in \\[0, 1\\)"),
                             ({"eval_fraction": 0.1, "eval_path": "x"}, "both set"),
-                            ({"eval_max_batches": 0}, "data.eval_max_batches must be at least 1")]:
+                            ({"eval_max_batches": 0}, "data.eval_max_batches must be at least 1"),
+                            ({"progress_every_s": -1}, "data.progress_every_s must be >= 0")]:
         with pytest.raises(ConfigError, match=message):
             DataConfig(**kwargs)
     with pytest.raises(ConfigError, match="data.invalid_utf8 must be replace or error"):
