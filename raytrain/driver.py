@@ -33,36 +33,18 @@ def fit(cfg: RunConfig, fresh: bool = False) -> FitResult:
     A run whose name already exists in the storage path continues from its latest checkpoint;
     `fresh=True` sets the old run aside (renamed, nothing deleted) and starts over.
     """
-    import ray.train
-    from ray.train.torch import TorchTrainer
-
     from raytrain.checkpoint import read_metadata
-    from raytrain.data import build_dataset, build_eval_dataset, ingest_config
+    from raytrain.data import build_dataset, build_eval_dataset
     from raytrain.data_progress import DataProgress
-    from raytrain.worker import train_loop_per_worker
+    from raytrain.reshard import prepare
 
     connect(cfg.cluster, cfg.scaling)
     shape = live_shape(cfg)
     resolved = resolve_run(cfg, shape)
     _check_memory(cfg, shape, resolved)
     if cfg.network.preflight:
-        from raytrain.preflight import run_preflight
-
-        # Versions, NCCL transport and collective bandwidth on the workers' placement, before training.
-        report = run_preflight(cfg.network, num_workers=shape.num_workers, use_gpu=shape.use_gpu,
-                               cpus_per_worker=cfg.scaling.cpus_per_worker)
-        print(report.render(), flush=True)
-        if not report.passed:
-            raise ConfigError("network.preflight failed (" + "; ".join(report.failures) + "): fix the fabric, "
-                              "or set network.preflight=false to train anyway")
-    name = cfg.checkpoint.name or datetime.datetime.now().strftime("raytrain-%Y%m%d-%H%M%S")
-    resolved["run"]["checkpoint"]["name"] = name
-    storage = _storage_path(cfg.checkpoint.storage_path)
-    _prepare_run_dir(storage, name, fresh=fresh, resume_from=cfg.checkpoint.resume_from)
-    resolved["resume_from"] = cfg.checkpoint.resume_from
-    resolved["run"]["checkpoint"]["storage_path"] = storage
-    from raytrain.reshard import prepare
-
+        _preflight(cfg, shape)
+    name, storage = _place_run(cfg, resolved, fresh)
     # A checkpoint written by another number of workers is converted here, once, before workers start.
     resolved["universal"] = prepare(cfg, storage, name, shape.num_workers,
                                     resolved["run"]["deepspeed"]["train_micro_batch_size_per_gpu"])
@@ -73,10 +55,51 @@ def fit(cfg: RunConfig, fresh: bool = False) -> FitResult:
     if eval_ds is not None:
         datasets["eval"] = eval_ds
     resolved["has_eval"] = eval_ds is not None
+    trainer = _trainer(cfg, shape, resolved, name, storage, datasets)
+    with progress:
+        result = trainer.fit()
+    if result.checkpoint is None:
+        raise RuntimeError(f"the run ended without a checkpoint (see the worker logs above): {result.error}")
+    meta = read_metadata(result.checkpoint)
+    _after_run(cfg, result, meta, storage, name)
+    return FitResult(metrics=meta["metrics"], history=meta["history"], checkpoint_path=result.checkpoint.path,
+                     run_path=str(result.path), resolved=resolved)
+
+
+def _preflight(cfg: RunConfig, shape: ClusterShape) -> None:
+    """Versions, NCCL transport and collective bandwidth on the workers' placement, before training."""
+    from raytrain.preflight import run_preflight
+
+    report = run_preflight(cfg.network, num_workers=shape.num_workers, use_gpu=shape.use_gpu,
+                           cpus_per_worker=cfg.scaling.cpus_per_worker)
+    print(report.render(), flush=True)
+    if not report.passed:
+        raise ConfigError("network.preflight failed (" + "; ".join(report.failures) + "): fix the fabric, "
+                          "or set network.preflight=false to train anyway")
+
+
+def _place_run(cfg: RunConfig, resolved: dict[str, Any], fresh: bool) -> tuple[str, str]:
+    """The run's name and storage path (recorded in `resolved`), its directory ready: (name, storage)."""
+    name = cfg.checkpoint.name or datetime.datetime.now().strftime("raytrain-%Y%m%d-%H%M%S")
+    storage = _storage_path(cfg.checkpoint.storage_path)
+    _prepare_run_dir(storage, name, fresh=fresh, resume_from=cfg.checkpoint.resume_from)
+    resolved["run"]["checkpoint"].update(name=name, storage_path=storage)
+    resolved["resume_from"] = cfg.checkpoint.resume_from
+    return name, storage
+
+
+def _trainer(cfg: RunConfig, shape: ClusterShape, resolved: dict[str, Any], name: str, storage: str,
+             datasets: dict[str, Any]):
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    from raytrain.data import ingest_config
+    from raytrain.worker import train_loop_per_worker
+
     resources: dict[str, float] = {"CPU": cfg.scaling.cpus_per_worker}
     if shape.use_gpu:
         resources["GPU"] = 1
-    trainer = TorchTrainer(
+    return TorchTrainer(
         train_loop_per_worker,
         train_loop_config=resolved,
         scaling_config=ray.train.ScalingConfig(num_workers=shape.num_workers, use_gpu=shape.use_gpu,
@@ -91,11 +114,10 @@ def fit(cfg: RunConfig, fresh: bool = False) -> FitResult:
         dataset_config=ingest_config(cfg.data.num_shards),
         torch_config=_torch_config(cfg, shape),
     )
-    with progress:
-        result = trainer.fit()
-    if result.checkpoint is None:
-        raise RuntimeError(f"the run ended without a checkpoint (see the worker logs above): {result.error}")
-    meta = read_metadata(result.checkpoint)
+
+
+def _after_run(cfg: RunConfig, result, meta: dict[str, Any], storage: str, name: str) -> None:
+    """summary.md + loss_curve.png next to the checkpoints; the Hugging Face export when configured."""
     from raytrain.tracking import write_summary
 
     write_summary(meta["history"], meta["metrics"], storage, name)
@@ -104,8 +126,6 @@ def fit(cfg: RunConfig, fresh: bool = False) -> FitResult:
 
         with result.checkpoint.as_directory() as local:
             export(local, cfg.checkpoint.export_dir)
-    return FitResult(metrics=meta["metrics"], history=meta["history"], checkpoint_path=result.checkpoint.path,
-                     run_path=str(result.path), resolved=resolved)
 
 
 def _check_memory(cfg: RunConfig, shape: ClusterShape, resolved: dict[str, Any]) -> None:
