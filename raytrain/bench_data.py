@@ -130,12 +130,18 @@ def time_in_process(docs: list[str], model, seq_len: int, batch_size: int = 256)
     return tokens, time.process_time() - start
 
 
-def time_readers(data, model, micro_batch: int) -> list[tuple[str, dict[str, float]]]:
+def time_readers(data, model, micro_batch: int, step_ms: float) -> list[tuple[str, dict[str, float]]]:
     """The training worker's cost of turning a data shard into micro-batch tensors: raytrain's
-    MicroBatches (fixed shards, world-size-independent position) against Ray's iter_torch_batches,
-    which raytrain used before. Rows are materialized first so neither waits on tokenization."""
+    MicroBatches (fixed shards, world-size-independent position), reading on the training thread
+    and prefetching (data.prefetch_batches), against Ray's iter_torch_batches (what raytrain used before; it
+    prefetches two batches). Rows are materialized first so none waits on tokenization.
+
+    Two passes each after a warm-up: back to back (the reader's throughput), then with a step of
+    `step_ms` between calls, a sleep standing in for a step whose host thread waits on the GPU,
+    where what counts is how long next() keeps the training thread waiting."""
     import torch
 
+    from raytrain.config import DataConfig
     from raytrain.data import build_dataset
     from raytrain.ingest import MicroBatches, ShardGroup
 
@@ -145,23 +151,37 @@ def time_readers(data, model, micro_batch: int) -> list[tuple[str, dict[str, flo
         return iter(it.iter_torch_batches(batch_size=micro_batch, dtypes=torch.long, device="cpu", drop_last=True,
                                           prefetch_batches=2))
 
-    def raytrain_batches(it):
-        return MicroBatches(ShardGroup([it], [0]), micro_batch, torch.device("cpu"), seed=0, shuffle_buffer_size=0)
+    def raytrain_batches(prefetch):
+        return lambda it: MicroBatches(ShardGroup([it], [0]), micro_batch, torch.device("cpu"), seed=0,
+                                       shuffle_buffer_size=0, prefetch=prefetch)
 
-    # One epoch's worth of micro-batches (both drop the last partial one); MicroBatches never ends,
-    # so both stop at this count rather than at the epoch boundary (whose restart is not the reader's cost).
+    # One epoch's worth of micro-batches (all drop the last partial one); MicroBatches never ends,
+    # so all stop at this count rather than at the epoch boundary (whose restart is not the reader's cost).
     n = rows.count() // micro_batch
     out = []
-    for name, make in (("Ray iter_torch_batches", ray_batches), ("raytrain MicroBatches", raytrain_batches)):
-        for attempt in range(2):  # the second pass is reported (warm)
+    prefetch = DataConfig().prefetch_batches
+    for name, make in (("Ray iter_torch_batches (prefetch 2)", ray_batches),
+                       ("raytrain MicroBatches, no prefetch", raytrain_batches(0)),
+                       (f"raytrain MicroBatches, prefetch {prefetch} (default)", raytrain_batches(prefetch))):
+        result = {"batches": n - 1}
+        for attempt, step_s in ((0, 0.0), (1, 0.0), (2, step_ms / 1e3)):  # the first pass warms up
             batches = make(rows.streaming_split(1, equal=True)[0])
             start = time.perf_counter()
             assert next(batches)["input_ids"].shape[0] == micro_batch  # starts the split's execution
-            first, steady, cpu = time.perf_counter() - start, time.perf_counter(), time.process_time()
+            first, steady, cpu, wait = time.perf_counter() - start, time.perf_counter(), time.process_time(), 0.0
             for _ in range(n - 1):
+                time.sleep(step_s)
+                t = time.perf_counter()
                 assert next(batches)["input_ids"].shape[0] == micro_batch
-            seconds, cpu_seconds = time.perf_counter() - steady, time.process_time() - cpu
-        out.append((name, {"batches": n - 1, "seconds": seconds, "cpu_seconds": cpu_seconds, "first_s": first}))
+                wait += time.perf_counter() - t
+            if hasattr(batches, "close"):
+                batches.close()
+            if attempt == 1:
+                result.update(seconds=time.perf_counter() - steady, cpu_seconds=time.process_time() - cpu,
+                              first_s=first)
+            elif attempt == 2:
+                result["wait_s"] = wait
+        out.append((name, result))
     return out
 
 
@@ -171,6 +191,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seq-len", type=int, default=2048, help="packed block length (default 2048)")
     parser.add_argument("--num-cpus", type=int, default=os.cpu_count(), help="local cluster CPUs (default: all)")
     parser.add_argument("--micro-batch", type=int, default=24, help="micro-batch for the reader comparison (default 24)")
+    parser.add_argument("--step-ms", type=float, default=20.0,
+                        help="simulated step time between micro-batches for the reader's wait (default 20)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="raytrain-bench-data-") as work:
         _run(args, work)
@@ -207,7 +229,7 @@ def _run(args, work: str) -> None:
         results.append((name, r))
         print(f"  {name}: {r['tokens'] / r['cpu_seconds']:,.0f} tokens per CPU-second, "
               f"{r['tokens'] / r['seconds']:,.0f} tokens/s wall", flush=True)
-    readers = time_readers(DataConfig(path=ids_dir, seq_len=args.seq_len), bpe, args.micro_batch)
+    readers = time_readers(DataConfig(path=ids_dir, seq_len=args.seq_len), bpe, args.micro_batch, args.step_ms)
     ray.shutdown()
 
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread: the per-core cost of the tokenizer
@@ -235,12 +257,14 @@ def _run(args, work: str) -> None:
         print(f"| {name} | {r['tokens']:,} | {r['tokens'] / r['cpu_seconds']:,.0f} | "
               f"{r['tokens'] / r['seconds']:,.0f} | {r['cpu_seconds']:.1f} | {r['seconds']:.1f} |")
     print(f"\nWorker-side reader, micro-batches of {args.micro_batch} x {args.seq_len} from one data shard of the "
-          f"packed pre-tokenized rows (materialized: the reader's own cost), on the driver:\n")
-    print("| reader | first micro-batch ms | then: micro-batches | CPU ms per micro-batch | wall ms per micro-batch |")
-    print("|---|---:|---:|---:|---:|")
+          f"packed pre-tokenized rows (materialized: the reader's own cost), on the driver. Back to back, then "
+          f"with a {args.step_ms:g} ms step (a sleep) between micro-batches:\n")
+    print("| reader | first micro-batch ms | then: micro-batches | CPU ms per micro-batch | wall ms per micro-batch "
+          f"| wait ms per micro-batch, {args.step_ms:g} ms step |")
+    print("|---|---:|---:|---:|---:|---:|")
     for name, r in readers:
         print(f"| {name} | {1e3 * r['first_s']:.0f} | {r['batches']} | {1e3 * r['cpu_seconds'] / r['batches']:.2f} | "
-              f"{1e3 * r['seconds'] / r['batches']:.2f} |")
+              f"{1e3 * r['seconds'] / r['batches']:.2f} | {1e3 * r['wait_s'] / r['batches']:.2f} |")
     print("\nOne process, one thread, no Ray (tokenize_and_pack on 256-document batches, CPU time):\n")
     print("| work | tokens/s per core |")
     print("|---|---:|")

@@ -59,7 +59,8 @@ def train_loop_per_worker(payload: dict[str, Any]) -> None:
 
     batches = MicroBatches(ray.train.get_dataset_shard("train"), micro_batch, device, seed=cfg.training.seed,
                            shuffle_buffer_size=cfg.data.shuffle_buffer_size,
-                           position=(data_state["epoch"], data_state["rows"]) if start_step else (0, 0))
+                           position=(data_state["epoch"], data_state["rows"]) if start_step else (0, 0),
+                           prefetch=cfg.data.prefetch_batches)
     # Ray Train raises KeyError for a dataset it was not given: the driver says whether there is one.
     eval_shard = ray.train.get_dataset_shard("eval") if payload.get("has_eval") else None
     every_eval = cfg.data.eval_every_n_steps
@@ -104,6 +105,7 @@ def train_loop_per_worker(payload: dict[str, Any]) -> None:
         else:
             ray.train.report(metrics)
         tracker.log(metrics, step)
+    batches.close()
     tracker.close()
 
 
@@ -112,9 +114,13 @@ def build_engine(cfg: RunConfig, ds_config: dict[str, Any], device):
     import torch
 
     from raytrain.kernels import apply_liger
+    from raytrain.metrics import emit
     from raytrain.model import build_model, load_model_config
 
+    from raytrain.ops import ensure_built, required_ops
+
     deepspeed = _import_deepspeed(device)
+    ensure_built(required_ops(ds_config), log=emit)
     # torch.distributed is already initialised by Ray Train: DeepSpeed's comm wraps that process
     # group (it must exist before zero.Init, which reads the world size from it).
     deepspeed.init_distributed(dist_backend=torch.distributed.get_backend(), auto_mpi_discovery=False)

@@ -25,12 +25,14 @@ RAY_BIN = os.path.join(os.path.dirname(sys.executable), "ray")
 def ray_cluster():
     """Address info of a local head node with 4 logical CPUs: 2 training workers + Ray Data.
 
-    Token authentication stays on (Ray 2.60's default): the head writes ~/.ray/auth_token and
-    clients on this machine read it, as they would on a user's machine.
+    Token authentication stays on (Ray 2.60's default), set up as a user would: `ray start --head`
+    refuses to start without a token, so `ray get-auth-token --generate` writes ~/.ray/auth_token
+    where none exists yet (a fresh machine), and clients on this machine read it.
     """
     import ray
 
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    subprocess.run([RAY_BIN, "get-auth-token", "--generate"], env=env, check=True, capture_output=True)
     # --block keeps the head in the foreground: stopping this one process stops this cluster only
     # (`ray stop` would kill every Ray process on the machine).
     head = subprocess.Popen([RAY_BIN, "start", "--head", "--block", f"--port={RAY_PORT}", "--num-cpus=4",

@@ -18,8 +18,9 @@ SHARDS = 6  # divisible by 1, 2 and 3 workers
 MICRO = 6  # divisible by the shards per worker at 1, 2 and 3 workers (6, 3, 2)
 
 
-def read(tmp_path, tag, *, workers, num_shards, micro, batches, position=(0, 0)):
-    """Each rank reads `batches` micro-batches (None: to the end of the epoch it starts in);
+def read(tmp_path, tag, *, workers, num_shards, micro, batches, position=(0, 0), prefetch=0):
+    """Each rank reads `batches` micro-batches (None: to the end of the epoch it starts in), with
+    `prefetch` micro-batches read ahead in MicroBatches' background thread;
     returns per rank: [(epoch, rows) after each batch], and per shard id the row digests it read."""
     import ray.train
     from ray.train.torch import TorchTrainer
@@ -36,7 +37,7 @@ def read(tmp_path, tag, *, workers, num_shards, micro, batches, position=(0, 0))
 
         group = ray.train.get_dataset_shard("train")
         batches = MicroBatches(group, config["micro"], torch.device("cpu"), seed=11, shuffle_buffer_size=8,
-                               position=tuple(config["position"]))
+                               position=tuple(config["position"]), prefetch=config["prefetch"])
         per_shard = config["micro"] // len(group.shard_ids)
         positions, rows = [], {sid: [] for sid in group.shard_ids}
         start_epoch = batches.epoch
@@ -47,13 +48,14 @@ def read(tmp_path, tag, *, workers, num_shards, micro, batches, position=(0, 0))
             for i, sid in enumerate(group.shard_ids):
                 rows[sid] += [hashlib.sha1(r.tobytes()).hexdigest() for r in batch[i * per_shard:(i + 1) * per_shard]]
             positions.append(batches.position())
+        batches.close()
         rank = ray.train.get_context().get_world_rank()
         with open(f"{config['out']}/{config['tag']}-rank{rank}.json", "w") as f:
             json.dump({"positions": positions, "rows": rows}, f)
 
     data = DataConfig(num_builtin_documents=24, seq_len=64, num_shards=num_shards)
     TorchTrainer(read_batches,
-                 train_loop_config={"micro": micro, "batches": batches, "position": list(position),
+                 train_loop_config={"micro": micro, "batches": batches, "position": list(position), "prefetch": prefetch,
                                     "out": str(tmp_path), "tag": tag},
                  # fractional CPUs: up to 3 workers and Ray Data share the test cluster's 4
                  scaling_config=ray.train.ScalingConfig(num_workers=workers, resources_per_worker={"CPU": 0.5}),
@@ -64,6 +66,7 @@ def read(tmp_path, tag, *, workers, num_shards, micro, batches, position=(0, 0))
 
 
 def test_resumed_batches_equal_uninterrupted_ones(ray_cluster, tmp_path):
+    # The uninterrupted run reads on the training thread, the resumed ones prefetch: same batches.
     full = read(tmp_path, "full", workers=2, num_shards=None, micro=8, batches=20)
     epochs = [p["epoch"] for p in full[0]["positions"]]
     assert epochs[-1] >= 2, epochs  # several epochs
@@ -85,7 +88,7 @@ def test_resumed_batches_equal_uninterrupted_ones(ray_cluster, tmp_path):
     for k in (first_end + 2, 2 * first_end - 1):  # mid-epoch 1; one batch before the next boundary
         position = full[0]["positions"][k - 1]
         resumed = read(tmp_path, f"at{k}", workers=2, num_shards=None, micro=8, batches=20 - k, position=(
-            position["epoch"], position["rows"]))
+            position["epoch"], position["rows"]), prefetch=3)
         assert [list(r["rows"].values())[0] for r in resumed] == tail(full, k)
 
 
@@ -95,9 +98,10 @@ def test_resume_on_another_world_size_skips_and_repeats_nothing(ray_cluster, tmp
     lengths = {len(rows) for rows in truth.values()}
     assert len(lengths) == 1 and lengths.pop() >= 8, truth  # equal shards, long enough to stop midway
 
-    before = read(tmp_path, "two", workers=2, num_shards=SHARDS, micro=MICRO, batches=2)
+    # prefetching 3 ahead: the position is still that of the 2 batches handed out (2 rows each)
+    before = read(tmp_path, "two", workers=2, num_shards=SHARDS, micro=MICRO, batches=2, prefetch=3)
     position = before[0]["positions"][-1]
-    assert position == {"epoch": 0, "rows": 4} and before[1]["positions"][-1] == position  # 2 batches x 2 rows
+    assert position == {"epoch": 0, "rows": 4} and before[1]["positions"][-1] == position
     after = read(tmp_path, "three", workers=3, num_shards=SHARDS, micro=MICRO, batches=None,
                  position=(position["epoch"], position["rows"]))
 

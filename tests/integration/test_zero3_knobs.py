@@ -50,22 +50,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-# DeepSpeed's CPU ops the variants need, compiled once before the ranks start.
+# DeepSpeed's CPU ops the variants need, built once before the ranks start, the way raytrain's
+# workers build theirs (raytrain.ops).
 OPS = ["CPUAdamBuilder", "PinMemoryBuilder", "AsyncIOBuilder"]
 BUILD = """
-import sys, time
-from raytrain.worker import _import_deepspeed
+import sys
 import torch
+from raytrain.ops import ensure_built
+from raytrain.worker import _import_deepspeed
 _import_deepspeed(torch.device("cpu"))
 from deepspeed.accelerator import get_accelerator
-for name in sys.argv[1:]:
-    builder = get_accelerator().create_op_builder(name)
-    if name == "AsyncIOBuilder" and not builder.is_compatible(verbose=False):
-        print(f"{name}: not buildable here (no libaio-dev); its variant skips", flush=True)
-        continue
-    t = time.perf_counter()
-    builder.load(verbose=False)
-    print(f"{name}: ready in {time.perf_counter() - t:.1f} s", flush=True)
+if not get_accelerator().create_op_builder("AsyncIOBuilder").is_compatible(verbose=False):
+    print("AsyncIOBuilder: not buildable here (no libaio-dev); its variant skips", flush=True)
+ensure_built(sys.argv[1:], log=lambda line: print(line, flush=True))
+print("ops ready", flush=True)
 """
 
 
@@ -82,10 +80,21 @@ def runs(tmp_path_factory):
     # One process compiles the ops (minutes on 2 cores the first time, then a cache hit), so the
     # ranks never wait on each other's build lock inside a variant. Its output goes to the report.
     build_log = out / "build.log"
+    # A lock file like the one a process killed mid-build leaves: torch alone would wait on it
+    # forever (what hung CI twice); raytrain.ops must remove it (test_stale_build_lock_is_removed).
+    stale = Path(env["TORCH_EXTENSIONS_DIR"]) / "cpu_adam" / "lock"
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.touch()
     with open(build_log, "w") as f:
-        build = subprocess.run([sys.executable, "-c", BUILD, *OPS], cwd=REPO, env=env, stdout=f,
-                               stderr=subprocess.STDOUT, timeout=1200)
-    assert build.returncode == 0, f"building DeepSpeed's CPU ops failed:\n{build_log.read_text()[-5000:]}"
+        build = subprocess.Popen([sys.executable, "-c", BUILD, *OPS], cwd=REPO, env=env, stdout=f,
+                                 stderr=subprocess.STDOUT)
+        try:
+            build.wait(timeout=1200)
+        finally:
+            if build.poll() is None:
+                build.kill()
+                build.wait()
+    assert build.returncode == 0, f"building DeepSpeed's CPU ops failed or hung:\n{build_log.read_text()[-5000:]}"
     logs = [out / f"rank{rank}.log" for rank in (0, 1)]
     procs = []
     for rank, log in enumerate(logs):
@@ -130,6 +139,13 @@ def _without_noise(text: str) -> str:
     keep = [line for i, line in enumerate(lines) if "FutureWarning" not in line
             and not (line.strip() == "return func(*args, **kwargs)" and i and "FutureWarning" in lines[i - 1])]
     return "\n".join(keep)
+
+
+def test_stale_build_lock_is_removed(runs):
+    """A torch build lock left by a killed process is removed, not waited on forever (raytrain.ops)."""
+    build_log = runs[1][0].read_text()
+    assert "removing" in build_log and os.path.join("cpu_adam", "lock") in build_log, build_log[-3000:]
+    assert "ops ready" in build_log
 
 
 def test_zero_knobs_reach_the_engine(runs):

@@ -1,0 +1,95 @@
+"""DeepSpeed's JIT-compiled ops: build the ones a run needs once per node, before the engine exists.
+
+Why this module exists: torch's cpp_extension guards each op build with a plain lock file
+(torch.utils.file_baton) that only the process holding it removes. A process killed while
+compiling (a worker fault, a preemption, a test timeout) leaves that file behind, and every later
+build of the op in the same TORCH_EXTENSIONS_DIR waits on it forever, silently: a restarted
+worker that needs CPU Adam would hang instead of resuming. raytrain therefore builds the ops a
+run needs itself, one process at a time per extensions directory under an flock (which the kernel
+releases when its holder dies, however it dies); whoever holds the flock knows any torch lock
+file it finds is stale and removes it. The cost: a build outside raytrain on the same node at the
+same moment could be disturbed (it would rebuild), and ops build one after another, not in
+parallel, which they do anyway (each build already uses every core through ninja).
+
+Entry point: `ensure_built(required_ops(ds_config, device_type), log)`; call it after
+`raytrain.worker._import_deepspeed`, before `deepspeed.initialize`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from raytrain.deepspeed_config import offload_device
+
+# DeepSpeed optimizer types -> the op builder DeepSpeed loads for them, with optimizer offload (its
+# CPU optimizers) and without (its fused ones); torch's own optimizers need no build.
+_CPU_OPTIMIZER_OPS = {"adam": "CPUAdamBuilder", "adamw": "CPUAdamBuilder", "adagrad": "CPUAdagradBuilder",
+                      "lion": "CPULionBuilder"}
+_FUSED_OPTIMIZER_OPS = {"adam": "FusedAdamBuilder", "adamw": "FusedAdamBuilder", "lamb": "FusedLambBuilder",
+                        "lion": "FusedLionBuilder"}
+
+
+def required_ops(ds_config: dict[str, Any]) -> list[str]:
+    """The DeepSpeed op builders this resolved config makes DeepSpeed (or raytrain) load."""
+    ops = []
+    optimizer = ds_config.get("optimizer")
+    offloaded = offload_device(ds_config, "offload_optimizer") != "none"
+    if optimizer is None:
+        # raytrain's own optimizer (raytrain.worker.build_optimizer): DeepSpeed's CPU Adam when
+        # offloaded, else torch's AdamW (no build).
+        if offloaded:
+            ops.append("CPUAdamBuilder")
+    else:
+        kind = str(optimizer.get("type", "")).lower()
+        params = optimizer.get("params", {})
+        if offloaded:
+            ops.append(_CPU_OPTIMIZER_OPS.get(kind))
+        elif not (kind in ("adam", "adamw") and params.get("torch_adam")):
+            ops.append(_FUSED_OPTIMIZER_OPS.get(kind))
+    if "nvme" in (offload_device(ds_config, "offload_optimizer"), offload_device(ds_config, "offload_param")):
+        ops.append("AsyncIOBuilder")  # DeepSpeed's libaio swapper
+    if os.environ.get("DS_PIN_MEMORY_BACKEND") == "native":
+        ops.append("PinMemoryBuilder")  # DeepSpeed pins through its own op only when asked to
+    return [op for op in dict.fromkeys(ops) if op]
+
+
+def ensure_built(ops: Iterable[str], log: Callable[[str], None]) -> None:
+    """Load (building where needed) each op, one process at a time per extensions directory.
+
+    A cache hit takes milliseconds; a first build on a node takes 30 s to a few minutes, and says so.
+    """
+    ops = list(ops)
+    if not ops:
+        return
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.git_version_info import installed_ops
+    from torch.utils.cpp_extension import _get_build_directory
+
+    builders = [get_accelerator().create_op_builder(name) for name in ops]
+    # Ops installed prebuilt (DS_BUILD_OPS=1 pip install deepspeed) need no build; an op this machine
+    # cannot build is left to DeepSpeed, which raises its own error naming it.
+    todo = [(name, b) for name, b in zip(ops, builders)
+            if b is not None and not installed_ops.get(b.name) and b.is_compatible(verbose=False)]
+    if not todo:
+        return
+    build_dirs = [Path(_get_build_directory(b.name, verbose=False)) for _, b in todo]  # creates them
+    with open(build_dirs[0].parent / "raytrain-build.flock", "w") as flock:
+        fcntl.flock(flock, fcntl.LOCK_EX)  # released by the kernel if this process dies
+        for (name, builder), build_dir in zip(todo, build_dirs):
+            lock = build_dir / "lock"
+            if lock.exists():
+                log(f"raytrain: removing {lock}: left by a process killed while it compiled DeepSpeed's "
+                    f"{builder.name} op (torch would wait on it forever)")
+                lock.unlink(missing_ok=True)
+            if not any(build_dir.glob("*.so")):
+                log(f"raytrain: compiling DeepSpeed's {builder.name} op ({name}) into {build_dir}: "
+                    "30 s to a few minutes, once per node and version")
+            start = time.perf_counter()
+            builder.load(verbose=False)
+            took = time.perf_counter() - start
+            if took > 5:
+                log(f"raytrain: {builder.name} op ready in {took:.0f} s")
