@@ -283,7 +283,6 @@ def run_deepspeed(args: argparse.Namespace, cfg, resolved: dict[str, Any]) -> di
     import torch
 
     from raytrain.deepspeed_config import batch_sizes
-    from raytrain.metrics import StepMeter, flops_per_token
     from raytrain.worker import build_engine
 
     ds_config = resolved["run"]["deepspeed"]
@@ -295,12 +294,8 @@ def run_deepspeed(args: argparse.Namespace, cfg, resolved: dict[str, Any]) -> di
     engine, scheduler, hf_config = build_engine(cfg, ds_config, device)
     train_batch, micro_batch, grad_accum = batch_sizes(ds_config)
     num_params = sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters())
-    fpt = flops_per_token(num_params, hf_config.num_hidden_layers, hf_config.hidden_size, cfg.data.seq_len)
-    peak = args.peak_tflops * 1e12 if device.type == "cuda" else None
-    max_steps = args.warmup_steps + args.steps
-    meter = StepMeter(max_steps=max_steps, tokens_per_step=micro_batch * grad_accum * cfg.data.seq_len,
-                      flops_per_token=fpt, peak_flops_total=peak)
-    batches = synthetic_batches(hf_config.vocab_size, micro_batch, cfg.data.seq_len, device)
+    fpt, peak, max_steps, meter, batches = _measure_setup(args, cfg, hf_config, num_params, micro_batch, grad_accum,
+                                                          device)
 
     def forward(ids):
         return engine(input_ids=ids, labels=ids).loss
@@ -321,13 +316,25 @@ def run_deepspeed(args: argparse.Namespace, cfg, resolved: dict[str, Any]) -> di
     return out
 
 
+def _measure_setup(args: argparse.Namespace, cfg, hf_config, num_params: int, micro_batch: int, grad_accum: int,
+                   device):
+    """What the deepspeed and torch paths measure with: FLOPs per token, peak, step count, meter, data."""
+    from raytrain.metrics import StepMeter, flops_per_token
+
+    fpt = flops_per_token(num_params, hf_config.num_hidden_layers, hf_config.hidden_size, cfg.data.seq_len)
+    peak = args.peak_tflops * 1e12 if device.type == "cuda" else None
+    max_steps = args.warmup_steps + args.steps
+    meter = StepMeter(max_steps=max_steps, tokens_per_step=micro_batch * grad_accum * cfg.data.seq_len,
+                      flops_per_token=fpt, peak_flops_total=peak)
+    return fpt, peak, max_steps, meter, synthetic_batches(hf_config.vocab_size, micro_batch, cfg.data.seq_len, device)
+
+
 def run_torch(args: argparse.Namespace, cfg, resolved: dict[str, Any]) -> dict[str, Any]:
     """Plain PyTorch: fp32 weights on one device, autocast to the DeepSpeed dict's precision, fused AdamW."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from raytrain.deepspeed_config import batch_sizes, offload_device, precision
-    from raytrain.metrics import StepMeter, flops_per_token
     from raytrain.model import load_model_config
     from raytrain.worker import warmup_cosine
 
@@ -357,12 +364,8 @@ def run_torch(args: argparse.Namespace, cfg, resolved: dict[str, Any]) -> dict[s
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[precision(ds_config)]
     clip = float(ds_config.get("gradient_clipping") or 0.0)
     num_params = sum(p.numel() for p in model.parameters())
-    fpt = flops_per_token(num_params, hf_config.num_hidden_layers, hf_config.hidden_size, cfg.data.seq_len)
-    peak = args.peak_tflops * 1e12 if device.type == "cuda" else None
-    max_steps = args.warmup_steps + args.steps
-    meter = StepMeter(max_steps=max_steps, tokens_per_step=micro_batch * grad_accum * cfg.data.seq_len,
-                      flops_per_token=fpt, peak_flops_total=peak)
-    batches = synthetic_batches(hf_config.vocab_size, micro_batch, cfg.data.seq_len, device)
+    fpt, peak, max_steps, meter, batches = _measure_setup(args, cfg, hf_config, num_params, micro_batch, grad_accum,
+                                                          device)
     count = {"micro": 0}
 
     def forward(ids):
