@@ -3,15 +3,15 @@
 Why this module exists: torch's cpp_extension guards each op build with a plain lock file
 (torch.utils.file_baton) that only the process holding it removes. A process killed while
 compiling (a worker fault, a preemption, a test timeout) leaves that file behind, and every later
-build of the op in the same TORCH_EXTENSIONS_DIR waits on it forever, silently: a restarted
+load of the op from the same TORCH_EXTENSIONS_DIR waits on it forever, silently: a restarted
 worker that needs CPU Adam would hang instead of resuming. raytrain therefore builds the ops a
 run needs itself, one process at a time per extensions directory under an flock (which the kernel
 releases when its holder dies, however it dies); whoever holds the flock knows any torch lock
-file it finds is stale and removes it. The cost: a build outside raytrain on the same node at the
-same moment could be disturbed (it would rebuild), and ops build one after another, not in
-parallel, which they do anyway (each build already uses every core through ninja).
+file it finds is stale, and rebuilds that op from scratch. The cost: a build outside raytrain on
+the same node at the same moment could be disturbed (it would rebuild), and ops build one after
+another, which they do anyway (each build already uses every core through ninja).
 
-Entry point: `ensure_built(required_ops(ds_config, device_type), log)`; call it after
+Entry point: `ensure_built(required_ops(ds_config), log)`; call it after
 `raytrain.worker._import_deepspeed`, before `deepspeed.initialize`.
 """
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -80,11 +81,13 @@ def ensure_built(ops: Iterable[str], log: Callable[[str], None]) -> None:
     with open(build_dirs[0].parent / "raytrain-build.flock", "w") as flock:
         fcntl.flock(flock, fcntl.LOCK_EX)  # released by the kernel if this process dies
         for (name, builder), build_dir in zip(todo, build_dirs):
-            lock = build_dir / "lock"
-            if lock.exists():
-                log(f"raytrain: removing {lock}: left by a process killed while it compiled DeepSpeed's "
-                    f"{builder.name} op (torch would wait on it forever)")
-                lock.unlink(missing_ok=True)
+            if (build_dir / "lock").exists():
+                # Its owner died mid-build: the lock is stale and what it built may be half written
+                # (a truncated .so would load and crash). Start over; costs one build.
+                log(f"raytrain: removing {build_dir}: a process was killed while it compiled DeepSpeed's "
+                    f"{builder.name} op there, leaving a lock torch would wait on forever; rebuilding")
+                shutil.rmtree(build_dir, ignore_errors=True)
+                build_dir.mkdir(parents=True, exist_ok=True)
             if not any(build_dir.glob("*.so")):
                 log(f"raytrain: compiling DeepSpeed's {builder.name} op ({name}) into {build_dir}: "
                     "30 s to a few minutes, once per node and version")
