@@ -21,18 +21,24 @@ AGENT_PORT = 52365 + RAY_PORT - 6390
 RAY_BIN = os.path.join(os.path.dirname(sys.executable), "ray")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def ray_auth_token():
+    """~/.ray/auth_token, made as a user makes it: `ray start --head` (here and in tests that start
+    their own heads) refuses to start without a token, and a fresh machine has none yet. Idempotent:
+    an existing token is kept."""
+    subprocess.run([RAY_BIN, "get-auth-token", "--generate"], env={**os.environ, "RAY_AUTH_MODE": "token"},
+                   check=True, capture_output=True)
+
+
 @pytest.fixture(scope="session")
-def ray_cluster():
+def ray_cluster(ray_auth_token):
     """Address info of a local head node with 4 logical CPUs: 2 training workers + Ray Data.
 
-    Token authentication stays on (Ray 2.60's default), set up as a user would: `ray start --head`
-    refuses to start without a token, so `ray get-auth-token --generate` writes ~/.ray/auth_token
-    where none exists yet (a fresh machine), and clients on this machine read it.
+    Token authentication stays on (Ray 2.60's default); see `ray_auth_token`.
     """
     import ray
 
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
-    subprocess.run([RAY_BIN, "get-auth-token", "--generate"], env=env, check=True, capture_output=True)
     # --block keeps the head in the foreground: stopping this one process stops this cluster only
     # (`ray stop` would kill every Ray process on the machine).
     head = subprocess.Popen([RAY_BIN, "start", "--head", "--block", f"--port={RAY_PORT}", "--num-cpus=4",
