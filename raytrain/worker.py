@@ -198,9 +198,10 @@ def _import_deepspeed(device):
     """
     if device.type == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    # DeepSpeed's ZeRO-3 calls torch's all_gather_into_tensor, which torch 2.13 deprecates: one
-    # warning per call would bury the progress lines.
-    warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*", category=FutureWarning)
+    # DeepSpeed's ZeRO-3 calls torch's all_gather_into_tensor and reduce_scatter_tensor, which
+    # torch 2.13 deprecates: one warning per call would bury the progress lines.
+    warnings.filterwarnings("ignore", message=".*(all_gather_into_tensor|reduce_scatter_tensor).*",
+                            category=FutureWarning)
     import deepspeed
     import deepspeed.ops
 
