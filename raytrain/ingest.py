@@ -141,7 +141,7 @@ class MicroBatches:
         self.epoch, self.rows = position
         # Only the device copy happens here (pinned on GPU: it does not block the host). Any other
         # torch call would release the GIL, and getting it back from the prefetch thread costs up
-        # to Python's 5 ms switch interval (measured: a cast to long here made the mean wait 2.6 ms).
+        # to Python's 5 ms switch interval (a cast to long here: 0.2-7 ms per call; docs/benchmarks.md).
         return {k: t.to(self.device, non_blocking=True) for k, t in host.items()}
 
     def _prefetch(self) -> None:

@@ -116,7 +116,6 @@ def build_engine(cfg: RunConfig, ds_config: dict[str, Any], device):
     from raytrain.kernels import apply_liger
     from raytrain.metrics import emit
     from raytrain.model import build_model, load_model_config
-
     from raytrain.ops import ensure_built, required_ops
 
     deepspeed = _import_deepspeed(device)

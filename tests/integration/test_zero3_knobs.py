@@ -81,7 +81,7 @@ def runs(tmp_path_factory):
     # ranks never wait on each other's build lock inside a variant. Its output goes to the report.
     build_log = out / "build.log"
     # A lock file like the one a process killed mid-build leaves: torch alone would wait on it
-    # forever (what hung CI twice); raytrain.ops must remove it (test_stale_build_lock_is_removed).
+    # forever (what hung CI in session 2); raytrain.ops must remove it (test_stale_build_lock_is_removed).
     stale = Path(env["TORCH_EXTENSIONS_DIR"]) / "pin_memory" / "lock"  # the quickest op to rebuild (~40 s)
     stale.parent.mkdir(parents=True, exist_ok=True)
     stale.touch()
