@@ -209,21 +209,26 @@ def timed_loop(*, forward, backward, step, batches, grad_accum: int, meter, wind
     return {"history": history, "breakdown": breakdown}
 
 
-def comm_time_s(run_one_step, device) -> float | None:
-    """GPU time of communication kernels (NCCL) in one profiled optimizer step; None on CPU."""
+def profile_step(run_one_step, device) -> dict[str, Any]:
+    """One profiled optimizer step: GPU time of communication (NCCL) kernels, and which attention
+    kernels ran (SDPA picks flash, memory-efficient or cuDNN at run time); empty on CPU."""
     if device.type != "cuda":
-        return None
+        return {}
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         run_one_step()
         torch.cuda.synchronize()
-    total_us = 0.0
+    comm_us, attention = 0.0, {}
     for evt in prof.key_averages():
-        if "nccl" in evt.key.lower():
-            total_us += getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
-    return total_us / 1e6
+        us = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
+        key = evt.key.lower()
+        if "nccl" in key:
+            comm_us += us
+        elif any(k in key for k in ("flash", "fmha", "attention", "cudnn")):
+            attention[evt.key[:120]] = round(us / 1e3, 2)  # ms in this step
+    return {"comm_s": comm_us / 1e6, "attention_kernels_ms": attention}
 
 
 def summarize(history: list[dict[str, Any]], tokens_per_step: int, flops_per_token: float,
@@ -311,8 +316,8 @@ def run_deepspeed(args: argparse.Namespace, cfg, resolved: dict[str, Any]) -> di
                 ids = next(batches)
                 engine.backward(forward(ids))
                 engine.step()
-        out["comm_s"] = comm_time_s(one_step, device)
-    out.update(num_params=num_params, flops_per_token=fpt, **_memory(device))
+        out.update(profile_step(one_step, device))
+    out.update(num_params=num_params, flops_per_token=fpt, compiled=engine.is_compiled, **_memory(device))
     return out
 
 
@@ -353,6 +358,8 @@ def run_torch(args: argparse.Namespace, cfg, resolved: dict[str, Any]) -> dict[s
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
     model.train()
+    if cfg.model.compile:
+        model.compile()  # the same lever as the worker's engine.compile(), without DeepSpeed's hooks
     t = cfg.training
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]

@@ -48,6 +48,11 @@ class ModelConfig:
     liger_kernel: str = "none"
     """Llama only, GPU: "loss" (fused linear+cross-entropy: no logits in memory), "all" (+ RMSNorm,
     RoPE, SwiGLU kernels). +15% tokens/s and -30 GiB at 1.1B on an H200; needs liger-kernel."""
+    compile: bool = False
+    """torch.compile the model through DeepSpeed's engine.compile() (inductor; DeepCompile when the
+    DeepSpeed config says compile.deepcompile=true). Costs a compile at start-up on every worker.
+    Off by default: under ZeRO-3 it was no faster on an H200 (1.1B, -2%: dynamo recompiles at
+    DeepSpeed's per-module hooks) and it fails with Liger's kernels (docs/benchmarks.md)."""
 
 
 @dataclass

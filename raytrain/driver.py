@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raytrain.config import ClusterConfig, ConfigError, RunConfig, ScalingConfig
-from raytrain.resolve import ClusterShape, resolve_run, shape_from_cluster
+from raytrain.resolve import ClusterShape, advice, resolve_run, shape_from_cluster
 
 
 @dataclass
@@ -41,6 +41,8 @@ def fit(cfg: RunConfig, fresh: bool = False) -> FitResult:
     connect(cfg.cluster, cfg.scaling)
     shape = live_shape(cfg)
     resolved = resolve_run(cfg, shape)
+    for note in advice(cfg, resolved):
+        print(f"raytrain: note: {note}", flush=True)
     _check_memory(cfg, shape, resolved)
     if cfg.network.preflight:
         _preflight(cfg, shape)

@@ -35,9 +35,12 @@ def main(argv: list[str] | None = None) -> int:
             overrides.append(f"checkpoint.resume_from={args.resume_from}")
         cfg = load_config(args.config, overrides)
         if args.dry_run:
-            from raytrain.resolve import resolve_run, shape_from_config
+            from raytrain.resolve import advice, resolve_run, shape_from_config
 
-            print(json.dumps(resolve_run(cfg, shape_from_config(cfg, _local_gpus())), indent=2))
+            resolved = resolve_run(cfg, shape_from_config(cfg, _local_gpus()))
+            for note in advice(cfg, resolved):
+                print(f"raytrain: note: {note}", file=sys.stderr)  # stdout stays the JSON plan
+            print(json.dumps(resolved, indent=2))
             return 0
         from raytrain.driver import fit
 

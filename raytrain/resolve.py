@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raytrain.config import ConfigError, RunConfig
-from raytrain.deepspeed_config import resolve_deepspeed
+from raytrain.deepspeed_config import offload_device, resolve_deepspeed
 
 
 @dataclass
@@ -68,6 +68,12 @@ def resolve_run(cfg: RunConfig, shape: ClusterShape) -> dict[str, Any]:
                           f"lower data.seq_len or set model.config.max_position_embeddings")
     if cfg.model.liger_kernel not in ("none", "loss", "all"):
         raise ConfigError(f"model.liger_kernel must be none, loss or all, got {cfg.model.liger_kernel!r}")
+    if cfg.model.compile and cfg.model.liger_kernel != "none":
+        # Measured on an H200 (torch 2.11, liger-kernel 0.8.5, docs/benchmarks.md): with "all" dynamo fails
+        # to trace Liger's SwiGLU kernel; with "loss" the first compiled step hit an illegal memory access.
+        raise ConfigError(f"model.compile=true does not work with model.liger_kernel={cfg.model.liger_kernel} "
+                          f"(torch.compile fails on Liger's kernels): set one of them off; Liger is the faster "
+                          f"lever under ZeRO-3 (docs/benchmarks.md)")
     if cfg.model.liger_kernel != "none":
         if getattr(hf_config, "model_type", None) != "llama":
             raise ConfigError(f"model.liger_kernel={cfg.model.liger_kernel} patches Llama models only, and this "
@@ -95,6 +101,10 @@ def resolve_run(cfg: RunConfig, shape: ClusterShape) -> dict[str, Any]:
     ds = resolve_deepspeed(cfg.deepspeed, cfg.training, world_size=shape.num_workers, use_gpu=shape.use_gpu,
                            hidden_size=hidden, gpus_per_node=shape.gpus_per_node)
     check_shards(cfg.data.num_shards, shape.num_workers, ds["train_micro_batch_size_per_gpu"])
+    if (ds.get("compile") or {}).get("deepcompile") and not cfg.model.compile:
+        # DeepSpeed reads the flag only inside engine.compile(); without it the run would be eager.
+        raise ConfigError("deepspeed.compile.deepcompile=true takes effect only when the model is compiled: "
+                          "set model.compile=true (or drop deepcompile)")
     run = cfg.to_dict()
     run["deepspeed"] = ds
     run["scaling"].update(num_workers=shape.num_workers, use_gpu=shape.use_gpu)
@@ -107,6 +117,19 @@ def resolve_run(cfg: RunConfig, shape: ClusterShape) -> dict[str, Any]:
                   "vocab_size": hf_config.vocab_size, "tokenizer_size": len(tokenizer)},
         "tokens_per_step": ds["train_batch_size"] * cfg.data.seq_len,
     }
+
+
+def advice(cfg: RunConfig, resolved: dict[str, Any]) -> list[str]:
+    """Settings that run but cost throughput, each a line naming the key and what to do (not errors)."""
+    notes = []
+    ds = resolved["run"]["deepspeed"]
+    cpus = cfg.scaling.cpus_per_worker
+    if offload_device(ds, "offload_optimizer") != "none" and cpus < 4:
+        # Ray sets each worker's OMP_NUM_THREADS to its CPUs, and CPU Adam runs on OpenMP threads.
+        notes.append(f"deepspeed.zero_optimization.offload_optimizer runs DeepSpeed's CPU Adam on the worker's "
+                     f"scaling.cpus_per_worker={cpus:g} CPU threads: at 1.1B on one H200 that halved tokens/s "
+                     f"(1 CPU: 26k, 14 CPUs: 51k; docs/benchmarks.md); raise scaling.cpus_per_worker")
+    return notes
 
 
 def check_shards(num_shards: int | None, num_workers: int, micro_batch: int) -> None:

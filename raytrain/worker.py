@@ -130,6 +130,10 @@ def build_engine(cfg: RunConfig, ds_config: dict[str, Any], device):
     optimizer, scheduler = build_optimizer(model, cfg.training, ds_config, device)
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                                    config=ds_config, dist_init_required=False)
+    if cfg.model.compile:
+        # Through the engine, not torch.compile(model): DeepSpeed keeps its ZeRO-3 hooks out of the
+        # graphs (or, with compile.deepcompile, replaces them with its own compiled schedule).
+        engine.compile()
     return engine, scheduler, hf_config
 
 

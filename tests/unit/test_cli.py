@@ -25,6 +25,12 @@ def test_dry_run_plans_a_gpu_cluster_without_gpus(tmp_path):
     assert plan["cluster"] == {"num_workers": 8, "use_gpu": True, "gpus_per_node": None, "cpus_total": None}
     p64 = run_main("--dry-run", "scaling.use_gpu=true", "scaling.num_workers=64")
     assert p64.returncode == 0 and json.loads(p64.stdout)["run"]["deepspeed"]["bf16"]["enabled"] is True
+    # the seed's offload with the default 1 CPU per worker runs, with a note naming the key to raise
+    assert "raytrain: note: deepspeed.zero_optimization.offload_optimizer" in p.stderr
+    assert "raise scaling.cpus_per_worker" in p.stderr and "note" not in p64.stderr
+    p8 = run_main("--dry-run", "scaling.use_gpu=true", "scaling.num_workers=8", "scaling.cpus_per_worker=8",
+                  f"deepspeed={ds}")
+    assert p8.returncode == 0 and "note" not in p8.stderr, p8.stderr
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -43,6 +49,9 @@ def test_dry_run_plans_a_gpu_cluster_without_gpus(tmp_path):
     (["scaling.num_workers=2", "data.num_shards=6", "training.micro_batch_size_per_gpu=4"],
      "set training.micro_batch_size_per_gpu to a multiple of 3"),
     (["data.num_shards=0"], "data.num_shards must be at least 1"),
+    (["model.compile=true", "model.liger_kernel=loss"], "model.compile=true does not work with model.liger_kernel=loss"),
+    (['deepspeed={"zero_optimization": {"stage": 3}, "compile": {"deepcompile": true}}'],
+     "deepcompile=true takes effect only when the model is compiled: set model.compile=true"),
 ])
 def test_user_errors_are_one_line_without_traceback(args, needle):
     p = run_main("--dry-run", *args)
