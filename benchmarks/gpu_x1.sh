@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device calls on a 1 x H200 machine (the `run` tool, kind nvidia-h200, carry .gpu), one per part:
-#   source .gpu/setup.sh; bash benchmarks/gpu_x1.sh reader     # then offload, then compile
+#   source .gpu/setup.sh; bash benchmarks/gpu_x1.sh reader     # then offload, compile, compile-noliger, offload-max
 # reader:  raytrain's full path vs plain DeepSpeed (1.1B, mb 24, Liger, tuned ZeRO-3), sampling which
 #          processes hold a CUDA context; then micro-batch 32.
 # compile: torch.compile and DeepCompile on the plain DeepSpeed path, against the same without.
@@ -59,6 +59,14 @@ offload)
   variant gas4 150 --paths raytrain "${GAS4[@]}" "${Z[@]}" --set scaling.cpus_per_worker=14
   variant gas4-offload-cpus14 200 --paths raytrain "${GAS4[@]}" "${Z[@]}" --offload --set scaling.cpus_per_worker=14
   variant gas4-offload-cpus1 200 --paths raytrain "${GAS4[@]}" "${Z[@]}" --offload --set scaling.cpus_per_worker=1
+  ;;
+offload-max)  # the largest model with optimizer offload: host RAM (16 bytes/parameter pinned) is the limit
+  (while sleep 5; do free -m | awk 'NR==2{print $3}'; done) > "$W/host_used_mib.txt" &
+  mem=$!
+  variant 7b-offload 290 --paths deepspeed --micro-batch 1 --hidden-size 4096 --num-layers 32 --num-heads 32 \
+    --num-kv-heads 32 --intermediate-size 11008 "${Z[@]}" --set model.gradient_checkpointing=true --offload \
+    --steps 2 --warmup-steps 2 --window 2 --no-profile
+  kill $mem; echo "host used MiB, max: $(sort -n "$W/host_used_mib.txt" | tail -1) of $(free -m | awk 'NR==2{print $2}')" >> "$W/status.txt"
   ;;
 *) echo "unknown part $part"; exit 2 ;;
 esac
