@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -56,6 +57,32 @@ def required_ops(ds_config: dict[str, Any]) -> list[str]:
     if os.environ.get("DS_PIN_MEMORY_BACKEND") == "native":
         ops.append("PinMemoryBuilder")  # DeepSpeed pins through its own op only when asked to
     return [op for op in dict.fromkeys(ops) if op]
+
+
+def arch_list_deepspeed_can_parse(value: str) -> str | None:
+    """TORCH_CUDA_ARCH_LIST without arch-specific suffixes ("9.0a" -> "9.0"), or None if it has none.
+
+    DeepSpeed 0.19.8 sorts the entries with int(minor.split('+')[0]) before every CUDA op build and
+    raises `ValueError: invalid literal for int() with base 10: '0a'` on Hopper's "9.0a" (seen in the
+    H200 image raytrain is benchmarked on). "+PTX" stays.
+    """
+    entries = [e.strip() for e in value.replace(" ", ";").split(";") if e.strip()]
+    fixed = list(dict.fromkeys(re.sub(r"^(\d+\.\d+)[a-z]+", r"\1", e) for e in entries))
+    return None if fixed == entries else ";".join(fixed)
+
+
+def fix_cuda_arch_list(log: Callable[[str], None]) -> None:
+    """Make TORCH_CUDA_ARCH_LIST parsable for DeepSpeed in this process, saying so, before any CUDA op build.
+
+    Process-wide because DeepSpeed re-reads it at every op load (and rewrites it itself after parsing);
+    it only steers CUDA extension builds.
+    """
+    value = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    fixed = arch_list_deepspeed_can_parse(value) if value else None
+    if fixed is not None:
+        log(f"raytrain: TORCH_CUDA_ARCH_LIST={value!r} -> {fixed!r} in this worker: DeepSpeed's op builder "
+            f"cannot parse arch suffixes such as 9.0a (ValueError when it compiles a CUDA op)")
+        os.environ["TORCH_CUDA_ARCH_LIST"] = fixed
 
 
 def ensure_built(ops: Iterable[str], log: Callable[[str], None]) -> None:

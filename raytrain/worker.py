@@ -116,9 +116,11 @@ def build_engine(cfg: RunConfig, ds_config: dict[str, Any], device):
     from raytrain.kernels import apply_liger
     from raytrain.metrics import emit
     from raytrain.model import build_model, load_model_config
-    from raytrain.ops import ensure_built, required_ops
+    from raytrain.ops import ensure_built, fix_cuda_arch_list, required_ops
 
     deepspeed = _import_deepspeed(device)
+    if device.type == "cuda":
+        fix_cuda_arch_list(log=emit)
     ensure_built(required_ops(ds_config), log=emit)
     # torch.distributed is already initialised by Ray Train: DeepSpeed's comm wraps that process
     # group (it must exist before zero.Init, which reads the world size from it).

@@ -2,7 +2,7 @@
 
 import pytest
 
-from raytrain.ops import required_ops
+from raytrain.ops import arch_list_deepspeed_can_parse, fix_cuda_arch_list, required_ops
 
 
 def zero(**kw):
@@ -28,3 +28,36 @@ def test_required_ops(ds_config, ops):
 def test_native_pinning_needs_its_op(monkeypatch):
     monkeypatch.setenv("DS_PIN_MEMORY_BACKEND", "native")
     assert required_ops(zero()) == ["PinMemoryBuilder"]
+
+
+def deepspeed_sort(arch_list):
+    """How DeepSpeed 0.19.8's CUDAOpBuilder.compute_capability_args orders the entries (jit mode)."""
+    ccs = [cc.strip() for cc in arch_list.replace(" ", ";").split(";") if cc.strip()]
+    return sorted(ccs, key=lambda cc: tuple(int(part.split("+")[0]) for part in cc.split(".")))
+
+
+@pytest.mark.parametrize("value, fixed", [
+    ("9.0a", "9.0"),
+    ("8.0 9.0a 10.0f+PTX", "8.0;9.0;10.0+PTX"),
+    ("9.0;9.0a", "9.0"),
+    ("8.0;9.0+PTX", None),
+    ("9.0", None),
+])
+def test_arch_list_suffixes_are_dropped(value, fixed):
+    assert arch_list_deepspeed_can_parse(value) == fixed
+    if fixed is not None:
+        with pytest.raises(ValueError):
+            deepspeed_sort(value)  # what DeepSpeed raises on the raw value
+    deepspeed_sort(fixed or value)  # and does not on the fixed one
+
+
+def test_fix_cuda_arch_list_says_what_it_changed(monkeypatch):
+    lines = []
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
+    fix_cuda_arch_list(lines.append)
+    import os
+
+    assert os.environ["TORCH_CUDA_ARCH_LIST"] == "9.0"
+    assert len(lines) == 1 and "'9.0a' -> '9.0'" in lines[0]
+    fix_cuda_arch_list(lines.append)  # nothing left to change: silent
+    assert len(lines) == 1
