@@ -64,7 +64,8 @@ def arch_list_deepspeed_can_parse(value: str) -> str | None:
 
     DeepSpeed 0.19.8 sorts the entries with int(minor.split('+')[0]) before every CUDA op build and
     raises `ValueError: invalid literal for int() with base 10: '0a'` on Hopper's "9.0a" (seen in the
-    H200 image raytrain is benchmarked on). "+PTX" stays.
+    H200 image raytrain is benchmarked on). "+PTX" stays. Upstream fix pending: deepspeedai/DeepSpeed
+    PR #8619 (open); drop this once the pinned DeepSpeed parses suffixes.
     """
     entries = [e.strip() for e in value.replace(" ", ";").split(";") if e.strip()]
     fixed = list(dict.fromkeys(re.sub(r"^(\d+\.\d+)[a-z]+", r"\1", e) for e in entries))
