@@ -36,6 +36,7 @@ def train_loop_per_worker(payload: dict[str, Any]) -> None:
     from raytrain.metrics import StepMeter, emit, flops_per_token, format_line
     from raytrain.tracking import Tracker
 
+    _quiet_ray_report_log()
     resume = checkpoint.resume_point(payload, ctx.get_world_size())
     if resume is not None and resume.universal:
         # written by another number of workers: DeepSpeed re-partitions its universal form (raytrain.reshard)
@@ -193,6 +194,19 @@ def warmup_cosine(training: TrainingConfig):
         progress = min(1.0, (step - training.warmup_steps) / max(1, training.max_steps - training.warmup_steps))
         return training.min_lr_ratio + (1 - training.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
     return factor
+
+
+def _quiet_ray_report_log() -> None:
+    """Ray Train V2 logs each ray.train.report at INFO from every rank, the whole metrics dict and
+    checkpoint in one long line: it buries raytrain's progress line. That module's only INFO message;
+    its warnings still show. (Keyed by Ray's file path: if Ray moves it, the line just comes back.)"""
+    import logging
+
+    try:
+        from ray.train.v2._internal.execution import context
+    except ImportError:
+        return
+    logging.getLogger(context.__file__).setLevel(logging.WARNING)
 
 
 def _import_deepspeed(device):
