@@ -3,13 +3,15 @@
 #   source .gpu/setup.sh; bash benchmarks/gpu_x1.sh reader     # then offload, compile, compile-noliger, offload-max
 # reader:  raytrain's full path vs plain DeepSpeed (1.1B, mb 24, Liger, tuned ZeRO-3), sampling which
 #          processes hold a CUDA context; then micro-batch 32.
-# compile: torch.compile and DeepCompile on the plain DeepSpeed path, against the same without.
+# compile: torch.compile and DeepCompile on the plain DeepSpeed path, against the same without;
+#          compile-noliger: the same without Liger's kernels (and torch.compile on plain PyTorch).
 # offload: raytrain's path with gradient accumulation 4, without and with optimizer offload, the
 #          latter with scaling.cpus_per_worker 14 and 1 (CPU Adam runs on the worker's OpenMP threads).
+# offload-max: a 6.74B model with optimizer offload, sampling the host's used memory.
 # Each variant gets what is left of the part's time budget (BUDGET_S), so one hang cannot eat the
 # call; everything lands in $OUT/<part>.tgz (the tool brings back few files) and results.md is printed.
 set -u
-part=${1:?reader or offload}
+part=${1:?reader, offload, compile, compile-noliger or offload-max}
 OUT=${OUT:-/tmp/out}; W=/tmp/bench_$part; mkdir -p "$OUT" "$W"
 END=$(( $(date +%s) + ${BUDGET_S:-560} ))
 export TORCH_EXTENSIONS_DIR=/tmp/torch_ext
