@@ -28,7 +28,7 @@ variant() {  # variant NAME MAX_S bench-args...: one bench invocation, bounded b
   (( left < max )) && max=$left
   if (( max < 30 )); then echo "$name: skipped, budget spent" >> "$W/status.txt"; return; fi
   local t0=$(date +%s)
-  timeout "$max" python -m raytrain.bench --out "$W" --label "$name" --timeout-s $(( max - 5 )) "$@" \
+  timeout "$max" python -m raytrain.tools.bench --out "$W" --label "$name" --timeout-s $(( max - 5 )) "$@" \
     > "$W/$name.log" 2>&1
   echo "$name: rc=$? ${max}s budget, took $(( $(date +%s) - t0 ))s" >> "$W/status.txt"
 }

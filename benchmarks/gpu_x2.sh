@@ -12,11 +12,11 @@ Z=(--set deepspeed.zero_optimization.reduce_bucket_size=500000000
    --set deepspeed.zero_optimization.stage3_prefetch_bucket_size=200000000
    --set deepspeed.zero_optimization.stage3_param_persistence_threshold=10000000)
 
-timeout 100 python -m raytrain.preflight --use-gpu --num-workers 2 --sizes 1M,16M,256M,1G \
+timeout 100 python -m raytrain.tools.preflight --use-gpu --num-workers 2 --sizes 1M,16M,256M,1G \
   > "$OUT/preflight_2gpu.log" 2>&1; echo "preflight rc=$?" >> "$OUT/status.txt"
 
 for n in 2 1; do
-  timeout 170 python -m raytrain.bench --paths raytrain --num-gpus $n --micro-batch 24 --liger all "${Z[@]}" \
+  timeout 170 python -m raytrain.tools.bench --paths raytrain --num-gpus $n --micro-batch 24 --liger all "${Z[@]}" \
     --steps 8 --warmup-steps 4 --window 4 --label "weak-$n" --out "$OUT/bench_$n" > "$OUT/bench_$n.log" 2>&1
   echo "bench $n rc=$?" >> "$OUT/status.txt"
 done

@@ -1,4 +1,4 @@
-"""Check raytrain.plan's estimates against measured peaks: DeepSpeed ZeRO-3 training on CPU (gloo).
+"""Check raytrain.planning.memory's estimates against measured peaks: DeepSpeed ZeRO-3 training on CPU (gloo).
 
     python benchmarks/plan_accuracy.py                       # the matrix in docs/plan-accuracy.md
     python benchmarks/plan_accuracy.py --only fp32-sdpa      # one case
@@ -78,41 +78,39 @@ def reset_peak_rss() -> None:
         f.write("5")
 
 
-def resolved_run(cfg, hf_config, world: int, use_gpu: bool) -> dict:
-    """The parts of raytrain.resolve.resolve_run's result that the planner reads, without importing
-    Ray (the GPU machine this also runs on has none)."""
-    from raytrain.deepspeed_config import resolve_deepspeed
+def resolved_run(cfg, world: int, use_gpu: bool):
+    """The run as raytrain.planning.resolve resolves it for `world` ranks on one node (no Ray needed)."""
+    from raytrain.planning.resolve import resolve_run
+    from raytrain.run_spec import ClusterShape
 
-    run = cfg.to_dict()
-    run["deepspeed"] = resolve_deepspeed(cfg.deepspeed, cfg.training, world_size=world, use_gpu=use_gpu,
-                                         hidden_size=hf_config.hidden_size)
-    return {"run": run, "cluster": {"num_workers": world, "use_gpu": use_gpu, "gpus_per_node": world}}
+    return resolve_run(cfg, ClusterShape(num_workers=world, use_gpu=use_gpu, gpus_per_node=world))
 
 
 def child(case: str, device_type: str, steps: int) -> dict:
     import torch
 
-    from raytrain.worker import _import_deepspeed, build_optimizer
+    from raytrain.worker.engine import build_optimizer, import_deepspeed
 
     device = torch.device(device_type)
     if device.type == "cuda":
         torch.cuda.set_device(0)
-    deepspeed = _import_deepspeed(device)
+    deepspeed = import_deepspeed(device)
     torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
     deepspeed.init_distributed(dist_backend=torch.distributed.get_backend(), auto_mpi_discovery=False)
     import transformers  # noqa: F401  (imports count toward the baseline, not the estimate)
 
     from raytrain.config import load_config
-    from raytrain.model import build_model, count_parameters, load_model_config
-    from raytrain.plan import CPU_HEAP_RETENTION, estimate_memory
+    from raytrain.hardware import Target
+    from raytrain.model import build_model, config_from_facts, param_stats
+    from raytrain.planning.memory import CPU_HEAP_RETENTION, estimate_memory
 
     cfg = load_config(None, overrides_for(case, device_type))
     world = torch.distributed.get_world_size()
-    hf_config = load_model_config(cfg.model)
-    resolved = resolved_run(cfg, hf_config, world, device.type == "cuda")
-    plan = estimate_memory(resolved, hf_config, gpus_per_node=1)
-    count_parameters(hf_config)  # build_model does this too: its imports are not model memory
-    ds = resolved["run"]["deepspeed"]
+    resolved = resolved_run(cfg, world, device.type == "cuda")
+    hf_config = config_from_facts(resolved.model, cfg.model)
+    plan = estimate_memory(resolved, Target(gpus_per_node=1))
+    param_stats(hf_config)  # build_model does this too: its imports are not model memory
+    ds = resolved.ds_config
 
     torch.manual_seed(0)
     baseline = rss_bytes("VmRSS")
@@ -121,7 +119,7 @@ def child(case: str, device_type: str, steps: int) -> dict:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     model = build_model(cfg.model, hf_config, ds)
-    optimizer, scheduler = build_optimizer(model, cfg.training, ds, device)
+    optimizer, scheduler = build_optimizer(model, cfg.training, resolved.deepspeed, device)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=ds, dist_init_required=False)
     phases = {"init": rss_bytes("VmHWM") - baseline}
@@ -185,8 +183,8 @@ def run_case(case: str, device: str, steps: int, port: int, glibc_default: bool 
     return results
 
 
-# Peaks measured on one and two H200s by raytrain.bench (torch.cuda.max_memory_allocated), as
-# published in docs/benchmarks.md: (label, raytrain.bench arguments, measured GiB).
+# Peaks measured on one and two H200s by raytrain.tools.bench (torch.cuda.max_memory_allocated), as
+# published in docs/benchmarks.md: (label, raytrain.tools.bench arguments, measured GiB).
 _Z = ("--set deepspeed.zero_optimization.reduce_bucket_size=500000000 "
       "--set deepspeed.zero_optimization.stage3_prefetch_bucket_size=200000000 "
       "--set deepspeed.zero_optimization.stage3_param_persistence_threshold=10000000")
@@ -206,15 +204,15 @@ def published_h200() -> None:
     """Compare the plan with the H200 peaks in docs/benchmarks.md (no GPU needed: same resolution)."""
     import shlex
 
-    from raytrain.bench import parse_args, resolve
-    from raytrain.model import load_model_config
-    from raytrain.plan import GIB, estimate_memory
+    from raytrain.planning.memory import GIB, estimate_memory
+    from raytrain.tools.bench import overrides_for, parse_args
+    from raytrain.tools.bench_paths import resolve
 
     print("| run (docs/benchmarks.md) | estimate GiB | measured GiB (max_memory_allocated) | error |")
     print("|---|---|---|---|")
     for label, argv, measured in PUBLISHED_H200:
-        cfg, resolved = resolve(parse_args(shlex.split(argv)), True)
-        estimate = estimate_memory(resolved, load_model_config(cfg.model)).configured.worker_bytes / GIB
+        args = parse_args(shlex.split(argv))
+        estimate = estimate_memory(resolve(overrides_for(args, True), args.num_gpus, True)).configured.worker_bytes / GIB
         print(f"| {label} | {estimate:.1f} | {measured:.1f} | {(estimate - measured) / measured:+.1%} |")
 
 

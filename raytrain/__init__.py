@@ -1,9 +1,8 @@
 """raytrain: train causal language models with DeepSpeed ZeRO-3 on a Ray cluster.
 
 Entry points: `python -m raytrain.main` (command line) and `raytrain.fit(config)` (notebooks).
-Reading order: config.py (the typed run config) -> resolve.py and deepspeed_config.py (checks and
-derived values, driver side) -> driver.py (Ray cluster, TorchTrainer, datasets) -> worker.py (the
-per-worker loop) with model.py, data.py, metrics.py, checkpoint.py.
+Where to start reading: docs/architecture.md (the layout, and the path of a run from `main` to a
+worker step); then config.py (the typed run config) and run_spec.py (the driver-to-worker contract).
 """
 
 from raytrain.config import ConfigError, RunConfig, load_config
@@ -12,7 +11,11 @@ __all__ = ["ConfigError", "RunConfig", "fit", "load_config"]
 
 
 def fit(config: RunConfig, fresh: bool = False):
-    """Train `config` on the connected (or a new local) Ray cluster; returns a driver.FitResult."""
-    from raytrain.driver import fit as _fit
+    """Train `config` on the connected (or a new local) Ray cluster; returns a raytrain.driver.run.FitResult.
+
+    Imported here on first use: `import raytrain` (config loading, a notebook's first cell) stays
+    free of Ray, torch and DeepSpeed until a run starts.
+    """
+    from raytrain.driver.run import fit as _fit
 
     return _fit(config, fresh=fresh)

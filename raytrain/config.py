@@ -14,6 +14,7 @@ import copy
 import dataclasses
 import difflib
 import json
+import math
 import os
 import types
 import typing
@@ -88,7 +89,7 @@ class DataConfig:
     shuffle_buffer_size: int = 0
     """Shuffle each data shard in consecutive windows of at least this many rows (0: no shuffle).
     Seeded with (training.seed, epoch, shard, window): the order is the same in every run, after a
-    restart and at any number of workers (raytrain.ingest)."""
+    restart and at any number of workers (raytrain.data.ingest)."""
     num_shards: int | None = None
     """Data streams the training rows are split into (Ray Data streaming_split, equal rows each);
     each worker reads num_shards / num_workers of them. None: one per worker. The data position in
@@ -142,6 +143,8 @@ class DataConfig:
         if self.progress_every_s < 0:
             raise ConfigError(f"data.progress_every_s must be >= 0 (0: no data progress lines), "
                               f"got {self.progress_every_s}")
+        _at_least(1, "data.seq_len", self.seq_len)
+        _at_least(1, "data.tokenize_batch_size", self.tokenize_batch_size)
 
 
 @dataclass
@@ -175,6 +178,12 @@ class TrainingConfig:
     peak_tflops_per_gpu: float = 989.0
     """Dense bf16 peak of one GPU, for MFU (989 for H100/H200 SXM). MFU is not shown on CPU."""
 
+    def __post_init__(self) -> None:
+        _at_least(1, "training.max_steps", self.max_steps)
+        _at_least(1, "training.log_every_n_steps", self.log_every_n_steps)
+        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
+            raise ConfigError(f"training.learning_rate must be a positive number, got {self.learning_rate}")
+
 
 @dataclass
 class ScalingConfig:
@@ -191,6 +200,13 @@ class ScalingConfig:
     placement_strategy: str = "PACK"
     """Ray placement group strategy: "PACK" (fill nodes: fast intra-node NVLink), "SPREAD",
     "STRICT_SPREAD" (one worker per node), "STRICT_PACK"."""
+
+    def __post_init__(self) -> None:
+        if self.placement_strategy not in ("PACK", "SPREAD", "STRICT_SPREAD", "STRICT_PACK"):
+            raise ConfigError(f"scaling.placement_strategy must be PACK, SPREAD, STRICT_SPREAD or STRICT_PACK, "
+                              f"got {self.placement_strategy!r}")
+        if self.cpus_per_worker <= 0:
+            raise ConfigError(f"scaling.cpus_per_worker must be > 0, got {self.cpus_per_worker}")
 
 
 @dataclass
@@ -215,6 +231,11 @@ class CheckpointConfig:
     export_dir: str | None = None
     """At the end, write the final checkpoint as a Hugging Face model directory here."""
 
+    def __post_init__(self) -> None:
+        _at_least(1, "checkpoint.num_to_keep", self.num_to_keep)
+        if self.every_n_steps < 0:
+            raise ConfigError(f"checkpoint.every_n_steps must be >= 0 (0: only at the end), got {self.every_n_steps}")
+
 
 @dataclass
 class ClusterConfig:
@@ -235,7 +256,17 @@ class NetworkConfig:
     auto_configure: bool = True
     """Compute NCCL_IB_HCA, NCCL_SOCKET_IFNAME, ... per node from /sys and the node's Ray IP."""
     preflight: bool = False
-    """Run `raytrain.preflight` (bandwidth and transport checks) before training starts."""
+    """Run the preflight (raytrain.network.preflight: bandwidth and transport checks) before training starts."""
+
+    def __post_init__(self) -> None:
+        for key, value in self.env.items():
+            if not str(key).startswith(("NCCL_", "GLOO_")):
+                raise ConfigError(f"network.env.{key}: only NCCL_* and GLOO_* variables belong here; "
+                                  "set others through Ray's runtime_env")
+            if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+                raise ConfigError(f"network.env.{key} must be a string or number as NCCL reads it "
+                                  f"(for example \"1\"), got {type(value).__name__} {value!r}")
+        self.env = {str(k): str(v) for k, v in self.env.items()}
 
 
 @dataclass
@@ -270,6 +301,17 @@ class RunConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
         return _build(cls, data, "")
+
+    def with_deepspeed(self, ds: dict[str, Any]) -> "RunConfig":
+        """This config with `ds` as its DeepSpeed mapping (the resolved one)."""
+        return dataclasses.replace(self, deepspeed=ds)
+
+    def with_overrides(self, overrides: list[str]) -> "RunConfig":
+        """This config with KEY=VALUE overrides applied on top (a new config; this one is unchanged)."""
+        data = self.to_dict()
+        for item in overrides:
+            _set_dotted(data, *_parse_override(item))
+        return RunConfig.from_dict(data)
 
 
 # The embedded default: ZeRO-3 with "auto" batch and precision values that raytrain resolves from
@@ -436,6 +478,11 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     elif tp is Any:
         return value
     raise ConfigError(f"{key} must be {_type_name(tp)}, got {type(value).__name__} {value!r}")
+
+
+def _at_least(minimum: int, key: str, value: int) -> None:
+    if value < minimum:
+        raise ConfigError(f"{key} must be at least {minimum}, got {value}")
 
 
 def _type_name(tp: Any) -> str:

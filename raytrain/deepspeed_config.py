@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from raytrain.config import ConfigError, TrainingConfig, read_json_file
@@ -49,27 +50,47 @@ def resolve_deepspeed(raw: dict[str, Any] | str, training: TrainingConfig, *, wo
     return ds
 
 
-def batch_sizes(ds: dict[str, Any]) -> tuple[int, int, int]:
-    """(train_batch_size, micro_batch_per_gpu, gradient_accumulation_steps) of a resolved config."""
-    return ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]
+@dataclass(frozen=True)
+class DeepSpeedFacts:
+    """What raytrain needs to know about a resolved DeepSpeed dict, read once on the driver.
 
+    Everything else reads these by name; nothing parses the dict's string keys a second time.
+    """
 
-def zero_stage(ds: dict[str, Any]) -> int:
-    return int(ds.get("zero_optimization", {}).get("stage", 0))
+    train_batch_size: int
+    micro_batch_per_gpu: int
+    gradient_accumulation_steps: int
+    zero_stage: int
+    precision: str
+    """"bf16", "fp16" or "fp32"."""
+    offload_optimizer: str
+    """"none", "cpu" or "nvme"."""
+    offload_param: str
+    """"none", "cpu" or "nvme"."""
+    optimizer_type: str | None
+    """The DeepSpeed JSON's own optimizer ("AdamW", ...), or None: raytrain builds AdamW itself."""
+    torch_adam: bool
+    """The JSON's Adam asks for torch's implementation (optimizer.params.torch_adam)."""
+    has_scheduler: bool
+    """The JSON brings its own LR scheduler (else raytrain's warmup + cosine)."""
 
+    @classmethod
+    def of(cls, ds: dict[str, Any]) -> "DeepSpeedFacts":
+        zero = ds.get("zero_optimization") or {}
 
-def offload_device(ds: dict[str, Any], which: str) -> str:
-    """"none", "cpu" or "nvme" for which="offload_optimizer" or "offload_param"."""
-    section = ds.get("zero_optimization", {}).get(which) or {}
-    return str(section.get("device", "none")).lower()
+        def device(which: str) -> str:
+            return str((zero.get(which) or {}).get("device", "none")).lower()
 
-
-def precision(ds: dict[str, Any]) -> str:
-    if ds.get("bf16", {}).get("enabled") is True:
-        return "bf16"
-    if ds.get("fp16", {}).get("enabled") is True:
-        return "fp16"
-    return "fp32"
+        optimizer = ds.get("optimizer") or None
+        precision = ("bf16" if (ds.get("bf16") or {}).get("enabled") is True else
+                     "fp16" if (ds.get("fp16") or {}).get("enabled") is True else "fp32")
+        return cls(train_batch_size=ds["train_batch_size"], micro_batch_per_gpu=ds["train_micro_batch_size_per_gpu"],
+                   gradient_accumulation_steps=ds["gradient_accumulation_steps"],
+                   zero_stage=int(zero.get("stage", 0)), precision=precision,
+                   offload_optimizer=device("offload_optimizer"), offload_param=device("offload_param"),
+                   optimizer_type=str(optimizer.get("type")) if optimizer else None,
+                   torch_adam=bool(optimizer and (optimizer.get("params") or {}).get("torch_adam")),
+                   has_scheduler=bool(ds.get("scheduler")))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,12 +209,12 @@ def _check(ds: dict[str, Any], world_size: int, gpus_per_node: int | None) -> No
     stage = zero.get("stage", 0)
     if stage not in (0, 1, 2, 3):
         raise ConfigError(f"deepspeed.zero_optimization.stage must be 0-3, got {stage!r} (raytrain is built for 3)")
-    if offload_device(ds, "offload_param") != "none" and stage != 3:
+    if str((zero.get("offload_param") or {}).get("device", "none")).lower() != "none" and stage != 3:
         raise ConfigError(f"deepspeed.zero_optimization.offload_param needs stage 3 (stage is {stage}): "
                           f"set zero_optimization.stage=3 or remove offload_param")
     for which in ("offload_optimizer", "offload_param"):
         section = zero.get(which) or {}
-        if offload_device(ds, which) == "nvme" and not section.get("nvme_path"):
+        if str(section.get("device", "none")).lower() == "nvme" and not section.get("nvme_path"):
             raise ConfigError(f"deepspeed.zero_optimization.{which}.device is nvme but nvme_path is missing: "
                               f"set zero_optimization.{which}.nvme_path to a local NVMe directory")
     hpz = zero.get("zero_hpz_partition_size")

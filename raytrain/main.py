@@ -7,6 +7,8 @@ import json
 import sys
 
 from raytrain.config import ConfigError, load_config
+from raytrain.console import say
+from raytrain.driver.run import dry_run, fit
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -29,36 +31,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    overrides = list(args.overrides)
+    if args.resume_from:
+        overrides.append(f"checkpoint.resume_from={args.resume_from}")
     try:
-        overrides = list(args.overrides)
-        if args.resume_from:
-            overrides.append(f"checkpoint.resume_from={args.resume_from}")
         cfg = load_config(args.config, overrides)
         if args.dry_run:
-            from raytrain.resolve import advice, resolve_run, shape_from_config
-
-            resolved = resolve_run(cfg, shape_from_config(cfg, _local_gpus()))
-            for note in advice(cfg, resolved):
-                print(f"raytrain: note: {note}", file=sys.stderr)  # stdout stays the JSON plan
-            print(json.dumps(resolved, indent=2))
+            resolved, notes = dry_run(cfg)
+            for note in notes:
+                say(f"raytrain: note: {note}", err=True)  # stdout stays the JSON plan
+            say(json.dumps(resolved.to_dict(), indent=2))
             return 0
-        from raytrain.driver import fit
-
         result = fit(cfg, fresh=args.fresh)
     except ConfigError as e:
-        print(f"raytrain: error: {e}", file=sys.stderr)
+        say(f"raytrain: error: {e}", err=True)
         return 2
     loss = result.metrics.get("loss")
-    print(f"raytrain: done at step {result.metrics.get('step')}, loss {loss:.4f}" if loss is not None
-          else "raytrain: done")
-    print(f"raytrain: checkpoint {result.checkpoint_path}")
+    say(f"raytrain: done at step {result.metrics.get('step')}, loss {loss:.4f}" if loss is not None else "raytrain: done")
+    say(f"raytrain: checkpoint {result.checkpoint_path}")
     return 0
-
-
-def _local_gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ under `deepspeed.zero.Init`, so each rank only ever holds its partition.
 from __future__ import annotations
 
 import functools
+import json
+from dataclasses import dataclass
 from typing import Any
 
 from raytrain.config import ConfigError, ModelConfig
@@ -85,14 +87,46 @@ def byte_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=BYTE_EOS, pad_token=BYTE_EOS)
 
 
-def count_parameters(hf_config) -> int:
-    """Parameter count from the config alone (meta device: no memory is allocated)."""
+@dataclass(frozen=True)
+class ParamStats:
+    """What the planner and the metrics need to know about a model's parameters (from a meta-device build)."""
+
+    num_params: int
+    largest_layer_params: int
+    """Most parameters owned directly by one module: DeepSpeed's "largest layer" (usually the
+    embedding or lm_head), the biggest thing ZeRO-3 gathers whole on every rank."""
+    param_numels: tuple[int, ...]
+    """Size of every distinct parameter (for stage3_param_persistence_threshold)."""
+
+
+def param_stats(hf_config, trust_remote_code: bool = False) -> ParamStats:
+    """Parameter sizes from the config alone: the model is built on the meta device (no memory is
+    allocated; shared parameters such as tied embeddings count once). Cached per config."""
+    return _param_stats(json.dumps(hf_config.to_dict(), sort_keys=True, default=str), type(hf_config),
+                        trust_remote_code)
+
+
+@functools.lru_cache(maxsize=8)
+def _param_stats(config_json: str, config_class: type, trust_remote_code: bool) -> ParamStats:
     import torch
     from transformers import AutoModelForCausalLM
 
+    hf_config = config_class.from_dict(json.loads(config_json))
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config)
-    return sum(p.numel() for p in model.parameters())
+        model = AutoModelForCausalLM.from_config(hf_config, trust_remote_code=trust_remote_code)
+    numels = tuple(p.numel() for p in model.parameters())
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+    return ParamStats(num_params=sum(numels), largest_layer_params=largest, param_numels=numels)
+
+
+def config_from_facts(facts, cfg: ModelConfig):
+    """The transformers config the driver resolved (raytrain.run_spec.ModelFacts), rebuilt on a worker
+    without reading it again; a model with remote code is loaded again (its class lives in that code)."""
+    from transformers import AutoConfig
+
+    if cfg.trust_remote_code:
+        return load_model_config(cfg)
+    return AutoConfig.for_model(facts.model_type, **{k: v for k, v in facts.hf_config.items() if k != "model_type"})
 
 
 def build_model(cfg: ModelConfig, hf_config, ds_config: dict[str, Any]):
@@ -100,13 +134,11 @@ def build_model(cfg: ModelConfig, hf_config, ds_config: dict[str, Any]):
     import deepspeed
     from transformers import AutoModelForCausalLM
 
-    from raytrain.deepspeed_config import zero_stage
-
-    stage3 = zero_stage(ds_config) == 3
+    stage3 = int((ds_config.get("zero_optimization") or {}).get("stage", 0)) == 3
     # Import the model's modules (and torch._dynamo, which transformers pulls in) before zero.Init
     # patches torch's tensor constructors: importing them inside it fails. Building on the meta
     # device does that at no memory cost.
-    count_parameters(hf_config)
+    param_stats(hf_config, cfg.trust_remote_code)
     if cfg.pretrained:
         # transformers' DeepSpeed integration: while an HfDeepSpeedConfig with stage 3 is alive,
         # from_pretrained creates the model under zero.Init and loads each shard into its partition.

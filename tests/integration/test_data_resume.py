@@ -26,14 +26,17 @@ def read(tmp_path, tag, *, workers, num_shards, micro, batches, position=(0, 0),
     from ray.train.torch import TorchTrainer
 
     from raytrain.config import DataConfig, ModelConfig
-    from raytrain.data import build_dataset, ingest_config
+    from raytrain.data.ingest import ShardedIngest
+    from raytrain.data.pipeline import build_datasets
+    from raytrain.data.sources import inspect_sources
+    from raytrain.model import load_model_config
 
     # Nested, so Ray pickles it by value: workers cannot import this test module by name.
     def read_batches(config):
         import ray.train
         import torch
 
-        from raytrain.ingest import MicroBatches
+        from raytrain.data.ingest import MicroBatches
 
         group = ray.train.get_dataset_shard("train")
         batches = MicroBatches(group, config["micro"], torch.device("cpu"), seed=11, shuffle_buffer_size=8,
@@ -60,8 +63,9 @@ def read(tmp_path, tag, *, workers, num_shards, micro, batches, position=(0, 0),
                  # fractional CPUs: up to 3 workers and Ray Data share the test cluster's 4
                  scaling_config=ray.train.ScalingConfig(num_workers=workers, resources_per_worker={"CPU": 0.5}),
                  run_config=ray.train.RunConfig(storage_path=str(tmp_path / "runs"), name=tag),
-                 datasets={"train": build_dataset(data, ModelConfig(), seed=3)},
-                 dataset_config=ingest_config(num_shards)).fit()
+                 datasets=build_datasets(data, ModelConfig(), 3, inspect_sources(data),
+                                         load_model_config(ModelConfig()).vocab_size),
+                 dataset_config=ShardedIngest(num_shards)).fit()
     return [json.load(open(tmp_path / f"{tag}-rank{r}.json")) for r in range(workers)]
 
 

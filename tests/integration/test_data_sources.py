@@ -10,8 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from raytrain.config import ConfigError, DataConfig, ModelConfig
-from raytrain.data import build_dataset, build_eval_dataset
-from raytrain.model import byte_tokenizer
+from raytrain.console import format_bytes
+from raytrain.data.pipeline import build_datasets
+from raytrain.data.progress import DataProgress
+from raytrain.data.sources import inspect_sources
+from raytrain.model import byte_tokenizer, load_model_config
 
 pytestmark = pytest.mark.integration
 
@@ -46,8 +49,13 @@ def rows(ds, column="input_ids"):
     return np.array([r[column] for r in ds.take_all()])
 
 
+def datasets(data, model, progress=None):
+    """The datasets exactly as a run builds them: the sources checked on the driver first."""
+    return build_datasets(data, model, 0, inspect_sources(data), load_model_config(model).vocab_size, progress)
+
+
 def build(model, seq_len=16, **data):
-    return rows(build_dataset(DataConfig(seq_len=seq_len, **data), model, seed=0))
+    return rows(datasets(DataConfig(seq_len=seq_len, **data), model)["train"])
 
 
 def test_parquet_with_a_named_text_column_and_a_null_row(tmp_path, model):
@@ -84,8 +92,8 @@ def test_hf_save_to_disk_directory(tmp_path, model):
 def test_pretokenized_parquet_skips_tokenization_and_restarts_positions_per_document(tmp_path, model):
     docs = [list(range(1, 12)), list(range(20, 40)), [7]]
     pq.write_table(pa.table({"input_ids": docs}), tmp_path / "ids.parquet")
-    ds = build_dataset(DataConfig(path=str(tmp_path / "ids.parquet"), seq_len=8, position_ids="per_document"),
-                       model, seed=0)
+    ds = datasets(DataConfig(path=str(tmp_path / "ids.parquet"), seq_len=8, position_ids="per_document"),
+                  model)["train"]
     out = ds.take_all()
     eos = byte_tokenizer().eos_token_id
     stream = docs[0] + [eos] + docs[1] + [eos] + docs[2] + [eos]  # 35 tokens -> 4 blocks of 8
@@ -103,13 +111,14 @@ def test_eval_fraction_and_eval_path(tmp_path, model):
     def documents(ds):
         return byte_tokenizer().decode(rows(ds).flatten().tolist()).split(eos)[:-1]
 
-    train, held_out = documents(build_dataset(data, model, 0)), documents(build_eval_dataset(data, model, 0))
+    split = datasets(data, model)
+    train, held_out = documents(split["train"]), documents(split["eval"])
     assert sorted(train + held_out) == sorted(docs) and 5 < len(held_out) < 35
     (tmp_path / "eval.txt").write_text("held out")
-    separate = build_eval_dataset(DataConfig(path=str(tmp_path / "all.txt"), eval_path=str(tmp_path / "eval.txt"),
-                                             seq_len=1), model, 0)
+    separate = datasets(DataConfig(path=str(tmp_path / "all.txt"), eval_path=str(tmp_path / "eval.txt"),
+                                   seq_len=1), model)["eval"]
     assert documents(separate) == ["held out"]
-    assert build_eval_dataset(DataConfig(), model, 0) is None
+    assert "eval" not in datasets(DataConfig(), model)
 
 
 def test_bad_input_is_a_config_error_before_any_task(tmp_path, model):
@@ -122,15 +131,12 @@ def test_bad_input_is_a_config_error_before_any_task(tmp_path, model):
              (DataConfig(eval_path=str(tmp_path / "missing")), "data.eval_path: .*missing does not exist")]
     for data, message in cases:
         with pytest.raises(ConfigError, match=message):
-            (build_eval_dataset if data.eval_path else build_dataset)(data, model, 0)
+            datasets(data, model)
 
 
 def test_progress_counts_every_byte_document_and_token_of_each_pass(tmp_path, model, capsys):
     import re
     import time
-
-    from raytrain.data_progress import DataProgress
-    from raytrain.progress import format_bytes
 
     docs = [f"document number {i}, " + "x" * (i % 50) for i in range(600)]
     (tmp_path / "a.jsonl").write_text("".join(f'{{"text": "{d}"}}\n' for d in docs[:400]))
@@ -139,7 +145,7 @@ def test_progress_counts_every_byte_document_and_token_of_each_pass(tmp_path, mo
     tokens = sum(len(d.encode()) + 1 for d in docs)  # the byte tokenizer: one token per byte, plus EOS
     data = DataConfig(path=str(tmp_path), seq_len=16, progress_every_s=0.5)
     progress = DataProgress(data, "data-sources")
-    ds = build_dataset(data, model, seed=0, progress=progress)
+    ds = datasets(data, model, progress)["train"]
     with progress:
         for n in (1, 2):  # two passes, as two epochs read the data
             rows(ds)

@@ -16,7 +16,8 @@ from ray.train.torch import TorchTrainer
 from ray.train.v2._internal.constants import is_v2_enabled
 
 from raytrain.config import NetworkConfig
-from raytrain.network import compute_nccl_env, torch_config
+from raytrain.network.backend import torch_config
+from raytrain.network.nccl_env import compute_nccl_env
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +32,7 @@ def test_workers_get_computed_and_forced_env_before_process_group(ray_cluster, t
         import torch
         import torch.distributed as dist
 
-        from raytrain.network import applied_env
+        from raytrain.network.backend import applied_env
 
         ctx = ray.train.get_context()
         total = torch.ones(1)

@@ -1,4 +1,4 @@
-"""raytrain.preflight on a real local Ray cluster: 2 actors, gloo on CPU, real collectives.
+"""raytrain.network.preflight on a real local Ray cluster: 2 actors, gloo on CPU, real collectives.
 
 Run: RAYTRAIN_TEST_RAY_PORT=6440 RAYTRAIN_TEST_DASHBOARD_PORT=8440 \
      /work/venv/bin/python -m pytest tests/integration/test_preflight.py -x -q
@@ -14,7 +14,8 @@ import time
 import pytest
 
 from raytrain.config import NetworkConfig
-from raytrain.preflight import INTRA, OPS, run_preflight
+from raytrain.network.preflight import run_preflight
+from raytrain.network.preflight_report import INTRA, OPS
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +61,7 @@ def test_preflight_measures_every_collective_on_gloo(ray_cluster):
 
 
 def test_cli_exits_1_below_the_minimum_and_2_on_a_mistake(subprocess_env):
-    cmd = [sys.executable, "-m", "raytrain.preflight", "--num-workers", "2", "--no-use-gpu", "--sizes", "1M",
+    cmd = [sys.executable, "-m", "raytrain.tools.preflight", "--num-workers", "2", "--no-use-gpu", "--sizes", "1M",
            "--iters", "2", "--warmup-iters", "1"]
     p = subprocess.run([*cmd, "--min-nvlink-busbw-gbs", "1e6"], capture_output=True, text=True,
                        env=subprocess_env, timeout=300)

@@ -74,7 +74,7 @@ def test_export_prints_progress_and_writes_deepspeeds_files_byte_for_byte(defaul
     ckpt = re.search(r"^raytrain: checkpoint (/\S+)$", p.stdout, re.M).group(1)
     out, reference = tmp_path / "hf", tmp_path / "deepspeed"
     # 1 MB shards: the 3.3 MB model becomes 4 shards and an index, as a large model would
-    export = subprocess.run([sys.executable, "-m", "raytrain.export", ckpt, str(out), "--max-shard-size", "1MB"],
+    export = subprocess.run([sys.executable, "-m", "raytrain.tools.export", ckpt, str(out), "--max-shard-size", "1MB"],
                             capture_output=True, text=True, timeout=600)
     assert export.returncode == 0, export.stdout[-3000:] + export.stderr[-3000:]
     lines = re.findall(r"^raytrain\.export: \[1/3\] ([\d.]+ MB) of ([\d.]+ MB) \((\d+)%\), [\d.]+ [kMG]?B/s, "
@@ -96,14 +96,14 @@ def test_checkpoint_has_every_rank_shard_and_loads_into_transformers(default_run
     from transformers import AutoModelForCausalLM
 
     from raytrain.config import ModelConfig
-    from raytrain.data import builtin_corpus
+    from raytrain.data.builtin import builtin_corpus
     from raytrain.model import load_model_config, load_tokenizer
 
     p, storage = default_run
     ckpt = re.search(r"^raytrain: checkpoint (/\S+)$", p.stdout, re.M).group(1)
     assert ckpt.startswith(str(storage)) and os.path.isdir(ckpt)
     meta = json.load(open(os.path.join(ckpt, "raytrain.json")))
-    assert meta["step"] == 80 and meta["run"]["deepspeed"]["zero_optimization"]["stage"] == 3
+    assert meta["step"] == 80 and meta["spec"]["config"]["deepspeed"]["zero_optimization"]["stage"] == 3
     shards = sorted(os.listdir(os.path.join(ckpt, "step_00000080")))
     assert [s for s in shards if "optim_states" in s] == [
         "zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]

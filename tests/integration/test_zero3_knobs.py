@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from raytrain.config import TrainingConfig
-from raytrain.worker import warmup_cosine
+from raytrain.worker.engine import warmup_cosine
 
 # The first run compiles three C++ ops (up to 1200 s allowed) before the variants (up to 600 s):
 # longer than the suite's usual 900 s budget per test.
@@ -51,14 +51,14 @@ def _free_port() -> int:
 
 
 # DeepSpeed's CPU ops the variants need, built once before the ranks start, the way raytrain's
-# workers build theirs (raytrain.ops).
+# workers build theirs (raytrain.worker.ops).
 OPS = ["CPUAdamBuilder", "PinMemoryBuilder", "AsyncIOBuilder"]
 BUILD = """
 import sys
 import torch
-from raytrain.ops import ensure_built
-from raytrain.worker import _import_deepspeed
-_import_deepspeed(torch.device("cpu"))
+from raytrain.worker.engine import import_deepspeed
+from raytrain.worker.ops import ensure_built
+import_deepspeed(torch.device("cpu"))
 from deepspeed.accelerator import get_accelerator
 if not get_accelerator().create_op_builder("AsyncIOBuilder").is_compatible(verbose=False):
     print("AsyncIOBuilder: not buildable here (no libaio-dev); its variant skips", flush=True)
@@ -81,7 +81,7 @@ def runs(tmp_path_factory):
     # ranks never wait on each other's build lock inside a variant. Its output goes to the report.
     build_log = out / "build.log"
     # A lock file like the one a process killed mid-build leaves: torch alone would wait on it
-    # forever (what hung CI in session 2); raytrain.ops must remove it (test_stale_build_lock_is_removed).
+    # forever (what hung CI in session 2); raytrain.worker.ops must remove it (test_stale_build_lock_is_removed).
     stale = Path(env["TORCH_EXTENSIONS_DIR"]) / "pin_memory" / "lock"  # the quickest op to rebuild (~40 s)
     stale.parent.mkdir(parents=True, exist_ok=True)
     stale.touch()
@@ -142,7 +142,7 @@ def _without_noise(text: str) -> str:
 
 
 def test_stale_build_lock_is_removed(runs):
-    """A torch build lock left by a killed process is removed, not waited on forever (raytrain.ops)."""
+    """A torch build lock left by a killed process is removed, not waited on forever (raytrain.worker.ops)."""
     build_log = runs[1][0].read_text()
     assert "pin_memory" in build_log and "rebuilding" in build_log, build_log[-3000:]
     assert "ops ready" in build_log
@@ -236,7 +236,7 @@ def test_offload_param_cpu(runs):
 def test_offload_optimizer_cpu_uses_deepspeed_cpu_adam(runs):
     r = ran(runs, "offload_optimizer_cpu")
     assert r["offload_optimizer"] and r["offload_optimizer_pin_memory"] and not r["offload_param"]
-    assert r["basic_optimizer"] == "DeepSpeedCPUAdam"  # raytrain.worker.build_optimizer's choice
+    assert r["basic_optimizer"] == "DeepSpeedCPUAdam"  # raytrain.worker.engine.build_optimizer's choice
     assert r["fp32_partition_devices"] == ["cpu"]
 
 
@@ -279,7 +279,7 @@ def test_gpu_only_features_resolve_for_a_gpu_cluster():
                  "training.precision=fp16",
                  'deepspeed.fp16={"enabled": "auto", "loss_scale": 0, "initial_scale_power": 16}')
     assert p.returncode == 0, p.stderr[-3000:]
-    ds = json.loads(p.stdout)["run"]["deepspeed"]
+    ds = json.loads(p.stdout)["config"]["deepspeed"]
     zero = ds["zero_optimization"]
     assert (zero["stage"], zero["zero_hpz_partition_size"]) == (3, 8)
     assert zero["zero_quantized_weights"] is True and zero["zero_quantized_gradients"] is True

@@ -37,9 +37,9 @@ def run_variant(name: str, out_dir: str) -> dict[str, Any]:
     import deepspeed
 
     from raytrain.config import load_config
-    from raytrain.deepspeed_config import resolve_deepspeed
+    from raytrain.deepspeed_config import DeepSpeedFacts, resolve_deepspeed
     from raytrain.model import build_model, load_model_config
-    from raytrain.worker import build_optimizer, train_step
+    from raytrain.worker.engine import build_optimizer, train_step
 
     variant = VARIANTS[name]
     work_dir = os.path.join(out_dir, name)
@@ -52,7 +52,7 @@ def run_variant(name: str, out_dir: str) -> dict[str, Any]:
     device = torch.device("cpu")
     torch.manual_seed(cfg.training.seed)
     model = build_model(cfg.model, hf_config, ds)
-    optimizer, scheduler = build_optimizer(model, cfg.training, ds, device)
+    optimizer, scheduler = build_optimizer(model, cfg.training, DeepSpeedFacts.of(ds), device)
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                                    config=ds, dist_init_required=False)
     obs: dict[str, Any] = {"ds_config": ds}
@@ -193,7 +193,7 @@ def observe_fp16(engine, cfg, work_dir):
 
 
 def observe_lr(engine, cfg, work_dir):
-    from raytrain.worker import warmup_cosine
+    from raytrain.worker.engine import warmup_cosine
 
     factor = warmup_cosine(cfg.training)
     groups = engine.optimizer.optimizer.param_groups
@@ -311,9 +311,9 @@ def capabilities() -> dict[str, str | None]:
 
 def main() -> int:
     out_dir, names = sys.argv[1], sys.argv[2:]
-    from raytrain.worker import _import_deepspeed
+    from raytrain.worker.engine import import_deepspeed
 
-    deepspeed = _import_deepspeed(torch.device("cpu"))
+    deepspeed = import_deepspeed(torch.device("cpu"))
     # A rank that fails alone leaves the other in a collective: time out instead of hanging.
     torch.distributed.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)

@@ -21,10 +21,10 @@ def test_dry_run_plans_a_gpu_cluster_without_gpus(tmp_path):
     p = run_main("--dry-run", "scaling.use_gpu=true", "scaling.num_workers=8", f"deepspeed={ds}")
     assert p.returncode == 0, p.stderr
     plan = json.loads(p.stdout)
-    assert plan["run"]["deepspeed"]["train_micro_batch_size_per_gpu"] == 16
+    assert plan["config"]["deepspeed"]["train_micro_batch_size_per_gpu"] == 16
     assert plan["cluster"] == {"num_workers": 8, "use_gpu": True, "gpus_per_node": None, "cpus_total": None}
     p64 = run_main("--dry-run", "scaling.use_gpu=true", "scaling.num_workers=64")
-    assert p64.returncode == 0 and json.loads(p64.stdout)["run"]["deepspeed"]["bf16"]["enabled"] is True
+    assert p64.returncode == 0 and json.loads(p64.stdout)["config"]["deepspeed"]["bf16"]["enabled"] is True
     # the seed's offload with the default 1 CPU per worker runs, with a note naming the key to raise
     assert "raytrain: note: deepspeed.zero_optimization.offload_optimizer" in p.stderr
     assert "raise scaling.cpus_per_worker" in p.stderr and "raytrain: note" not in p64.stderr

@@ -1,13 +1,15 @@
 """Every shipped config in configs/: it says how to run it, resolves for its stated cluster shape
 (a dry run: no Ray, no GPUs), keeps the batch identity, and fits its stated hardware by the plan."""
 
+import dataclasses
 import pathlib
 import shlex
 
 import pytest
 
 from raytrain.config import load_config
-from raytrain.resolve import resolve_run, shape_from_config
+from raytrain.planning.resolve import resolve_run, shape_from_config
+from raytrain.tools.plan import main as plan_main
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
@@ -24,10 +26,10 @@ def header(path: pathlib.Path) -> list[str]:
 
 
 def plan_args(path: pathlib.Path) -> list[str]:
-    """The arguments of the file's `# Plan:` line (python -m raytrain.plan ...)."""
+    """The arguments of the file's `# Plan:` line (python -m raytrain.tools.plan ...)."""
     line = next(line for line in header(path) if line.startswith("# Plan:"))
     words = shlex.split(line.removeprefix("# Plan:"))
-    assert words[:3] == ["python", "-m", "raytrain.plan"], line
+    assert words[:3] == ["python", "-m", "raytrain.tools.plan"], line
     return words[3:]
 
 
@@ -57,8 +59,8 @@ def test_config_resolves_for_its_cluster_shape_with_the_batch_identity(path):
     assert cfg.scaling.num_workers is not None and cfg.scaling.use_gpu is not None, \
         "a shipped config states its cluster shape (scaling.num_workers, scaling.use_gpu)"
     resolved = resolve_run(cfg, shape_from_config(cfg))
-    ds = resolved["run"]["deepspeed"]
-    world = resolved["cluster"]["num_workers"]
+    ds = resolved.ds_config
+    world = resolved.cluster.num_workers
     assert world == cfg.scaling.num_workers
     assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * world
     assert "auto" not in repr(ds)
@@ -84,15 +86,16 @@ def test_every_option_carries_a_comment(path):
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_config_fits_its_stated_hardware(path, capsys):
-    from raytrain.plan import main
-
-    assert main(plan_args(path)) == 0, capsys.readouterr()
+    assert plan_main(plan_args(path)) == 0, capsys.readouterr()
 
 
 def test_default_cpu_file_is_the_embedded_default():
     file_cfg = load_config("configs/default-cpu.yaml")
     default = load_config(None)
-    assert resolve_run(file_cfg, shape_from_config(file_cfg)) == resolve_run(default, shape_from_config(default))
+    a, b = resolve_run(file_cfg, shape_from_config(file_cfg)), resolve_run(default, shape_from_config(default))
+    assert (a.cluster, a.model, a.deepspeed, a.data, a.ds_config) == (b.cluster, b.model, b.deepspeed, b.data, b.ds_config)
+    # the file states the cluster shape (every shipped config does), the default leaves it to the cluster
+    assert dataclasses.replace(a.config, scaling=b.config.scaling) == b.config
 
 
 def test_seed_config_uses_the_seed_json_unchanged():
@@ -105,5 +108,5 @@ def test_seed_config_uses_the_seed_json_unchanged():
         "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
                               "overlap_comm": True, "contiguous_gradients": True},
         "fp16": {"enabled": True}}
-    ds = resolve_run(cfg, shape_from_config(cfg))["run"]["deepspeed"]
+    ds = resolve_run(cfg, shape_from_config(cfg)).ds_config
     assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (512, 16, 4)

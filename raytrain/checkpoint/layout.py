@@ -1,0 +1,92 @@
+"""Where a run lives in storage, and what a raytrain checkpoint holds (used by driver and workers).
+
+A run is `STORAGE/NAME/` on any filesystem pyarrow knows (a local or shared directory, s3://,
+gs://, abfs://). Ray Train owns the checkpoint bookkeeping in it; raytrain adds its own files:
+
+    STORAGE/NAME/
+        checkpoint_step_00000080/     one checkpoint (Ray Train merges every rank's files into it)
+            raytrain.json             step, metrics and their history, the run's contract (rank 0)
+            nccl_env_node<N>.json     the NCCL/Gloo environment node N's workers ran with
+            latest                    DeepSpeed's pointer to the tag below
+            step_00000080/            DeepSpeed's tag: per-rank model and optimizer shards
+        universal/checkpoint_step_*/  DeepSpeed universal copies for another world size (reshard)
+        model/                        the model's config, tokenizer and generation config, copied at start
+        tensorboard/, summary.md, loss_curve.png
+
+Trust: DeepSpeed loads its shards with full unpickling (torch.load(weights_only=False)), which can
+run code: only load checkpoints from storage you trust.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from raytrain.config import ConfigError
+
+METADATA = "raytrain.json"
+UNIVERSAL_DIR = "universal"
+MODEL_DIR = "model"
+
+
+def tag_for(step: int) -> str:
+    """DeepSpeed's tag (the shard directory inside a checkpoint) for `step`."""
+    return f"step_{step:08d}"
+
+
+def checkpoint_dir_name(step: int) -> str:
+    """The checkpoint's directory name in the run directory (what ray.train.report is told)."""
+    return f"checkpoint_{tag_for(step)}"
+
+
+def run_uri(storage_path: str, name: str) -> str:
+    """STORAGE/NAME as a path or URI (no trailing slash)."""
+    return f"{storage_path.rstrip('/')}/{name}"
+
+
+def filesystem(uri: str):
+    """(pyarrow filesystem, path on it) for a local path or a URI."""
+    import pyarrow.fs
+
+    if "://" not in uri:
+        return pyarrow.fs.LocalFileSystem(), os.path.abspath(os.path.expanduser(uri))
+    return pyarrow.fs.FileSystem.from_uri(uri)
+
+
+def exists(uri: str) -> bool:
+    import pyarrow.fs
+
+    fs, path = filesystem(uri)
+    return fs.get_file_info(path).type != pyarrow.fs.FileType.NotFound
+
+
+def latest_checkpoint(run: str):
+    """The run's latest reported checkpoint (a ray.train.Checkpoint), or None when the run has none.
+
+    Read through Ray Train's own `Result.from_path`, which is what a restarted worker group's
+    `ray.train.get_checkpoint()` is based on; a run directory without Ray Train's bookkeeping
+    (never reached its first checkpoint) has none.
+    """
+    import ray.train
+
+    if not exists(run):
+        return None
+    try:
+        result = ray.train.Result.from_path(run)
+    except RuntimeError:  # the directory exists but holds no Ray Train run (no checkpoint reported)
+        return None
+    return result.checkpoint
+
+
+def check_is_checkpoint(path: str, key: str) -> None:
+    """A one-line ConfigError unless `path` (local or URI) is a raytrain checkpoint directory."""
+    if not exists(f"{path.rstrip('/')}/{METADATA}"):
+        raise ConfigError(f"{key}={path} is not a raytrain checkpoint (no {METADATA} in it): give a "
+                          f"checkpoint_step_* directory of a run")
+
+
+def read_metadata(checkpoint) -> dict[str, Any]:
+    """raytrain.json of a ray.train.Checkpoint (local or remote storage)."""
+    with checkpoint.filesystem.open_input_stream(f"{checkpoint.path}/{METADATA}") as f:
+        return json.loads(f.read().decode())

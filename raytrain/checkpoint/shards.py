@@ -1,0 +1,164 @@
+"""Sharded ZeRO-3 checkpoints (worker side): `Checkpointer.save`, then `resume_point` + `restore`.
+
+Every rank writes its own shard with `engine.save_checkpoint` into a local temporary directory; the
+worker loop reports that directory with `ray.train.report` (raytrain.worker.loop), and Ray Train
+merges all ranks' files into one checkpoint directory in the run's storage and keeps the last K
+(layout: raytrain.checkpoint.layout). Nothing here calls Ray: the loop is tested without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import transformers
+
+from raytrain.checkpoint.layout import METADATA, read_metadata, tag_for
+from raytrain.checkpoint.reshard import written_by
+from raytrain.console import emit
+from raytrain.network.backend import applied_env
+from raytrain.run_spec import RunSpec
+
+
+@dataclass(frozen=True)
+class Rank:
+    """Where this worker process sits in the run."""
+
+    world: int
+    world_size: int
+    local: int = 0
+    node: int = 0
+
+
+class Checkpointer:
+    """Decides when the run saves (every checkpoint.every_n_steps and at the last step) and writes
+    this rank's shard plus the run's files into a local directory. `save` is a collective."""
+
+    def __init__(self, engine, spec: RunSpec, spec_dict: dict[str, Any], rank: Rank):
+        self.engine, self.rank = engine, rank
+        self.every = spec.config.checkpoint.every_n_steps
+        self._spec_dict = spec_dict  # saved as is in raytrain.json: the contract this run ran with
+
+    def due(self, step: int, last: bool) -> bool:
+        return last or bool(self.every and step % self.every == 0)
+
+    def save(self, step: int, metrics: dict[str, Any], history: list[dict[str, Any]],
+             data_state: dict[str, Any]) -> str:
+        """Write step `step` into a new local directory and return it (the caller reports and removes it).
+
+        Adds checkpoint_save_s (slowest rank's local write), checkpoint_size_gib (all ranks) and
+        checkpoint_gbps to `metrics` (the same dict object that is in `history`).
+        """
+        local = tempfile.mkdtemp(prefix="raytrain-ckpt-")
+        try:
+            self._write(local, step, metrics, history, data_state)
+        except BaseException:
+            shutil.rmtree(local, ignore_errors=True)
+            raise
+        return local
+
+    def _write(self, local: str, step: int, metrics: dict[str, Any], history: list[dict[str, Any]],
+               data_state: dict[str, Any]) -> None:
+        start = time.perf_counter()
+        # client_state lands in this rank's own model-states file: each rank restores its own RNG.
+        self.engine.save_checkpoint(local, tag=tag_for(step),
+                                    client_state={"raytrain_step": step, "rng": _rng_state(), "data": data_state})
+        # One tiny all-reduce of each per checkpoint: the slowest rank's time, all ranks' bytes. On
+        # the engine's device: NCCL (GPU runs) only reduces CUDA tensors.
+        seconds = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=self.engine.device)
+        total = torch.tensor([_dir_bytes(local)], dtype=torch.float64, device=self.engine.device)
+        torch.distributed.all_reduce(seconds, op=torch.distributed.ReduceOp.MAX)
+        torch.distributed.all_reduce(total)
+        metrics.update(checkpoint_save_s=seconds.item(), checkpoint_size_gib=total.item() / 2**30,
+                       checkpoint_gbps=total.item() / 1e9 / max(seconds.item(), 1e-9))
+        if self.rank.world == 0:
+            emit(f"raytrain: checkpoint step {step}: {metrics['checkpoint_size_gib']:.3f} GiB written in "
+                 f"{metrics['checkpoint_save_s']:.2f} s ({metrics['checkpoint_gbps']:.2f} GB/s)")
+        if self.rank.local == 0:
+            # The NCCL/Gloo environment this node's workers actually ran with, one file per node.
+            with open(os.path.join(local, f"nccl_env_node{self.rank.node}.json"), "w") as f:
+                json.dump(applied_env(), f, indent=2, sort_keys=True)
+        if self.rank.world == 0:
+            with open(os.path.join(local, METADATA), "w") as f:
+                json.dump({"step": step, "metrics": metrics, "history": history, "spec": self._spec_dict}, f,
+                          indent=2, default=str)
+
+
+def _dir_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """The checkpoint a worker continues from."""
+
+    checkpoint: Any  # ray.train.Checkpoint
+    universal: bool
+    """True: DeepSpeed's universal form of a checkpoint written by another number of workers."""
+
+
+def resume_point(spec: RunSpec, latest, world_size: int) -> ResumePoint | None:
+    """Which checkpoint to load, or None to start from scratch.
+
+    `latest`: Ray Train's latest reported checkpoint of this run (ray.train.get_checkpoint()), which
+    wins (a restart after a failure, or the same run name submitted again); else
+    checkpoint.resume_from (--resume-from PATH). One written by another number of workers is
+    loaded from the universal copy the driver made of it (spec.universal, raytrain.checkpoint.reshard).
+    """
+    from ray.train import Checkpoint  # a plain class: no Ray cluster needed
+
+    checkpoint = latest or (Checkpoint(spec.resume_from) if spec.resume_from else None)
+    if checkpoint is None:
+        return None
+    meta = read_metadata(checkpoint)
+    old_world, _ = written_by(meta)
+    if old_world == world_size:
+        return ResumePoint(checkpoint, universal=False)
+    if spec.universal is None or spec.universal.step != meta["step"]:
+        have = "none" if spec.universal is None else f"one of step {spec.universal.step}"
+        raise RuntimeError(f"checkpoint {checkpoint.path} (step {meta['step']}) was written by {old_world} workers, "
+                           f"this run has {world_size}, and the driver prepared no universal copy of it ({have})")
+    return ResumePoint(Checkpoint(spec.universal.path), universal=True)
+
+
+def restore(engine, resume: ResumePoint | None, seed: int, rank: int) -> tuple[int, list[dict[str, Any]], dict[str, Any]]:
+    """Load `resume` into the engine; return (step, metrics history, data position). (0, [], {}) for none."""
+    if resume is None:
+        return 0, [], {}
+    with resume.checkpoint.as_directory() as path:
+        _, client_state = engine.load_checkpoint(path)  # reads the `latest` (or `latest_universal`) tag; full unpickling
+        with open(os.path.join(path, METADATA)) as f:
+            history = json.load(f)["history"]
+    if client_state is None:
+        raise RuntimeError(f"checkpoint {resume.checkpoint.path} could not be loaded by DeepSpeed")
+    step = int(client_state["raytrain_step"])
+    if resume.universal:
+        # Every rank got rank 0's client state; per-rank RNG streams of another world size have no
+        # counterpart here, so each rank starts a fresh one (only dropout, if any, draws from it).
+        transformers.set_seed(seed * 1_000_003 + step * 1009 + rank)
+    else:
+        _set_rng_state(client_state["rng"])
+    return step, history, client_state["data"]
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])

@@ -1,0 +1,238 @@
+"""Tokenization progress of a run: how much of the training data is tokenized, at what rate, ETA.
+
+Start at `DataProgress`, which the driver builds before the datasets and enters around
+`trainer.fit()`. Three pieces:
+- `Counter`, a named Ray actor (no CPU), one per run, that adds up what the tasks report.
+- the Ray Data tasks report to it fire-and-forget (`report`, `FileReads`): `read_documents` the
+  bytes of each file and the documents they held, `tokenize_and_pack` its rows, documents and
+  tokens once per batch. With no counter (a dataset built outside `fit`, unit tests) they do nothing.
+- a driver thread reads it every `data.progress_every_s` and prints one line, which reaches the
+  terminal and `ray job logs`:
+  `raytrain: data: pass 1: 1.97 GB of 4.80 GB (41%), 12.5 MB/s, ETA 4m12s; tokenized 1.23M documents, 310M tokens`
+
+What "of" counts: input bytes for text/JSON files and save_to_disk directories (file sizes from the
+listing), rows for parquet (from the footers, summed by the thread so the start never waits), the
+documents of the built-in corpus; a hub dataset streams with no known size (counts and rate only).
+Bytes are those of the documents tokenized so far, not merely read: Ray Data reads ahead of the
+tokenizer (as far as its buffers allow), so the read bytes are scaled by the share of the documents
+read that has been tokenized. The data is read once per epoch and a resumed run re-reads its
+epoch's prefix, so the line names the pass over the data (counted since this driver started) and
+the percent within it.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+import time
+import uuid
+from typing import Any, Callable, Iterator
+
+from raytrain.config import DataConfig
+from raytrain.console import format_count, say, status
+
+COUNTS = ("documents", "tokens", "rows", "bytes", "rows_read")
+"""Tokenized documents (non-empty, on the training side of an eval split), their tokens (EOS
+included), rows given to the tokenizer; input bytes read, and the rows the file readers made of them."""
+REPORT_EVERY_S = 1.0
+"""A task sends a long file's bytes at most this often (and when the file ends): actor calls stay few."""
+
+
+class Counter:
+    """The run's counters (the actor's body): tasks `add`, the driver reads `counts`."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self._counts = dict.fromkeys(COUNTS, 0)
+        self._first: float | None = None
+
+    def add(self, **counts: int) -> None:
+        if self._first is None:
+            self._first = self._clock()
+        for key, n in counts.items():
+            self._counts[key] += n
+
+    def counts(self) -> dict[str, float]:
+        """The totals, and elapsed_s since the first report (timed here, so node clocks don't matter)."""
+        return {**self._counts, "elapsed_s": 0.0 if self._first is None else self._clock() - self._first}
+
+
+def report(progress: str | None, **counts: int) -> None:
+    """Add `counts` to the counter actor named `progress`; nothing when there is none."""
+    actor = _counter(progress) if progress else None
+    if actor is not None:
+        actor.add.remote(**counts)  # fire-and-forget: a reader never waits on the counter
+
+
+@functools.lru_cache(maxsize=16)
+def _counter(name: str):
+    """The counter actor, looked up once per worker process (Ray reuses them for many tasks)."""
+    import ray
+
+    try:
+        return ray.get_actor(name)
+    except ValueError:  # not running: the dataset is read outside `fit`
+        return None
+
+
+class FileReads:
+    """Bytes of one input file read so far and the documents made of them, reported together at
+    most every REPORT_EVERY_S and when the file ends."""
+
+    def __init__(self, progress: str | None, clock: Callable[[], float] = time.monotonic):
+        self._progress, self._clock = progress, clock
+        self._position = self._reported = 0
+        self._rows = self._reported_rows = 0
+        self._last = clock()
+
+    def at(self, position: int) -> None:
+        """The read reached byte `position` of the file."""
+        self._position = position
+        if self._clock() - self._last >= REPORT_EVERY_S:
+            self._send()
+
+    def count(self, documents: Iterator[Any]) -> Iterator[Any]:
+        """`documents`, the file's rows, passed through and counted."""
+        if not self._progress:
+            yield from documents
+            return
+        for document in documents:
+            self._rows += 1
+            yield document
+
+    def counting(self, stream):
+        """`stream` with every read counted: for an uncompressed stream, whose bytes are the file's."""
+        return _CountedStream(stream, self) if self._progress else stream
+
+    def close(self, size: Callable[[], int] | None = None) -> None:
+        """The file ended. `size()`: the file's size, where the counted reads fall short of it (a
+        compressed file, whose reads are not counted; an Arrow stream's end marker)."""
+        if self._progress and size is not None:
+            self._position = size()
+        self._send()
+
+    def _send(self) -> None:
+        if self._position > self._reported or self._rows > self._reported_rows:
+            report(self._progress, bytes=self._position - self._reported, rows_read=self._rows - self._reported_rows)
+            self._reported, self._reported_rows = self._position, self._rows
+        self._last = self._clock()
+
+
+class _CountedStream:
+    def __init__(self, stream, reads: FileReads):
+        self._stream, self._reads, self._position = stream, reads, 0
+
+    def read(self, *nbytes):
+        data = self._stream.read(*nbytes)
+        self._position += len(data)
+        self._reads.at(self._position)
+        return data
+
+
+def progress_line(now: dict[str, float], before: dict[str, float] | None, unit: str,
+                  total: float | None) -> str:
+    """One line from two readings of the counter (`before`: the previous one, for the rate)."""
+    done = tokenized(now, unit)
+    window = now["elapsed_s"] - (before["elapsed_s"] if before else 0.0)
+    # The rate over the last interval, not since the start: a resumed run re-reads its epoch's
+    # prefix much faster than training consumes data, which would make the ETA far too short.
+    rate = (done - (tokenized(before, unit) if before else 0.0)) / window if window > 0 else None
+    if total is None:
+        where = status(done, None, rate, unit)
+    else:
+        pass_ = max(1, math.ceil(done / total))  # exactly at the end of a pass: that pass, 100%
+        where = f"pass {pass_}: {status(done - (pass_ - 1) * total, total, rate, unit)}"
+    return (f"raytrain: data: {where}; tokenized {format_count(now['documents'])} documents, "
+            f"{format_count(now['tokens'])} tokens")
+
+
+def tokenized(counts: dict[str, float], unit: str) -> float:
+    """How much of the input is tokenized, in `unit`: rows, or the bytes read scaled by the share
+    of the rows read that the tokenizer has had (a file's reports come at most once a second, so
+    the tokenizer can be briefly ahead of them)."""
+    if unit != "B":
+        return counts["rows"]
+    return counts["bytes"] * min(1.0, counts["rows"] / counts["rows_read"]) if counts["rows_read"] else 0.0
+
+
+def input_total(source: Any, num_builtin_documents: int) -> tuple[str, float | None]:
+    """(unit, size of one pass) of a raytrain.data.Source; None when unknown (a hub dataset)."""
+    if source.format == "builtin":
+        return "documents", float(num_builtin_documents)
+    if source.hub_id is not None:
+        return "documents", None
+    if source.format in ("parquet", "tokenized"):
+        import pyarrow.parquet as pq
+
+        # One footer read per file: seconds for thousands of remote files, hence in the thread.
+        return "rows", float(sum(pq.ParquetFile(source.filesystem.open_input_file(f)).metadata.num_rows
+                                 for f in source.files))
+    return "B", float(sum(info.size for info in source.filesystem.get_file_info(source.files)))
+
+
+class DataProgress:
+    """The progress of one run's training data: `track` its source in `build_dataset`, then
+    `with progress: trainer.fit()` starts the counter actor and the printing thread, and ends both.
+
+    Evaluation data is not counted: it is re-read at every evaluation and would show up as passes
+    over the training data.
+    """
+
+    def __init__(self, data: DataConfig, run_name: str):
+        self.every_s = data.progress_every_s
+        self._num_builtin_documents = data.num_builtin_documents
+        # Unique per fit: Ray Data worker processes outlive a run and cache the actor by name.
+        self.name = f"raytrain-data-{run_name}-{uuid.uuid4().hex[:8]}" if self.every_s else None
+        self._source = None
+        self._actor = self._thread = None
+        self._stop = threading.Event()
+
+    def track(self, source: Any) -> str | None:
+        """Count reads of `source`; returns the counter's name for the tasks (None: not counted)."""
+        self._source = source
+        return self.name
+
+    def __enter__(self) -> DataProgress:
+        if self.name is None or self._source is None:
+            return self
+        import ray
+
+        self._actor = ray.remote(num_cpus=0)(Counter).options(name=self.name).remote()
+        self._thread = threading.Thread(target=self._watch, name="raytrain-data-progress", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._thread is None:
+            return
+        import ray
+
+        self._stop.set()
+        self._thread.join(timeout=10)
+        ray.kill(self._actor)
+
+    def counts(self, timeout_s: float = 60) -> dict[str, float]:
+        """The counter's totals now (Counter.counts); only inside the `with` block."""
+        import ray
+
+        return ray.get(self._actor.counts.remote(), timeout=timeout_s)
+
+    def _watch(self) -> None:
+        import ray
+
+        try:
+            unit, total = input_total(self._source, self._num_builtin_documents)
+        except Exception as e:  # a listing or footer that cannot be read: still show counts and rate
+            say(f"raytrain: data: the size of the training data is unknown ({e}): no percent or ETA", err=True)
+            unit, total = ("B" if self._source.format in ("text", "json", "hf") else "rows"), None
+        before = None
+        while not self._stop.wait(self.every_s):
+            try:
+                now = self.counts()
+            except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+                continue  # the run is ending, or the head is busy: the next reading will tell
+            if not now["rows"] or (before is not None and all(now[k] == before[k] for k in COUNTS)):
+                continue  # nothing tokenized yet, or since the last line (the data is buffered ahead)
+            say(progress_line(now, before, unit, total))
+            before = now

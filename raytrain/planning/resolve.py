@@ -1,0 +1,139 @@
+"""Resolve a RunConfig for a cluster shape: every derived value computed once, every check done.
+
+Runs on the driver, before any worker starts, both for `--dry-run` (shape from the config alone)
+and for a real run (shape read from the live Ray cluster). Start at `resolve_run`; its result, a
+`ResolvedRun` (raytrain.run_spec), is what `--dry-run` prints and what the driver places into the
+`RunSpec` the workers receive.
+"""
+
+from __future__ import annotations
+
+import json
+
+from raytrain.config import ConfigError, RunConfig
+from raytrain.data.sources import Sources, data_facts, inspect_sources
+from raytrain.deepspeed_config import DeepSpeedFacts, resolve_deepspeed
+from raytrain.model import load_model_config, load_tokenizer, param_stats
+from raytrain.run_spec import ClusterShape, ModelFacts, ResolvedRun
+
+
+def shape_from_config(cfg: RunConfig, gpus_available: int = 0) -> ClusterShape:
+    """The shape the config asks for, without a Ray cluster (dry runs on a laptop)."""
+    return _shape(cfg, gpus_available, gpus_available or None, None,
+                  "scaling.num_workers is not set and there are no GPUs here to count: "
+                  "set scaling.num_workers to the number of GPUs of the target cluster")
+
+
+def shape_from_cluster(cfg: RunConfig, resources: dict[str, float], gpus_per_node: int | None) -> ClusterShape:
+    """The shape on a live Ray cluster (`ray.cluster_resources()`)."""
+    return _shape(cfg, int(resources.get("GPU", 0)), gpus_per_node, resources.get("CPU"),
+                  "scaling.use_gpu=true but the cluster has no GPU yet: set scaling.num_workers "
+                  "(the autoscaler adds GPU nodes for the workers you ask for)")
+
+
+def _shape(cfg: RunConfig, gpus: int, gpus_per_node: int | None, cpus_total: float | None,
+           no_gpu_message: str) -> ClusterShape:
+    use_gpu = cfg.scaling.use_gpu if cfg.scaling.use_gpu is not None else gpus > 0
+    num_workers = cfg.scaling.num_workers
+    if num_workers is None:
+        if use_gpu and gpus == 0:
+            raise ConfigError(no_gpu_message)
+        num_workers = gpus if use_gpu else 2  # one worker per GPU; 2 on CPU (ZeRO-3 needs >1 to partition)
+    if num_workers < 1:
+        raise ConfigError(f"scaling.num_workers must be at least 1, got {num_workers}")
+    return ClusterShape(num_workers=num_workers, use_gpu=use_gpu, gpus_per_node=gpus_per_node, cpus_total=cpus_total)
+
+
+def resolve_run(cfg: RunConfig, shape: ClusterShape, sources: Sources | None = None) -> ResolvedRun:
+    """Validate the config for `shape` and derive every fact the run needs, once.
+
+    `sources`: the data sources when the caller already inspected them (the driver builds its
+    datasets from the same objects); None: inspected here.
+    """
+    hf_config = load_model_config(cfg.model)
+    hidden = getattr(hf_config, "hidden_size", None)
+    if hidden is None:
+        raise ConfigError(f"model: {type(hf_config).__name__} has no hidden_size; raytrain trains decoder LMs")
+    max_pos = getattr(hf_config, "max_position_embeddings", None)
+    if max_pos is not None and cfg.data.seq_len > max_pos:
+        raise ConfigError(f"data.seq_len={cfg.data.seq_len} exceeds the model's max_position_embeddings={max_pos}: "
+                          f"lower data.seq_len or set model.config.max_position_embeddings")
+    _check_model_options(cfg, hf_config, shape)
+    tokenizer = load_tokenizer(cfg.model)
+    if len(tokenizer) > hf_config.vocab_size:
+        raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens but the model's embedding table has "
+                          f"{hf_config.vocab_size}: set model.config.vocab_size >= {len(tokenizer)} or use the "
+                          f"model's own tokenizer")
+    _check_cpus_for_data(cfg, shape)
+    ds = resolve_deepspeed(cfg.deepspeed, cfg.training, world_size=shape.num_workers, use_gpu=shape.use_gpu,
+                           hidden_size=hidden, gpus_per_node=shape.gpus_per_node)
+    facts = DeepSpeedFacts.of(ds)
+    check_shards(cfg.data.num_shards, shape.num_workers, facts.micro_batch_per_gpu)
+    if (ds.get("compile") or {}).get("deepcompile") and not cfg.model.compile:
+        # DeepSpeed reads the flag only inside engine.compile(); without it the run would be eager.
+        raise ConfigError("deepspeed.compile.deepcompile=true takes effect only when the model is compiled: "
+                          "set model.compile=true (or drop deepcompile)")
+    sources = sources or inspect_sources(cfg.data)
+    model = ModelFacts(config_class=type(hf_config).__name__, model_type=hf_config.model_type, hidden_size=hidden,
+                       num_hidden_layers=hf_config.num_hidden_layers, vocab_size=hf_config.vocab_size,
+                       tokenizer_size=len(tokenizer),
+                       num_parameters=param_stats(hf_config, cfg.model.trust_remote_code).num_params,
+                       hf_config=json.loads(hf_config.to_json_string(use_diff=False)))
+    return ResolvedRun(config=cfg.with_deepspeed(ds), cluster=shape, model=model, deepspeed=facts,
+                       data=data_facts(cfg.data, sources))
+
+
+def advice(resolved: ResolvedRun) -> list[str]:
+    """Settings that run but cost throughput, each a line naming the key and what to do (not errors)."""
+    notes = []
+    cpus = resolved.config.scaling.cpus_per_worker
+    if resolved.deepspeed.offload_optimizer != "none" and cpus < 4:
+        # Ray sets each worker's OMP_NUM_THREADS to its CPUs, and CPU Adam runs on OpenMP threads.
+        notes.append(f"deepspeed.zero_optimization.offload_optimizer runs DeepSpeed's CPU Adam on the worker's "
+                     f"scaling.cpus_per_worker={cpus:g} CPU threads: at 1.1B on one H200 that halved tokens/s "
+                     f"(1 CPU: 26k, 14 CPUs: 51k; docs/benchmarks.md); raise scaling.cpus_per_worker")
+    return notes
+
+
+def check_shards(num_shards: int | None, num_workers: int, micro_batch: int) -> None:
+    """Each worker reads num_shards / num_workers data shards and takes the same number of rows
+    from each for every micro-batch (raytrain.data.ingest.MicroBatches)."""
+    if num_shards is None:
+        return
+    if num_shards % num_workers:
+        raise ConfigError(f"data.num_shards={num_shards} is not divisible by the {num_workers} workers: choose a "
+                          f"multiple of every worker count the run may use (e.g. 48), or null for one per worker")
+    per_worker = num_shards // num_workers
+    if micro_batch % per_worker:
+        raise ConfigError(f"the micro-batch of {micro_batch} is not divisible by the {per_worker} data shards each of "
+                          f"the {num_workers} workers reads (data.num_shards={num_shards}): set "
+                          f"training.micro_batch_size_per_gpu to a multiple of {per_worker}")
+
+
+def _check_model_options(cfg: RunConfig, hf_config, shape: ClusterShape) -> None:
+    if cfg.model.compile and cfg.model.liger_kernel != "none":
+        # Measured on an H200 (torch 2.11, liger-kernel 0.8.5, docs/benchmarks.md): with "all" dynamo fails
+        # to trace Liger's SwiGLU kernel; with "loss" the first compiled step hit an illegal memory access.
+        raise ConfigError(f"model.compile=true does not work with model.liger_kernel={cfg.model.liger_kernel} "
+                          f"(torch.compile fails on Liger's kernels): set one of them off; Liger is the faster "
+                          f"lever under ZeRO-3 (docs/benchmarks.md)")
+    if cfg.model.liger_kernel != "none":
+        if getattr(hf_config, "model_type", None) != "llama":
+            raise ConfigError(f"model.liger_kernel={cfg.model.liger_kernel} patches Llama models only, and this "
+                              f"model is {getattr(hf_config, 'model_type', '?')}: set model.liger_kernel=none")
+        if cfg.model.liger_kernel == "all" and not shape.use_gpu:
+            raise ConfigError("model.liger_kernel=all needs GPUs (triton kernels): use loss or none on CPU")
+
+
+def _check_cpus_for_data(cfg: RunConfig, shape: ClusterShape) -> None:
+    if shape.cpus_total is None or shape.use_gpu:
+        return
+    # Ray Train reserves the workers' CPUs; with none left, Ray Data cannot schedule a single
+    # tokenization task and the run waits forever.
+    # (A demand above the cluster's CPUs is left to the autoscaler, which adds nodes for it.)
+    demand = shape.num_workers * cfg.scaling.cpus_per_worker
+    spare = shape.cpus_total - demand
+    if demand <= shape.cpus_total and spare < 1:
+        raise ConfigError(f"{shape.num_workers} workers x scaling.cpus_per_worker={cfg.scaling.cpus_per_worker} "
+                          f"leave {spare:g} of the cluster's {shape.cpus_total:g} CPUs for Ray Data, which then "
+                          f"hangs: lower scaling.cpus_per_worker (fractions work) or add CPUs")

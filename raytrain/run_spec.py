@@ -1,0 +1,138 @@
+"""The one contract between the driver and the workers: `RunSpec`, resolved once, never edited.
+
+The driver builds it in two steps: `raytrain.planning.resolve.resolve_run` validates the user's
+config for a cluster shape and derives every fact once (a `ResolvedRun`: the config with a concrete
+DeepSpeed dict, the cluster shape, the model's facts, the DeepSpeed facts, the data source); the
+driver then places the run in storage and adds where it lives and what it resumes from
+(`RunSpec.place`). Workers receive `spec.to_dict()` (plain JSON, what Ray pickles to them) and rebuild
+it with `RunSpec.from_dict`; the same dict is saved in every checkpoint's raytrain.json.
+
+Frozen dataclasses all the way down: a fact computed on the driver is read by name on the worker,
+never recomputed from string keys, never changed on the way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from raytrain.config import RunConfig
+from raytrain.deepspeed_config import DeepSpeedFacts
+
+
+@dataclass(frozen=True)
+class ClusterShape:
+    """What the run is placed on."""
+
+    num_workers: int
+    use_gpu: bool
+    gpus_per_node: int | None = None
+    """GPUs of one node (None: unknown, e.g. planning without a cluster)."""
+    cpus_total: float | None = None
+    """Logical CPUs of the live cluster (None when planning without one)."""
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """The model as the driver loaded it once: its transformers config (overrides applied) and sizes."""
+
+    config_class: str
+    """The transformers config class, e.g. LlamaConfig."""
+    model_type: str
+    hidden_size: int
+    num_hidden_layers: int
+    vocab_size: int
+    tokenizer_size: int
+    num_parameters: int
+    """Counted on the meta device (shared parameters once)."""
+    hf_config: dict[str, Any]
+    """The config as JSON (`to_json_string`): workers rebuild it from this instead of loading it again."""
+
+
+@dataclass(frozen=True)
+class DataFacts:
+    """The data sources as the driver found them (raytrain.data.sources.inspect_source)."""
+
+    source: str
+    format: str
+    eval_source: str | None = None
+    eval_format: str | None = None
+
+    @property
+    def has_eval(self) -> bool:
+        return self.eval_source is not None
+
+
+@dataclass(frozen=True)
+class UniversalCopy:
+    """DeepSpeed's universal form of a checkpoint written by another number of workers (raytrain.checkpoint.reshard)."""
+
+    step: int
+    path: str
+    from_world: int
+
+
+@dataclass(frozen=True)
+class ResolvedRun:
+    """The run validated for a cluster shape: what `--dry-run` prints."""
+
+    config: RunConfig
+    """The user's config; its `deepspeed` is the resolved, concrete DeepSpeed dict (no "auto")."""
+    cluster: ClusterShape
+    model: ModelFacts
+    deepspeed: DeepSpeedFacts
+    data: DataFacts
+
+    @property
+    def ds_config(self) -> dict[str, Any]:
+        """The dict deepspeed.initialize receives."""
+        return self.config.deepspeed  # type: ignore[return-value]  (resolved: always a mapping)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.deepspeed.train_batch_size * self.config.data.seq_len
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON: what the workers receive, raytrain.json stores and --dry-run prints."""
+        out = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return {**out, "tokens_per_step": self.tokens_per_step}
+
+
+@dataclass(frozen=True)
+class RunSpec(ResolvedRun):
+    """A resolved run placed in storage: everything a worker needs, and nothing it must look up again."""
+
+    run_name: str = ""
+    storage_path: str = ""
+    """Absolute local path or URI of the storage the run directory lives in."""
+    resume_from: str | None = None
+    """checkpoint.resume_from: where a new run starts (the run's own latest checkpoint wins after a restart)."""
+    universal: UniversalCopy | None = None
+
+    @classmethod
+    def place(cls, resolved: ResolvedRun, *, run_name: str, storage_path: str, resume_from: str | None,
+              universal: UniversalCopy | None) -> "RunSpec":
+        return cls(**{f.name: getattr(resolved, f.name) for f in dataclasses.fields(ResolvedRun)},
+                   run_name=run_name, storage_path=storage_path, resume_from=resume_from, universal=universal)
+
+    @property
+    def run_uri(self) -> str:
+        return f"{self.storage_path.rstrip('/')}/{self.run_name}"
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out.pop("tokens_per_step")  # derived: from_dict must not be handed it
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunSpec":
+        universal = data.get("universal")
+        return cls(config=RunConfig.from_dict(data["config"]), cluster=ClusterShape(**data["cluster"]),
+                   model=ModelFacts(**data["model"]), deepspeed=DeepSpeedFacts(**data["deepspeed"]),
+                   data=DataFacts(**data["data"]), run_name=data["run_name"], storage_path=data["storage_path"],
+                   resume_from=data.get("resume_from"), universal=UniversalCopy(**universal) if universal else None)
+
+
+def _plain(value: Any) -> Any:
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value

@@ -1,0 +1,56 @@
+"""`python -m raytrain.tools.plan`: the memory a run needs per GPU and per node, and what fits, before allocating.
+
+    python -m raytrain.tools.plan [--config FILE] [--gpu-memory-gib N] [--host-memory-gib N]
+                                  [--gpus-per-node N] [KEY=VALUE ...]
+
+The target is given by the flags (a cluster that does not exist yet), else read from the Ray
+cluster at RAY_ADDRESS / cluster.address, else this machine. Exit 0: the configured run fits;
+1: it does not; 2: a configuration error. The model behind it: raytrain.planning.memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from raytrain.config import ConfigError, load_config
+from raytrain.console import say
+from raytrain.driver.run import plan_memory
+from raytrain.planning.memory import DoesNotFit, format_plan
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m raytrain.tools.plan",
+        description="Print the memory a run needs per GPU and per node (ZeRO-3 model states with and without "
+                    "offload, activations with and without checkpointing) and what fits the target. The target "
+                    "is given by the flags (a cluster that doesn't exist yet), else read from the Ray cluster at "
+                    "RAY_ADDRESS / cluster.address, else this machine. Exit 0: the configured run fits; 1: it "
+                    "does not; 2: a configuration error.")
+    parser.add_argument("--config", help="YAML run config, as for python -m raytrain.main")
+    parser.add_argument("--gpu-memory-gib", type=float, help="memory of one GPU of the target, e.g. 139.8 (H200)")
+    parser.add_argument("--host-memory-gib", type=float, help="host RAM of one node of the target")
+    parser.add_argument("--gpus-per-node", type=int, help="GPUs (workers) per node of the target")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="dotted overrides, e.g. scaling.num_workers=16 model.gradient_checkpointing=true")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        plan = plan_memory(load_config(args.config, args.overrides), gpu_memory_gib=args.gpu_memory_gib,
+                           host_memory_gib=args.host_memory_gib, gpus_per_node=args.gpus_per_node)
+    except DoesNotFit as e:
+        say(format_plan(e.plan))
+        say(f"raytrain: does not fit: {e}", err=True)
+        return 1
+    except ConfigError as e:
+        say(f"raytrain: error: {e}", err=True)
+        return 2
+    say(format_plan(plan))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

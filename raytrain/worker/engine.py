@@ -1,0 +1,151 @@
+"""The DeepSpeed engine of one worker: the model under zero.Init, the optimizer, the schedule, one step.
+
+Start at `build_engine` (called once per worker process by raytrain.worker.loop, and by the
+benchmark's plain-DeepSpeed path, so both measure the same setup). `train_step` is one optimizer
+step over the gradient-accumulation micro-batches.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import warnings
+from typing import Any, Iterator
+
+import torch
+
+from raytrain import compat
+from raytrain.config import TrainingConfig
+from raytrain.console import emit
+from raytrain.deepspeed_config import DeepSpeedFacts
+from raytrain.model import build_model, config_from_facts
+from raytrain.run_spec import ResolvedRun
+from raytrain.worker.kernels import apply_liger
+from raytrain.worker.ops import ensure_built, fix_cuda_arch_list, required_ops
+
+
+def build_engine(spec: ResolvedRun, device: torch.device, ds_config: dict[str, Any] | None = None):
+    """(engine, scheduler, transformers config): DeepSpeed on the process group that already exists
+    (Ray Train's), the model created under zero.Init, optimizer and LR schedule.
+
+    `ds_config`: the dict to initialise with when it differs from the spec's (a universal-checkpoint
+    load adds `checkpoint.load_universal`); default the spec's resolved one.
+    """
+    deepspeed = import_deepspeed(device)
+    ds_config = spec.ds_config if ds_config is None else ds_config
+    if device.type == "cuda":
+        fix_cuda_arch_list(log=emit)
+    ensure_built(required_ops(spec.deepspeed), log=emit)
+    # torch.distributed is already initialised by Ray Train: DeepSpeed's comm wraps that process
+    # group (it must exist before zero.Init, which reads the world size from it).
+    deepspeed.init_distributed(dist_backend=torch.distributed.get_backend(), auto_mpi_discovery=False)
+    cfg = spec.config
+    torch.manual_seed(cfg.training.seed)  # same init on every rank before zero.Init partitions it
+    apply_liger(cfg.model.liger_kernel)  # patches the model classes: before they are built
+    hf_config = config_from_facts(spec.model, cfg.model)
+    model = build_model(cfg.model, hf_config, ds_config)
+    optimizer, scheduler = build_optimizer(model, cfg.training, spec.deepspeed, device)
+    engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                                   config=ds_config, dist_init_required=False)
+    if cfg.model.compile:
+        # Through the engine, not torch.compile(model): DeepSpeed keeps its ZeRO-3 hooks out of the
+        # graphs (or, with compile.deepcompile, replaces them with its own compiled schedule).
+        engine.compile()
+    return engine, scheduler, hf_config
+
+
+def train_step(engine, batches: Iterator[dict[str, Any]], grad_accum: int, device: torch.device,
+               marks: list | None = None):
+    """One optimizer step over grad_accum micro-batches; returns (mean loss tensor, data wait s).
+
+    `marks` (the benchmark's step breakdown, GPU only): a list that receives, per micro-batch, the
+    CUDA events before forward, backward, step and after it.
+    """
+    data_wait = 0.0
+    step_loss = torch.zeros((), device=device)
+    for _ in range(grad_accum):
+        t = time.perf_counter()
+        batch = next(batches)
+        data_wait += time.perf_counter() - t
+        events = _record(marks)
+        # position_ids only when data.position_ids=per_document (positions restart at each document)
+        loss = engine(input_ids=batch["input_ids"], labels=batch["input_ids"], position_ids=batch.get("position_ids")).loss
+        _record(marks, events)
+        engine.backward(loss)
+        _record(marks, events)
+        engine.step()  # DeepSpeed only updates at the accumulation boundary
+        _record(marks, events)
+        step_loss += loss.detach()  # stays on the device: no sync here
+    return step_loss / grad_accum, data_wait
+
+
+def _record(marks: list | None, events: list | None = None) -> list | None:
+    if marks is None:
+        return None
+    if events is None:
+        events = []
+        marks.append(events)
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    events.append(event)
+    return events
+
+
+def build_optimizer(model, training: TrainingConfig, facts: DeepSpeedFacts, device: torch.device):
+    """AdamW and warmup+cosine, unless the DeepSpeed config brings its own optimizer/scheduler."""
+    optimizer = scheduler = None
+    if facts.optimizer_type is None:
+        decay, no_decay = [], []
+        for p in model.parameters():
+            # Under ZeRO-3 p.shape is the (empty) local partition; ds_shape is the real one.
+            (decay if len(getattr(p, "ds_shape", p.shape)) >= 2 else no_decay).append(p)
+        groups = [{"params": decay, "weight_decay": training.weight_decay},
+                  {"params": no_decay, "weight_decay": 0.0}]
+        kwargs = dict(lr=training.learning_rate, betas=tuple(training.adam_betas), eps=training.adam_epsilon)
+        if facts.offload_optimizer != "none":
+            # Offloaded optimizer states live in host memory: DeepSpeed's vectorised CPU Adam is
+            # the only optimizer it accepts there (JIT-compiled once, ~50 s, cached in TORCH_EXTENSIONS_DIR).
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            optimizer = DeepSpeedCPUAdam(groups, adamw_mode=True, **kwargs)
+        else:
+            # torch's fused AdamW on GPU: no JIT build (DeepSpeed's FusedAdam compiles for minutes).
+            optimizer = torch.optim.AdamW(groups, fused=device.type == "cuda", **kwargs)
+    if not facts.has_scheduler and optimizer is not None:
+        # (A DeepSpeed JSON with its own optimizer and no scheduler keeps its constant LR, as written.)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(training))
+    return optimizer, scheduler
+
+
+def warmup_cosine(training: TrainingConfig):
+    """LR multiplier: linear warmup to 1, then cosine decay to min_lr_ratio at max_steps.
+
+    Not transformers' get_cosine_with_min_lr_schedule_with_warmup: that one starts at 0, so its
+    first optimizer step does nothing; this one starts at 1/warmup_steps (as torchtitan's does).
+    """
+    def factor(step: int) -> float:
+        if step < training.warmup_steps:
+            return (step + 1) / training.warmup_steps
+        progress = min(1.0, (step - training.warmup_steps) / max(1, training.max_steps - training.warmup_steps))
+        return training.min_lr_ratio + (1 - training.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return factor
+
+
+def import_deepspeed(device: torch.device):
+    """Import DeepSpeed for this worker's device, without its CPU shared-memory comm op.
+
+    On CPU DeepSpeed would JIT-compile a shared-memory all-reduce (~35 s per process start); gloo is
+    enough for CPU runs, which exist for development and tests, not speed.
+    """
+    if device.type == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    # DeepSpeed's ZeRO-3 calls torch's all_gather_into_tensor and reduce_scatter_tensor, which
+    # torch 2.13 deprecates: one warning per call would bury the progress lines.
+    warnings.filterwarnings("ignore", message=".*(all_gather_into_tensor|reduce_scatter_tensor).*",
+                            category=FutureWarning)
+    import deepspeed
+
+    if device.type == "cpu":
+        compat.disable_deepspeed_op("deepspeed_shm_comm")
+    return deepspeed

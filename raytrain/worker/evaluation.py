@@ -1,0 +1,90 @@
+"""Held-out evaluation inside the workers: mean loss and perplexity over the same batch count on every rank.
+
+Start at `evaluate`. Under ZeRO-3 every forward pass gathers parameters with collectives, so all
+ranks must run exactly the same number of forwards or the job hangs. `evaluate` therefore runs at
+most `max_batches` and, before each one, agrees with the other ranks that every rank still has a
+batch (one tiny all-reduce); if any rank's eval shard has run out, all stop together.
+
+`Evaluator` is the loop's component: it decides when to evaluate (every data.eval_every_n_steps
+and after the last step) over the shard Ray Train hands out for the "eval" dataset.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from raytrain.console import emit
+
+
+class Evaluator:
+    """When and on what to evaluate. `batches` opens one pass over this rank's eval shard."""
+
+    def __init__(self, engine, batches: Callable[[], Iterable[dict[str, Any]]], device, every_n_steps: int,
+                 max_batches: int):
+        self.engine, self.batches, self.device = engine, batches, device
+        self.every, self.max_batches = every_n_steps, max_batches
+
+    def due(self, step: int, last: bool) -> bool:
+        return last or bool(self.every and step % self.every == 0)
+
+    def run(self) -> dict[str, float]:
+        return evaluate(self.engine, self.batches(), self.device, self.max_batches)
+
+
+def eval_batches(shard, micro_batch: int, device) -> Iterator[dict[str, Any]]:
+    """One pass over this rank's eval shard: {"input_ids"(, "position_ids")} LongTensors on `device`.
+
+    drop_last: every batch has `micro_batch` rows, so every rank's loss weighs the same.
+    """
+    for batch in shard.iter_torch_batches(batch_size=micro_batch, dtypes=torch.long, device=device,
+                                          drop_last=True, prefetch_batches=2):
+        yield batch
+
+
+def evaluate(engine, eval_iterable: Iterable[dict[str, Any]], device, max_batches: int) -> dict[str, float]:
+    """{"eval_loss", "eval_ppl"}: the token-weighted mean next-token loss over all ranks, and exp of it.
+
+    Every rank must call this at the same step. Runs at most `max_batches` batches per rank, the
+    same number on every rank; raises if no rank-wide batch was available at all.
+    """
+    was_training = engine.training
+    engine.eval()
+    # [sum of token losses, predicted tokens] in float64: the sum stays exact over many batches.
+    totals = torch.zeros(2, dtype=torch.float64, device=device)
+    ran = 0
+    batches = iter(eval_iterable)
+    try:
+        with torch.no_grad():
+            while ran < max_batches:
+                batch = next(batches, None)
+                # Does every rank have a batch? One all-reduce per batch; this is also a device sync.
+                have = torch.tensor([0 if batch is None else 1], dtype=torch.int32, device=device)
+                dist.all_reduce(have, op=dist.ReduceOp.MIN)
+                if not have.item():
+                    break
+                input_ids = batch["input_ids"]
+                extra = {"position_ids": batch["position_ids"]} if "position_ids" in batch else {}
+                loss = engine(input_ids=input_ids, labels=input_ids, **extra).loss
+                # The model averages over the predicted tokens: all but the first of each row.
+                predicted = input_ids.shape[0] * (input_ids.shape[1] - 1)
+                totals[0] += loss.detach().double() * predicted
+                totals[1] += predicted
+                ran += 1
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()  # ends this rank's pass over the shard, so Ray Data can start the next one
+        engine.train(was_training)
+    dist.all_reduce(totals, op=dist.ReduceOp.SUM)
+    if totals[1].item() == 0:
+        raise RuntimeError("the eval data yields no full micro-batch on some worker: add eval data "
+                           "(data.eval_path / data.eval_fraction) or lower data.seq_len")
+    if ran < max_batches and dist.get_rank() == 0:
+        emit(f"raytrain: eval ran {ran} of data.eval_max_batches={max_batches} batches per worker "
+             f"(a worker's eval shard ran out)")
+    mean = (totals[0] / totals[1]).item()
+    return {"eval_loss": mean, "eval_ppl": math.exp(mean) if mean < 700 else math.inf}

@@ -1,0 +1,150 @@
+"""The per-worker training loop (runs inside each Ray Train worker process).
+
+Start at `train_loop_per_worker`, the function Ray Train runs on every worker: it rebuilds the
+`RunSpec` the driver sent (never module globals), builds the components — the DeepSpeed engine
+(raytrain.worker.engine), the data reader (raytrain.data.ingest), metrics, evaluation, checkpoints,
+tracking — restores the latest checkpoint, and hands them to `Trainer.train`.
+
+`Trainer.train` is the loop, in the shape of torchtitan's: each component decides for itself when
+it is due (log, evaluate, save), so the loop only orders them. It takes `report`, the one call into
+Ray Train, as an argument: tests run the loop without Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import ray.train
+import ray.train.torch
+import torch
+
+from raytrain import compat
+from raytrain.checkpoint.layout import checkpoint_dir_name
+from raytrain.checkpoint.shards import Checkpointer, Rank, restore, resume_point
+from raytrain.console import emit, format_progress
+from raytrain.data.ingest import MicroBatches
+from raytrain.run_spec import RunSpec
+from raytrain.worker.engine import build_engine, train_step
+from raytrain.worker.evaluation import Evaluator, eval_batches
+from raytrain.worker.metrics import StepMeter, TrainMetrics, flops_per_token
+from raytrain.worker.tracking import Tracker
+
+Report = Callable[[dict[str, Any], "str | None", int], None]
+"""report(metrics, local checkpoint directory or None, step): hand a window to Ray Train."""
+
+
+class Trainer:
+    """One worker's share of the run, from `start_step` to `max_steps`."""
+
+    def __init__(self, *, engine, scheduler, batches: Iterator[dict[str, Any]], grad_accum: int, device,
+                 metrics: TrainMetrics, checkpointer: Checkpointer, evaluator: Evaluator | None, tracker: Tracker,
+                 report: Report, start_step: int, max_steps: int, history: list[dict[str, Any]], is_rank0: bool):
+        self.engine, self.scheduler, self.batches, self.grad_accum, self.device = engine, scheduler, batches, grad_accum, device
+        self.metrics, self.checkpointer, self.evaluator, self.tracker, self.report = (
+            metrics, checkpointer, evaluator, tracker, report)
+        self.start_step, self.max_steps, self.history, self.is_rank0 = start_step, max_steps, history, is_rank0
+
+    def train(self) -> None:
+        for step in range(self.start_step + 1, self.max_steps + 1):
+            loss, data_wait = train_step(self.engine, self.batches, self.grad_accum, self.device)
+            self.metrics.record(step, loss, data_wait)
+            last = step == self.max_steps
+            save = self.checkpointer.due(step, last)
+            evaluate = self.evaluator is not None and self.evaluator.due(step, last)
+            if not (save or evaluate or self.metrics.due(step)):
+                continue
+            window = self.metrics.collect(step, self._lr(), self._grad_norm())
+            if evaluate:  # every rank, same step, same batch count (see raytrain.worker.evaluation)
+                window.update(self.evaluator.run())
+            self.history.append(window)
+            if self.is_rank0:
+                emit(format_progress(window, self.max_steps))
+            checkpoint = self.checkpointer.save(step, window, self.history, self.batches.position()) if save else None
+            self.report(window, checkpoint, step)
+            self.tracker.log(window, step)
+
+    def _lr(self) -> float:
+        return self.scheduler.get_last_lr()[0] if self.scheduler else self.engine.get_lr()[0]
+
+    def _grad_norm(self) -> float | None:
+        norm = self.engine.get_global_grad_norm()
+        return None if norm is None else float(norm)
+
+
+def train_loop_per_worker(spec_dict: dict[str, Any]) -> None:
+    """Ray Train's entry point on every worker: `spec_dict` is the driver's `RunSpec.to_dict()`."""
+    spec = RunSpec.from_dict(spec_dict)
+    cfg = spec.config
+    ctx = ray.train.get_context()
+    rank = Rank(world=ctx.get_world_rank(), world_size=ctx.get_world_size(), local=ctx.get_local_rank(),
+                node=ctx.get_node_rank())
+    device = ray.train.torch.get_device()  # the device Ray assigned, not a guess from LOCAL_RANK
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    compat.quiet_ray_train_report_log()
+    resume = resume_point(spec, ray.train.get_checkpoint(), rank.world_size)
+    ds_config = spec.ds_config
+    if resume is not None and resume.universal:
+        # written by another number of workers: DeepSpeed re-partitions its universal form (raytrain.checkpoint.reshard)
+        ds_config = {**ds_config, "checkpoint": {**ds_config.get("checkpoint", {}), "load_universal": True}}
+    engine, scheduler, _ = build_engine(spec, device, ds_config)
+    start_step, history, data_state = restore(engine, resume, seed=cfg.training.seed, rank=rank.world)
+    facts = spec.deepspeed
+    if rank.world == 0:
+        emit(f"raytrain: {spec.model.num_parameters:,} parameters, world size {rank.world_size}, "
+             f"batch {facts.train_batch_size} = {facts.micro_batch_per_gpu} x {facts.gradient_accumulation_steps} x "
+             f"{rank.world_size}, seq_len {cfg.data.seq_len}, device {device.type}, starting at step {start_step}")
+        emit("raytrain: DeepSpeed config (resolved; saved in every checkpoint's raytrain.json): "
+             + json.dumps(ds_config, sort_keys=True))
+    meter = StepMeter(
+        max_steps=cfg.training.max_steps, tokens_per_step=spec.tokens_per_step,
+        flops_per_token=flops_per_token(spec.model.num_parameters, spec.model.num_hidden_layers,
+                                        spec.model.hidden_size, cfg.data.seq_len),
+        peak_flops_total=cfg.training.peak_tflops_per_gpu * 1e12 * rank.world_size if device.type == "cuda" else None)
+    batches = MicroBatches(ray.train.get_dataset_shard("train"), facts.micro_batch_per_gpu, device,
+                           seed=cfg.training.seed, shuffle_buffer_size=cfg.data.shuffle_buffer_size,
+                           position=(data_state["epoch"], data_state["rows"]) if start_step else (0, 0),
+                           prefetch=cfg.data.prefetch_batches)
+    evaluator = None
+    if spec.data.has_eval:  # Ray Train raises KeyError for a dataset it was not given
+        shard = ray.train.get_dataset_shard("eval")
+        evaluator = Evaluator(engine, lambda: eval_batches(shard, facts.micro_batch_per_gpu, device), device,
+                              cfg.data.eval_every_n_steps, cfg.data.eval_max_batches)
+    tracker = Tracker(cfg.tracking, spec.storage_path, spec.run_name, spec_dict, active=rank.world == 0)
+    trainer = Trainer(engine=engine, scheduler=scheduler, batches=batches,
+                      grad_accum=facts.gradient_accumulation_steps, device=device,
+                      metrics=TrainMetrics(meter, cfg.training.log_every_n_steps, device, start_step,
+                                           announce=rank.world == 0),
+                      checkpointer=Checkpointer(engine, spec, spec_dict, rank), evaluator=evaluator, tracker=tracker,
+                      report=ray_report(cfg.checkpoint.upload_async), start_step=start_step,
+                      max_steps=cfg.training.max_steps, history=history, is_rank0=rank.world == 0)
+    try:
+        trainer.train()
+    finally:
+        batches.close()
+        tracker.close()
+
+
+def ray_report(upload_async: bool) -> Report:
+    """The loop's `report`: ray.train.report, with this rank's checkpoint directory when one was saved."""
+    # ASYNC: Ray uploads in the background and deletes the directory afterwards, so training goes on
+    # while the shards travel to storage; SYNC: report returns once they are there.
+    mode = ray.train.CheckpointUploadMode.ASYNC if upload_async else ray.train.CheckpointUploadMode.SYNC
+
+    def report(metrics: dict[str, Any], checkpoint: str | None, step: int) -> None:
+        if checkpoint is None:
+            ray.train.report(metrics)
+            return
+        try:
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(checkpoint),
+                             checkpoint_dir_name=checkpoint_dir_name(step), checkpoint_upload_mode=mode)
+        except BaseException:
+            shutil.rmtree(checkpoint, ignore_errors=True)
+            raise
+        if not upload_async:
+            shutil.rmtree(checkpoint, ignore_errors=True)
+
+    return report

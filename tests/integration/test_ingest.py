@@ -1,0 +1,63 @@
+"""The worker's reader on real Ray Data splits (raytrain.data.ingest), without training: the data
+position is that of the last batch handed out (never of what was prefetched), a reader started at a
+position continues exactly there, and an epoch ends for every shard at once, dropping each shard's
+partial tail. The same reader inside real Ray Train workers, across world sizes: test_data_resume.py."""
+
+import numpy as np
+import pytest
+import torch
+
+pytestmark = pytest.mark.integration
+
+
+def splits(n_shards, rows=40):
+    import ray.data
+
+    ds = ray.data.from_items([{"input_ids": np.full(4, i, dtype=np.int32)} for i in range(rows)],
+                             override_num_blocks=8)
+    ds.context.execution_options.preserve_order = True
+    return ds.streaming_split(n_shards, equal=True)
+
+
+def reader(n_shards, position=(0, 0), prefetch=0, micro=4):
+    from raytrain.data.ingest import MicroBatches, ShardGroup
+
+    shards = splits(n_shards)
+    return MicroBatches(ShardGroup(shards, list(range(n_shards))), micro, torch.device("cpu"), seed=5,
+                        shuffle_buffer_size=0, position=position, prefetch=prefetch)
+
+
+def first_ids(batch):
+    return batch["input_ids"][:, 0].tolist()
+
+
+def test_position_is_of_the_last_batch_handed_out_even_with_prefetch(ray_cluster):
+    batches = reader(2, prefetch=3)
+    seen = [first_ids(next(batches)) for _ in range(2)]
+    assert batches.position() == {"epoch": 0, "rows": 4}  # 2 rows per shard per micro-batch, 2 batches
+    batches.close()
+    assert all(len(ids) == 4 for ids in seen)
+
+
+def test_a_reader_started_at_a_position_continues_exactly_there(ray_cluster):
+    full = reader(2)
+    expected = [first_ids(next(full)) for _ in range(5)]
+    full.close()
+    resumed = reader(2, position=(0, 6))  # after 3 micro-batches of 2 rows from each of the 2 shards
+    assert [first_ids(next(resumed)) for _ in range(2)] == expected[3:]
+    resumed.close()
+
+
+def test_an_epoch_ends_for_every_shard_at_once(ray_cluster):
+    batches = reader(2, micro=6)  # 20 rows per shard, 3 per micro-batch: 6 batches, 2 rows dropped per shard
+    for _ in range(6):
+        next(batches)
+    assert batches.position() == {"epoch": 0, "rows": 18}
+    next(batches)
+    assert batches.position() == {"epoch": 1, "rows": 3}
+    batches.close()
+
+
+def test_a_micro_batch_that_does_not_divide_over_the_shards_is_refused(ray_cluster):
+    with pytest.raises(ValueError, match="not divisible by the 3 shards"):
+        reader(3, micro=4)

@@ -1,0 +1,92 @@
+"""tokenize_and_pack (raytrain.data.packing): EOS joins, exact blocks, per-document positions, the
+eval split, bad values. Ray Data runs the same function in tests/integration/test_data_sources.py."""
+
+import logging
+
+import numpy as np
+import pytest
+
+from raytrain.config import ConfigError, ModelConfig
+from raytrain.data.packing import document_positions, tokenize_and_pack
+from raytrain.model import load_tokenizer
+
+TOK = load_tokenizer(ModelConfig())
+EOS = TOK.eos_token_id
+
+
+def ids(text):
+    return TOK(text, add_special_tokens=False)["input_ids"]
+
+
+def pack(texts, seq_len=16, **kwargs):
+    return tokenize_and_pack({"text": np.array(texts, dtype=object)}, seq_len=seq_len, model=ModelConfig(),
+                             text_column="text", pretokenized=False, **kwargs)
+
+
+def test_packing_joins_documents_with_eos_and_cuts_exact_blocks():
+    docs = ["hello world", "a" * 40, "xyz"]
+    blocks = pack(docs)["input_ids"]
+    stream = [t for d in docs for t in ids(d) + [EOS]]
+    assert blocks.dtype == np.int32 and blocks.shape == (len(stream) // 16, 16)
+    assert blocks.flatten().tolist() == stream[: blocks.size]  # long document split across blocks, order kept
+    assert len(stream) - blocks.size < 16  # only the tail shorter than one block is dropped
+
+
+def test_per_document_position_ids_restart_after_eos_and_at_block_start():
+    out = pack(["abc", "defghij", "k" * 20], seq_len=8, position_ids="per_document")
+    # documents with EOS: 4, 8, 21 tokens -> 33 tokens -> 4 blocks of 8
+    assert out["position_ids"].dtype == np.int32 and out["position_ids"].shape == out["input_ids"].shape
+    assert out["position_ids"].tolist() == [[0, 1, 2, 3, 0, 1, 2, 3],
+                                            [0, 1, 2, 3, 0, 1, 2, 3],
+                                            [0, 1, 2, 3, 4, 5, 6, 7],
+                                            [0, 1, 2, 3, 4, 5, 6, 7]]
+    assert "position_ids" not in pack(["abc"], seq_len=2)  # "packed": the model counts 0..seq_len-1
+
+
+def test_document_positions_of_a_document_spanning_blocks():
+    assert document_positions(np.array([3, 10]), 12, 4).tolist() == [[0, 1, 2, 0], [0, 1, 2, 3], [0, 1, 2, 3]]
+
+
+def test_empty_documents_are_skipped_and_counted(caplog):
+    with caplog.at_level(logging.WARNING, logger="raytrain.data"):
+        out = pack(["", None, "abcdefg"], seq_len=4)["input_ids"]
+    assert out.flatten().tolist() == ids("abcdefg") + [EOS]
+    assert "skipped 2 empty documents" in caplog.text
+
+
+def test_pretokenized_input_is_packed_as_is_with_one_eos_per_document():
+    rows = np.array([np.arange(10), np.append(np.arange(10, 29), EOS), np.array([], dtype=np.int64)], dtype=object)
+    out = tokenize_and_pack({"input_ids": rows}, seq_len=31, model=ModelConfig(), text_column="text",
+                            pretokenized=True, vocab_size=320)["input_ids"]
+    # the second row already ends with EOS: not doubled; the empty row adds nothing (10+1 + 20 = 31)
+    assert out.flatten().tolist() == list(range(10)) + [EOS] + list(range(10, 29)) + [EOS]
+
+
+def test_token_ids_beyond_the_embedding_table_are_an_error():
+    rows = np.array([np.array([1, 2, 999])], dtype=object)
+    with pytest.raises(ConfigError, match="token id 999 is outside the model's embedding table \\(320 rows\\)"):
+        tokenize_and_pack({"input_ids": rows}, seq_len=2, model=ModelConfig(), text_column="text",
+                          pretokenized=True, vocab_size=320)
+    with pytest.raises(ConfigError, match="set model.config.vocab_size"):
+        pack(["abc"], seq_len=2, vocab_size=100)  # bytes above 100 exist in "abc"
+
+
+def test_text_column_must_exist_and_hold_strings():
+    with pytest.raises(ConfigError, match="data.text_column='text' is not a column"):
+        tokenize_and_pack({"body": np.array(["x"], dtype=object)}, seq_len=2, model=ModelConfig(),
+                          text_column="text", pretokenized=False)
+    with pytest.raises(ConfigError, match="holds int values"):
+        pack([1, 2])
+
+
+def test_eval_fraction_splits_documents_by_content_disjointly_and_deterministically():
+    docs = [f"document number {i}" for i in range(400)]
+
+    def side(split):
+        out = pack(docs, seq_len=1, split=split, eval_fraction=0.25)["input_ids"].flatten().tolist()
+        return set(TOK.decode(out).split(TOK.eos_token)) - {""}
+
+    train, held_out = side("train"), side("eval")
+    assert train | held_out == set(docs) and not train & held_out
+    assert 60 < len(held_out) < 140  # ~100 expected
+    assert side("eval") == held_out  # same split every time

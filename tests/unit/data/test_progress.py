@@ -1,0 +1,146 @@
+"""The tokenization progress of a run (raytrain.data.progress): its arithmetic and what the Ray Data
+functions report, with a fake clock. The real counter actor runs in tests/integration/test_data_sources.py."""
+
+import gzip
+
+import numpy as np
+import pyarrow.fs as pafs
+import pytest
+
+from raytrain.config import DataConfig, ModelConfig
+from raytrain.data import packing
+from raytrain.data import progress as data_progress
+from raytrain.data.packing import tokenize_and_pack
+from raytrain.data.progress import Counter, DataProgress, FileReads, input_total, progress_line, tokenized
+from raytrain.data.readers import read_documents
+from raytrain.data.sources import Source
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def reports(monkeypatch):
+    """What the Ray Data functions send to the counter actor, collected here instead."""
+    sent = []
+    monkeypatch.setattr(data_progress, "report", lambda progress, **counts: sent.append((progress, counts)))
+    return sent
+
+
+def test_counter_times_from_its_first_report():
+    clock = Clock()
+    counter = Counter(clock)
+    clock.now += 50  # the actor waits for the first task: not part of the rate
+    counter.add(bytes=10, rows=2)
+    clock.now += 4
+    counter.add(bytes=30, documents=2, tokens=99)
+    assert counter.counts() == {"documents": 2, "tokens": 99, "rows": 2, "bytes": 40, "rows_read": 0,
+                                "elapsed_s": 4.0}
+
+
+def test_progress_line_names_the_pass_and_rates_the_last_interval():
+    total = 4.8e9
+    first = {"documents": 1.0e6, "tokens": 250e6, "rows": 1.0e6, "bytes": 1.2e9, "rows_read": 1.0e6, "elapsed_s": 60.0}
+    line = progress_line(first, None, "B", total)
+    assert line == ("raytrain: data: pass 1: 1.20 GB of 4.80 GB (25%), 20.0 MB/s, ETA 3m00s; "
+                    "tokenized 1.00M documents, 250M tokens")
+    # A second pass: 6.0 GB in all is 1.2 GB into pass 2; the rate is the last 30 s only.
+    second = {**first, "bytes": 6.0e9, "rows": 5.0e6, "rows_read": 5.0e6, "documents": 5.0e6, "elapsed_s": 90.0}
+    assert progress_line(second, first, "B", total).startswith(
+        "raytrain: data: pass 2: 1.20 GB of 4.80 GB (25%), 160 MB/s, ETA 22s; tokenized 5.00M documents")
+    end_of_pass = {**first, "bytes": total}
+    assert "pass 1: 4.80 GB of 4.80 GB (100%)" in progress_line(end_of_pass, first, "B", total)
+
+
+def test_bytes_count_once_their_documents_are_tokenized():
+    # The readers are ahead: 2.4 GB read held 2M documents, of which the tokenizer has had half.
+    ahead = {"documents": 1.0e6, "tokens": 250e6, "rows": 1.0e6, "bytes": 2.4e9, "rows_read": 2.0e6, "elapsed_s": 60}
+    assert tokenized(ahead, "B") == 1.2e9 and tokenized(ahead, "rows") == 1.0e6
+    # A file's reports lag the tokenizer by up to a second: never more than what was read.
+    assert tokenized({**ahead, "rows": 2.1e6}, "B") == 2.4e9
+    assert tokenized({**ahead, "rows_read": 0}, "B") == 0.0
+
+
+def test_progress_line_without_a_known_size_has_counts_and_rate_only():
+    now = {"documents": 900, "tokens": 45_000, "rows": 1000, "bytes": 0, "rows_read": 0, "elapsed_s": 10.0}
+    assert progress_line(now, None, "documents", None) == \
+        "raytrain: data: 1.00k documents, 100 documents/s; tokenized 900 documents, 45.0k tokens"
+    assert "pass 1: 1.00k documents of 4.00k documents (25%)" in progress_line(now, None, "documents", 4000)
+
+
+def test_input_total_by_source(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "a.txt").write_text("x" * 300)
+    (tmp_path / "b.txt").write_text("y" * 700)
+    fs = pafs.LocalFileSystem()
+    text = Source("text", filesystem=fs, files=[str(tmp_path / "a.txt"), str(tmp_path / "b.txt")])
+    assert input_total(text, 4000) == ("B", 1000.0)
+    for i, n in enumerate((3, 5)):
+        pq.write_table(pa.table({"text": ["d"] * n}), tmp_path / f"{i}.parquet")
+    parquet = Source("parquet", filesystem=fs, files=[str(tmp_path / f"{i}.parquet") for i in range(2)])
+    assert input_total(parquet, 4000) == ("rows", 8.0)
+    assert input_total(Source("builtin"), 4000) == ("documents", 4000.0)
+    assert input_total(Source("hf", hub_id="org/name"), 4000) == ("documents", None)
+
+
+def test_file_reads_report_bytes_and_documents_at_most_once_a_second_and_at_the_end(reports):
+    clock = Clock()
+    reads = FileReads("counter", clock)
+    documents = reads.count(iter(["a", "b", "c"]))
+    for position in (100, 200, 300):
+        clock.now += 0.4
+        next(documents)
+        reads.at(position)  # 0.4, 0.8, 1.2 s after opening: one report, at 300
+    reads.at(350)
+    reads.close()
+    assert reports == [("counter", {"bytes": 300, "rows_read": 3}), ("counter", {"bytes": 50, "rows_read": 0})]
+
+
+def test_read_documents_reports_every_byte_of_plain_and_compressed_files(tmp_path, reports):
+    lines = b"".join(b'{"text": "document %d"}\n' % i for i in range(1000))
+    (tmp_path / "a.jsonl").write_bytes(lines)
+    (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress(lines))
+    for name in ("a.jsonl", "b.jsonl.gz"):
+        reports.clear()
+        docs = list(read_documents({"path": str(tmp_path / name)}, format="json", filesystem=pafs.LocalFileSystem(),
+                                   text_column="text", text_document="file", invalid_utf8="replace",
+                                   progress="counter"))
+        assert len(docs) == 1000 and sum(c["rows_read"] for _, c in reports) == 1000
+        # compressed: the file's own size (not the decompressed bytes), once, when it ends
+        assert sum(c["bytes"] for _, c in reports) == (tmp_path / name).stat().st_size
+
+
+def test_read_documents_reports_an_arrow_files_bytes(tmp_path, reports):
+    import datasets
+
+    datasets.Dataset.from_dict({"text": [f"doc {i}" for i in range(100)]}).save_to_disk(str(tmp_path / "ds"))
+    arrow = next((tmp_path / "ds").glob("*.arrow"))
+    docs = list(read_documents({"path": str(arrow)}, format="hf", filesystem=pafs.LocalFileSystem(),
+                               text_column="text", text_document="file", invalid_utf8="replace", progress="counter"))
+    assert len(docs) == 100 and sum(c["bytes"] for _, c in reports) == arrow.stat().st_size
+    assert sum(c["rows_read"] for _, c in reports) == 100
+
+
+def test_tokenize_and_pack_reports_rows_documents_and_tokens(monkeypatch):
+    sent = []
+    monkeypatch.setattr(packing, "report", lambda progress, **counts: sent.append((progress, counts)))
+    batch = {"text": np.array(["abc", "ij", "klmno"], dtype=object)}  # "abc" is held out at 0.5
+    tokenize_and_pack(batch, seq_len=4, model=ModelConfig(), text_column="text", pretokenized=False,
+                      split="train", eval_fraction=0.5, progress="counter")
+    # rows: all the readers gave; documents and tokens: the training side only (bytes + EOS each)
+    assert sent == [("counter", {"rows": 3, "documents": 2, "tokens": 3 + 6})]
+
+
+def test_data_progress_off_counts_nothing():
+    progress = DataProgress(DataConfig(progress_every_s=0), "run")
+    assert progress.track(Source("builtin")) is None
+    with progress:  # no actor, no thread (and no Ray needed)
+        pass
+    assert DataProgress(DataConfig(), "run").name.startswith("raytrain-data-run-")

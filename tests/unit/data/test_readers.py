@@ -1,0 +1,58 @@
+"""read_documents (raytrain.data.readers): text and JSON files, compression, invalid UTF-8, bad records."""
+
+import gzip
+import json
+import logging
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pytest
+
+from raytrain.config import ConfigError
+from raytrain.data.readers import read_documents
+
+
+def read(path, fmt, **kwargs):
+    options = {"text_column": "text", "text_document": "file", "invalid_utf8": "replace", **kwargs}
+    return [r["text"] for r in read_documents({"path": str(path)}, format=fmt, filesystem=pafs.LocalFileSystem(),
+                                              **options)]
+
+
+def test_text_file_is_one_document_or_one_per_line(tmp_path):
+    f = tmp_path / "book.txt"
+    f.write_bytes(b"\xef\xbb\xbfChapter 1\r\n\r\nIt was a dark night.\n\n")
+    assert read(f, "text") == ["Chapter 1\r\n\r\nIt was a dark night.\n\n"]  # BOM gone, text as is
+    assert read(f, "text", text_document="line") == ["Chapter 1", "It was a dark night."]
+
+
+def test_invalid_utf8_is_replaced_and_counted_or_an_error_naming_the_line(tmp_path, caplog):
+    f = tmp_path / "a.txt"
+    f.write_bytes(b"fine\nbad \xff\xfe here\nalso \xc3 bad\n")
+    with caplog.at_level(logging.WARNING, logger="raytrain.data"):
+        assert read(f, "text", text_document="line") == ["fine", "bad \ufffd\ufffd here", "also \ufffd bad"]
+    assert f"{f}: 2 documents had invalid UTF-8" in caplog.text
+    with pytest.raises(ConfigError, match=f"{f} line 2: invalid UTF-8 at byte 4"):
+        read(f, "text", text_document="line", invalid_utf8="error")
+
+
+def test_json_lines_arrays_compression_and_bad_records(tmp_path, caplog):
+    f = tmp_path / "a.jsonl.gz"
+    f.write_bytes(gzip.compress(b'{"text": "one"}\n\n{"text": null}\n{"id": 3}\n{"text": "two", "x": 1}\n'))
+    with caplog.at_level(logging.WARNING, logger="raytrain.data"):
+        assert read(f, "json") == ["one", "two"]
+    assert "skipped 2 empty documents" in caplog.text
+    for suffix, codec in ((".zst", "zstd"), (".br", "brotli")):  # pyarrow detects zstd, not brotli
+        packed = tmp_path / f"d.jsonl{suffix}"
+        with pa.output_stream(str(packed), compression=codec) as out:
+            out.write(b'{"text": "three"}\n')
+        assert read(packed, "json") == ["three"]
+    arr = tmp_path / "b.json"
+    arr.write_text(json.dumps([{"body": "x"}, {"body": "y"}]))
+    assert read(arr, "json", text_column="body") == ["x", "y"]
+    bad = tmp_path / "c.jsonl"
+    bad.write_text('{"text": "ok"}\n{"text": "cut\n')
+    with pytest.raises(ConfigError, match=f"{bad} line 2 is not valid JSON"):
+        read(bad, "json")
+    bad.write_text('{"text": 5}\n')
+    with pytest.raises(ConfigError, match="line 1: data.text_column='text' holds a int, not a string"):
+        read(bad, "json")

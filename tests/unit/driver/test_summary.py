@@ -1,0 +1,18 @@
+"""The end-of-run summary (raytrain.driver.summary): a markdown table and a loss curve PNG."""
+
+import math
+
+from raytrain.driver.summary import write_summary
+
+HISTORY = [{"step": s, "loss": 5.0 / s, "lr": 1e-3, "grad_norm": 1.0, "tokens_per_s": 1000.0 + s,
+            "data_wait_frac": 0.01, "memory_gib": 0.5, "step_time_s": 0.1, "eta_s": 0.0} for s in (5, 10, 15)]
+HISTORY[-1].update(checkpoint_save_s=0.5, checkpoint_size_gib=0.01, checkpoint_gbps=0.02, eval_loss=0.4, eval_ppl=math.e ** 0.4)
+
+
+def test_summary_has_a_table_and_a_loss_curve(tmp_path):
+    paths = write_summary(HISTORY, HISTORY[-1], str(tmp_path), "run3")
+    md = (tmp_path / "run3" / "summary.md").read_text()
+    assert "| final loss | 0.3333 |" in md and "| eval loss | 0.4000 |" in md and "checkpoint save" in md
+    png = (tmp_path / "run3" / "loss_curve.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    assert len(paths) == 2

@@ -1,0 +1,46 @@
+"""raytrain.network.backend: the TorchConfig raytrain hands Ray Train, and the per-worker hook that
+applies each node's NCCL/Gloo environment before the process group exists."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch.distributed as dist
+
+from raytrain.config import ConfigError, NetworkConfig
+from raytrain.network.backend import RaytrainTorchConfig, apply_nccl_env, applied_env, torch_config
+
+
+def test_torch_config_carries_the_validated_network_env():
+    cfg = torch_config(NetworkConfig(env={"NCCL_IB_QPS_PER_CONNECTION": 4}), backend="nccl", timeout_s=60)
+    assert isinstance(cfg, RaytrainTorchConfig)
+    assert (cfg.backend, cfg.timeout_s, cfg.network.env) == ("nccl", 60, {"NCCL_IB_QPS_PER_CONNECTION": "4"})
+    with pytest.raises(ConfigError, match="network.env.NCLL_DEBUG"):
+        NetworkConfig(env={"NCLL_DEBUG": "INFO"})
+    with pytest.raises(ConfigError, match="network.env.NCCL_IB_DISABLE"):
+        NetworkConfig(env={"NCCL_IB_DISABLE": True})
+
+
+def test_applied_env_outside_a_worker_reads_the_environment(monkeypatch):
+    monkeypatch.setenv("NCCL_DEBUG", "TRACE")
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth9")
+    env = applied_env()
+    assert env["NCCL_DEBUG"] == "TRACE" and env["GLOO_SOCKET_IFNAME"] == "eth9"
+    assert all(k.startswith(("NCCL_", "GLOO_")) for k in env)
+
+
+def test_apply_refuses_to_run_after_the_process_group_exists(monkeypatch):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setitem(os.environ, "MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setitem(os.environ, "MASTER_PORT", str(port))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        with pytest.raises(RuntimeError, match="after the torch process group was created"):
+            apply_nccl_env(forced={"NCCL_DEBUG": "INFO"}, auto_configure=True)
+        assert "NCCL_DEBUG" not in os.environ or os.environ["NCCL_DEBUG"] != "INFO"
+    finally:
+        dist.destroy_process_group()

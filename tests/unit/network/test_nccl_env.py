@@ -1,0 +1,218 @@
+"""raytrain.network.nccl_env on fake /sys and / trees: which NCCL/Gloo variables each node gets, and why."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from raytrain.network.nccl_env import compute_nccl_env, find_ib_ports
+
+NODE_IP = "10.0.0.5"
+INTERFACES = {"lo": ["127.0.0.1", "::1"], "docker0": ["172.17.0.1"], "eth0": [NODE_IP], "ib0": ["192.168.1.5"]}
+ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"
+
+
+def add_port(sysfs: Path, device: str, port: int = 1, state: str = "4: ACTIVE", link_layer: str = "InfiniBand",
+             gids: list[tuple[str, str | None]] | None = None) -> None:
+    """One port as the kernel lays it out; gids: (gid, type or None when the type file is unreadable)."""
+    d = sysfs / "class" / "infiniband" / device / "ports" / str(port)
+    (d / "gids").mkdir(parents=True)
+    (d / "gid_attrs" / "types").mkdir(parents=True)
+    (d / "state").write_text(state + "\n")
+    (d / "link_layer").write_text(link_layer + "\n")
+    for i, (gid, gid_type) in enumerate(gids or [("fe80:0000:0000:0000:0c42:a103:0065:d6b6", "IB/RoCE v1")]):
+        (d / "gids" / str(i)).write_text(gid + "\n")
+        if gid_type is not None:
+            (d / "gid_attrs" / "types" / str(i)).write_text(gid_type + "\n")
+
+
+def plan_for(tmp_path: Path, node_ip: str = NODE_IP, interfaces: dict | None = None, user_env: dict | None = None,
+             forced: dict | None = None, **kw):
+    return compute_nccl_env(node_ip, sysfs_root=str(tmp_path / "sys"), interfaces=interfaces or INTERFACES,
+                            fs_root=str(tmp_path / "root"), user_env=user_env or {}, forced=forced, **kw)
+
+
+def test_one_active_infiniband_hca(tmp_path):
+    add_port(tmp_path / "sys", "mlx5_0")
+    plan = plan_for(tmp_path)
+    assert plan.env["NCCL_IB_HCA"] == "=mlx5_0:1"
+    assert plan.env["NCCL_SOCKET_IFNAME"] == "=eth0"
+    assert plan.env["GLOO_SOCKET_IFNAME"] == "eth0"
+    # InfiniBand link layer: no GID index, no RoCE tuning, and bare metal keeps NCCL's relaxed-ordering auto mode.
+    for key in ("NCCL_IB_GID_INDEX", "NCCL_IB_QPS_PER_CONNECTION", "NCCL_IB_PCI_RELAXED_ORDERING", "NCCL_NET_GDR_LEVEL"):
+        assert key not in plan.env
+    assert any("1 active InfiniBand port" in n for n in plan.notes)
+
+
+def test_hca_names_are_exact_and_in_natural_order(tmp_path):
+    for dev in ("mlx5_10", "mlx5_2", "mlx5_1"):
+        add_port(tmp_path / "sys", dev)
+    # Without "=", NCCL would read mlx5_1 as a prefix that also selects mlx5_10.
+    assert plan_for(tmp_path).env["NCCL_IB_HCA"] == "=mlx5_1:1,mlx5_2:1,mlx5_10:1"
+
+
+def test_azure_nd_h100_v5_node(tmp_path):
+    sysfs = tmp_path / "sys"
+    for i in range(8):
+        add_port(sysfs, f"mlx5_ib{i}", state="1: DOWN" if i == 3 else "4: ACTIVE")
+    # The accelerated-networking NIC is an RDMA device too, but Ethernet and on another network.
+    add_port(sysfs, "mlx5_an0", link_layer="Ethernet",
+             gids=[("fe80:0000:0000:0000:0222:48ff:fe65:bc8d", "RoCE v2")])
+    (sysfs / "class" / "dmi" / "id").mkdir(parents=True)
+    (sysfs / "class" / "dmi" / "id" / "sys_vendor").write_text("Microsoft Corporation\n")
+    (sysfs / "module" / "nvidia_peermem").mkdir(parents=True)
+    root = tmp_path / "root" / "opt" / "microsoft"
+    (root / "ndv5").mkdir(parents=True)
+    for name in ("ndv4-topo.xml", "ndv5-topo.xml", "ndv5/topo.xml"):
+        (root / name).write_text("<system/>")
+
+    plan = plan_for(tmp_path)
+    assert plan.env["NCCL_IB_HCA"] == "=" + ",".join(f"mlx5_ib{i}:1" for i in range(8) if i != 3)
+    assert plan.env["NCCL_NET_GDR_LEVEL"] == "PHB"
+    assert plan.env["NCCL_IB_PCI_RELAXED_ORDERING"] == "1"
+    assert plan.env["NCCL_TOPO_FILE"] == "/opt/microsoft/ndv5/topo.xml"  # the node's path, not the fake root's
+    assert "NCCL_IB_GID_INDEX" not in plan.env
+    assert any("mlx5_ib3:1" in n and "not ACTIVE" in n for n in plan.notes)
+    assert any("mlx5_an0:1" in n and "left out" in n for n in plan.notes)
+
+
+def test_down_port_is_listed_by_find_ib_ports_but_not_used(tmp_path):
+    add_port(tmp_path / "sys", "mlx5_0", port=1)
+    add_port(tmp_path / "sys", "mlx5_0", port=2, state="1: DOWN")
+    ports = find_ib_ports(str(tmp_path / "sys"))
+    assert [(p.name, p.active) for p in ports] == [("mlx5_0:1", True), ("mlx5_0:2", False)]
+    assert plan_for(tmp_path).env["NCCL_IB_HCA"] == "=mlx5_0:1"
+
+
+ROCE_TABLE = [
+    ("fe80:0000:0000:0000:a288:c2ff:fe3b:506a", "IB/RoCE v1"),
+    ("fe80:0000:0000:0000:a288:c2ff:fe3b:506a", "RoCE v2"),
+    ("0000:0000:0000:0000:0000:ffff:0ac8:010a", "IB/RoCE v1"),
+    (ZERO, "RoCE v2"),  # an unpopulated slot must never win, whatever its type file says
+    ("0000:0000:0000:0000:0000:ffff:0ac8:010a", "RoCE v2"),
+    ("2010:0200:0000:0002:a288:c2ff:fe3b:506a", "RoCE v2"),
+]
+
+
+@pytest.mark.parametrize("table, expected", [
+    (ROCE_TABLE, 4),  # IPv4-mapped RoCE v2
+    (ROCE_TABLE[:4] + [ROCE_TABLE[5]], 4),  # no IPv4 v2: global IPv6 (index 4 here) beats link-local
+    (ROCE_TABLE[:2] + [(ZERO, None)], 1),  # only link-local v2 left
+])
+def test_roce_gid_index_is_the_best_roce_v2_gid(tmp_path, table, expected):
+    add_port(tmp_path / "sys", "mlx5_0", link_layer="Ethernet", gids=table)
+    plan = plan_for(tmp_path)
+    assert plan.env["NCCL_IB_GID_INDEX"] == str(expected)
+    assert plan.env["NCCL_IB_HCA"] == "=mlx5_0:1"
+    assert plan.env["NCCL_IB_QPS_PER_CONNECTION"] == "4"
+    assert any("RoCE" in n for n in plan.notes)
+
+
+def test_roce_port_without_v2_gid_is_left_out(tmp_path):
+    add_port(tmp_path / "sys", "mlx5_0", link_layer="Ethernet", gids=ROCE_TABLE[:1] + ROCE_TABLE[2:4])
+    plan = plan_for(tmp_path)
+    assert "NCCL_IB_HCA" not in plan.env
+    assert any("no RoCE v2 GID" in n for n in plan.notes)
+    assert any("NCCL will use TCP sockets" in n for n in plan.notes)
+
+
+def test_roce_gid_index_differing_across_hcas_is_left_to_nccl(tmp_path):
+    add_port(tmp_path / "sys", "mlx5_0", link_layer="Ethernet", gids=ROCE_TABLE)
+    add_port(tmp_path / "sys", "mlx5_1", link_layer="Ethernet", gids=ROCE_TABLE[:2])
+    plan = plan_for(tmp_path)
+    assert plan.env["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_1:1"
+    assert "NCCL_IB_GID_INDEX" not in plan.env
+    assert any("mlx5_0:1: 4" in n and "mlx5_1:1: 1" in n for n in plan.notes)
+
+
+def test_no_infiniband_means_tcp_sockets_said_plainly(tmp_path):
+    (tmp_path / "sys" / "module" / "nvidia_peermem").mkdir(parents=True)
+    plan = plan_for(tmp_path)
+    assert set(plan.env) == {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}  # no IB-only settings, GDR included
+    assert any(n.startswith(f"no active InfiniBand port on {NODE_IP}: NCCL will use TCP sockets (NET/Socket) over eth0")
+               and "no RDMA devices" in n for n in plan.notes)
+
+
+def test_all_ports_down_means_tcp_sockets(tmp_path):
+    add_port(tmp_path / "sys", "mlx5_0", state="1: DOWN")
+    plan = plan_for(tmp_path)
+    assert "NCCL_IB_HCA" not in plan.env
+    assert any("NCCL will use TCP sockets" in n and "no usable port" in n for n in plan.notes)
+
+
+def test_user_environment_is_kept_and_network_env_wins(tmp_path):
+    add_port(tmp_path / "sys", "mlx5_0")
+    add_port(tmp_path / "sys", "mlx5_1")
+    user = {"NCCL_IB_HCA": "=mlx5_1:1", "NCCL_DEBUG": "WARN"}
+    forced = {"NCCL_SOCKET_IFNAME": "=ib0", "NCCL_DEBUG": "INFO"}
+    plan = plan_for(tmp_path, user_env=user, forced=forced)
+    assert "NCCL_IB_HCA" not in plan.env  # the worker keeps its own value
+    assert plan.env["NCCL_SOCKET_IFNAME"] == "=ib0"
+    assert plan.env["NCCL_DEBUG"] == "INFO"
+    assert plan.env["GLOO_SOCKET_IFNAME"] == "eth0"  # computed where nobody else decided
+    assert any("kept NCCL_IB_HCA==mlx5_1:1 from the worker environment" in n for n in plan.notes)
+    assert any("NCCL_DEBUG=INFO from network.env replaces" in n for n in plan.notes)
+
+
+def test_nccl_conf_files_are_kept(tmp_path):
+    add_port(tmp_path / "sys", "mlx5_0")
+    (tmp_path / "root" / "etc").mkdir(parents=True)
+    (tmp_path / "root" / "etc" / "nccl.conf").write_text("# admin\nNCCL_IB_HCA==mlx5_0:1,mlx5_9:1\n")
+    (tmp_path / "root" / "home" / "u").mkdir(parents=True)
+    (tmp_path / "root" / "home" / "u" / ".nccl.conf").write_text("GLOO_SOCKET_IFNAME=ib0\n")
+    plan = plan_for(tmp_path, user_env={"HOME": "/home/u"})
+    # An environment variable would silently beat the files NCCL reads, so raytrain leaves these alone.
+    assert "NCCL_IB_HCA" not in plan.env and "GLOO_SOCKET_IFNAME" not in plan.env
+    assert any("from /etc/nccl.conf" in n for n in plan.notes)
+    assert any("from /home/u/.nccl.conf" in n for n in plan.notes)
+
+
+@pytest.mark.parametrize("module", ["module/nvidia_peermem", "module/nv_peer_mem",
+                                    "kernel/mm/memory_peers/nv_mem/version"])
+def test_gpudirect_rdma_with_peer_memory_module(tmp_path, module):
+    add_port(tmp_path / "sys", "mlx5_0")
+    (tmp_path / "sys" / module).mkdir(parents=True)
+    assert plan_for(tmp_path).env["NCCL_NET_GDR_LEVEL"] == "PHB"
+
+
+def test_no_peer_memory_module_leaves_gdr_level(tmp_path):
+    add_port(tmp_path / "sys", "mlx5_0")
+    plan = plan_for(tmp_path)
+    assert "NCCL_NET_GDR_LEVEL" not in plan.env
+    assert any("nvidia_peermem not loaded" in n for n in plan.notes)
+
+
+def test_topology_file_of_this_sku_only(tmp_path):
+    ms = tmp_path / "root" / "opt" / "microsoft"
+    (ms / "ncv4").mkdir(parents=True)
+    (ms / "ndv5-topo.xml").write_text("<system/>")
+    assert "NCCL_TOPO_FILE" not in plan_for(tmp_path).env  # flat files ship on every SKU
+    (ms / "ncv4" / "topo.xml").write_text("<system/>")
+    (ms / "ncv4" / "graph.xml").write_text("<graphs/>")
+    env = plan_for(tmp_path).env
+    assert env["NCCL_TOPO_FILE"] == "/opt/microsoft/ncv4/topo.xml"
+    assert env["NCCL_GRAPH_FILE"] == "/opt/microsoft/ncv4/graph.xml"
+
+
+@pytest.mark.parametrize("node_ip, interfaces", [
+    ("127.0.0.1", {"lo": ["127.0.0.1"], "eth0": ["10.0.0.5"]}),
+    ("172.17.0.1", {"lo": ["127.0.0.1"], "docker0": ["172.17.0.1"], "eth0": ["10.0.0.5"]}),
+    ("172.18.0.1", {"br-1a2b": ["172.18.0.1"], "veth9f": ["172.18.0.1"]}),
+    ("10.9.9.9", {"lo": ["127.0.0.1"], "eth0": ["10.0.0.5"]}),  # node IP on no interface
+])
+def test_socket_ifname_never_loopback_or_container_bridge(tmp_path, node_ip, interfaces):
+    plan = plan_for(tmp_path, node_ip=node_ip, interfaces=interfaces)
+    assert "NCCL_SOCKET_IFNAME" not in plan.env and "GLOO_SOCKET_IFNAME" not in plan.env
+    assert any(f"node IP {node_ip}" in n and "left unset" in n for n in plan.notes)
+
+
+def test_socket_ifname_follows_node_ip_past_bridges(tmp_path):
+    interfaces = {"docker0": ["172.17.0.1"], "bond0": ["10.1.2.3"], "eth0": [NODE_IP]}
+    assert plan_for(tmp_path, node_ip="10.1.2.3", interfaces=interfaces).env["NCCL_SOCKET_IFNAME"] == "=bond0"
+
+
+def test_auto_configure_false_applies_only_network_env(tmp_path):
+    add_port(tmp_path / "sys", "mlx5_0")
+    plan = plan_for(tmp_path, forced={"NCCL_DEBUG": "INFO"}, auto_configure=False)
+    assert plan.env == {"NCCL_DEBUG": "INFO"}

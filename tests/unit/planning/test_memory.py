@@ -1,0 +1,179 @@
+"""raytrain.planning.memory: hand-computed model-state and activation bytes, fit refusals, the command line."""
+
+import json
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from raytrain.config import ConfigError, load_config
+from raytrain.hardware import Target
+from raytrain.model import load_model_config, param_stats
+from raytrain.planning.memory import GIB, activation_bytes, check_fits, estimate_memory, format_plan
+from raytrain.planning.resolve import resolve_run
+from raytrain.run_spec import ClusterShape
+
+LLAMA2_7B = {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+             "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 4096}
+ZERO3 = {"stage": 3, "reduce_bucket_size": 50_000_000, "stage3_prefetch_bucket_size": 10_000_000,
+         "stage3_param_persistence_threshold": 40960}
+
+
+@pytest.fixture(scope="module")
+def llama7b_stats():
+    return param_stats(load_model_config(load_config(None, [f"model.config={json.dumps(LLAMA2_7B)}"]).model))
+
+
+def plan_7b(stats, *, world=8, zero=None, overrides=(), gpu_gib=None, host_gib=None, use_gpu=True):
+    ds = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "bf16": {"enabled": True},
+          "zero_optimization": {**ZERO3, **(zero or {})}}
+    cfg = load_config(None, [f"model.config={json.dumps(LLAMA2_7B)}", f"deepspeed={json.dumps(ds)}",
+                             "data.seq_len=2048", "training.micro_batch_size_per_gpu=1", *overrides])
+    resolved = resolve_run(cfg, ClusterShape(num_workers=world, use_gpu=use_gpu, gpus_per_node=min(world, 8)))
+    return estimate_memory(resolved, Target(gpu_gib and int(gpu_gib * GIB), host_gib and int(host_gib * GIB)),
+                           stats=stats)
+
+
+def test_param_stats_count_llama2_7b(llama7b_stats):
+    assert llama7b_stats.num_params == 6_738_415_616  # Llama-2-7B
+    assert llama7b_stats.largest_layer_params == 32000 * 4096  # embed_tokens / lm_head (untied)
+
+
+def test_7b_on_8_gpus_model_states_by_hand(llama7b_stats):
+    plan = plan_7b(llama7b_stats)
+    n = 6_738_415_616 // 8  # divides exactly: 842,301,952 parameters per rank
+    persistent = 2 * (2 * 32 + 1) * 4096  # bf16 RMSNorm weights (65 of 4096 <= threshold 40960), kept whole
+    bucket = 2 * 50_000_000  # bf16 reduce bucket
+    # no offload: bf16 params 2 + bf16 grads 2 + fp32 master 4 + Adam m, v 8 = 16 bytes per parameter on the GPU
+    assert plan.model_states["none"] == (16 * n + persistent + bucket, 0)
+    assert plan.model_states["none"][0] / GIB == pytest.approx(12.65, abs=0.01)
+    # optimizer offload: bf16 params stay; bf16 grads 2 + master 4 + Adam 8 + fp32 grads 4 = 18 bytes in host RAM
+    assert plan.model_states["optimizer"] == (2 * n + persistent + bucket, 18 * n)
+    # parameters too: 20 bytes per parameter in host RAM
+    assert plan.model_states["param+optimizer"] == (persistent + bucket, 20 * n)
+    by_option = {(o.offload, o.gradient_checkpointing): o for o in plan.options}
+    none = by_option[("none", False)]
+    items = dict(none.breakdown)
+    assert items["gathered layer + prefetch"] == 2 * (32000 * 4096 + 10_000_000)
+    assert items["full gradients of a layer"] == 2 * 32000 * 4096
+    assert none.worker_bytes == 16 * n + persistent + bucket + max(
+        items["gathered layer + prefetch"] + items["full gradients of a layer"] + plan.activations[False],
+        items["step: fp32 gradient copy"] + items["step: flatten / Adam temporaries"])
+    assert by_option[("optimizer", False)].host_bytes_per_node == 8 * (18 * n + 4 * GIB)
+
+
+def test_7b_agrees_with_deepspeeds_own_estimator(llama7b_stats):
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+
+    # DeepSpeed's shortcut for no offload: 18 bytes/param + 4 x largest layer per GPU. Ours is itemised
+    # (16 bytes/param + DeepSpeed's default buckets + the gathered layer) and must land near it.
+    plan = plan_7b(llama7b_stats, zero={"reduce_bucket_size": 500_000_000, "stage3_prefetch_bucket_size": 50_000_000})
+    _, ds_gpu, _ = estimate_zero3_model_states_mem_needs(
+        llama7b_stats.num_params, llama7b_stats.largest_layer_params, num_gpus_per_node=8,
+        cpu_offload=False, cpu_offload_params=False)
+    ours = plan.configured.worker_bytes - plan.activations[False]
+    assert ours == pytest.approx(ds_gpu, rel=0.1)
+
+
+def test_activation_formula_by_hand():
+    cfg = SimpleNamespace(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                          head_dim=16, intermediate_size=128, vocab_size=100)
+    # per token and layer in bf16: norms 2 x (4*64 + 2*64 + 2*64) = 1024; attention 2*(64 + 2*32) + 2*2*64 + 4*4
+    # = 528; MLP 4*2*128 = 1024 -> 2576. Model: 2 layers + final norm 512 + logits 12*100 = 6864; 2 x 16 tokens.
+    assert activation_bytes(cfg, 2, 16, 2, checkpointing=False) == 32 * 6864
+    # checkpointing: each layer keeps its input (2*64) and one layer is recomputed: 2*128 + 2576 + 512 + 1200
+    assert activation_bytes(cfg, 2, 16, 2, checkpointing=True) == 32 * 4544
+    # eager attention adds the fp32 probabilities and their bf16 cast: heads x seq_len x (4 + 2) per token and layer
+    assert activation_bytes(cfg, 2, 16, 2, checkpointing=False, attn_implementation="eager") == 32 * (6864 + 2 * 4 * 16 * 6)
+    # Liger: no logits; RMSNorm keeps its input and output (2*2*64), the MLP gate, up, product (3*2*128)
+    assert activation_bytes(cfg, 2, 16, 2, checkpointing=False, liger_kernel="loss") == 32 * (6864 - 1200)
+    assert activation_bytes(cfg, 2, 16, 2, checkpointing=False, liger_kernel="all") == 32 * (
+        2 * (2 * 256 + 528 + 768) + 256)
+
+
+def test_refusal_names_optimizer_offload_when_that_fits(llama7b_stats):
+    # 7B on one 80 GB GPU: ~100 GiB of model states; offloading the optimizer leaves ~13 GiB of bf16 params.
+    plan = plan_7b(llama7b_stats, world=1, overrides=["model.gradient_checkpointing=true"], gpu_gib=80, host_gib=256)
+    with pytest.raises(ConfigError) as e:
+        check_fits(plan)
+    msg = str(e.value)
+    assert "zero_optimization.offload_optimizer.device=cpu" in msg and "offload_param" not in msg
+    assert "GiB per GPU" in msg and "host RAM per node" in msg and "\n" not in msg
+    assert msg.startswith("this run needs ")
+
+
+def test_refusal_prefers_checkpointing_when_activations_are_the_problem(llama7b_stats):
+    plan = plan_7b(llama7b_stats, overrides=["training.micro_batch_size_per_gpu=8"], gpu_gib=80, host_gib=512)
+    with pytest.raises(ConfigError, match=r"with model\.gradient_checkpointing=true: \d+\.\d GiB per GPU"):
+        check_fits(plan)
+
+
+def test_refusal_when_nothing_fits_names_the_micro_batch(llama7b_stats):
+    plan = plan_7b(llama7b_stats, overrides=["training.micro_batch_size_per_gpu=64"], gpu_gib=80, host_gib=512)
+    with pytest.raises(ConfigError, match=r"train_micro_batch_size_per_gpu=64 .* scaling\.num_workers"):
+        check_fits(plan)
+
+
+def test_a_run_that_fits_or_an_unknown_target_passes(llama7b_stats):
+    plan = plan_7b(llama7b_stats, gpu_gib=141, host_gib=2000)
+    check_fits(plan)
+    check_fits(plan_7b(llama7b_stats, world=1))  # nothing known: nothing refused
+
+
+def test_pinned_offload_buffers_round_up_to_powers_of_two(llama7b_stats):
+    plan = plan_7b(llama7b_stats, zero={"offload_optimizer": {"device": "cpu", "pin_memory": True}})
+    items = dict(plan.configured.breakdown)
+    n = 6_738_415_616 // 8
+    assert items["gradient partition"] == 2**31 > 2 * n  # 1.68 GB of bf16 gradients in a 2 GiB pinned block
+    assert items["fp32 gradients"] == 2**32  # one sub-group (n < sub_group_size 1e9) of fp32 gradients
+    assert plan.configured.offload == "optimizer"
+
+
+def test_hpz_adds_a_secondary_parameter_copy(llama7b_stats):
+    plan = plan_7b(llama7b_stats, world=32, zero={"zero_hpz_partition_size": 8})
+    assert dict(plan.configured.breakdown)["hpZ secondary parameter copy"] == 2 * 6_738_415_616 // 8
+
+
+def test_cpu_runs_plan_against_host_ram():
+    cfg = load_config(None)
+    resolved = resolve_run(cfg, ClusterShape(num_workers=2, use_gpu=False))
+    plan = estimate_memory(resolved, Target(host_memory_bytes=8 * GIB))
+    assert plan.precision == "fp32" and plan.workers_per_node == 2
+    # live tensors + glibc's heap retention (measured, docs/plan-accuracy.md) + 1 GiB of process per worker
+    assert plan.configured.host_bytes_per_node == 2 * (int(plan.configured.worker_bytes * 1.3) + 1 * GIB)
+    check_fits(plan)
+    with pytest.raises(ConfigError, match=r"host RAM per node \(2 workers x"):
+        check_fits(estimate_memory(resolved, Target(host_memory_bytes=GIB)))
+    assert "no offload" in format_plan(plan) and "offload optimizer" not in format_plan(plan)
+
+
+def run_plan(*args):
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)  # the flags describe the target; no Ray cluster is consulted
+    return subprocess.run([sys.executable, "-m", "raytrain.tools.plan", *args], capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
+def test_cli_prints_the_table_for_a_cluster_that_does_not_exist():
+    p = run_plan("--gpu-memory-gib", "80", "--host-memory-gib", "512", "--gpus-per-node", "8",
+                 "scaling.num_workers=8", f"model.config={json.dumps(LLAMA2_7B)}", "data.seq_len=2048",
+                 "training.micro_batch_size_per_gpu=1")
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert "6,738,415,616 parameters" in out and "train_batch_size 8 = micro-batch 1 x" in out
+    assert "80.0 GiB per GPU" in out and "512.0 GiB host RAM per node" in out
+    for row in ("no offload", "offload optimizer to cpu", "offload param+optimizer to cpu", "no checkpointing",
+                "gradient checkpointing", "<- configured"):
+        assert row in out
+    assert out.count(" yes ") + out.count(" no ") >= 6
+
+
+def test_cli_exit_codes_for_too_big_and_for_config_errors():
+    too_big = run_plan("--gpu-memory-gib", "24", "--host-memory-gib", "64", "--gpus-per-node", "1",
+                       "scaling.num_workers=1", f"model.config={json.dumps(LLAMA2_7B)}")
+    assert too_big.returncode == 1 and "offload" in too_big.stdout
+    assert too_big.stderr.startswith("raytrain: does not fit: this run needs") and len(too_big.stderr.splitlines()) == 1
+    bad = run_plan("--gpu-memory-gib", "80", "training.max_step=3")
+    assert bad.returncode == 2 and "did you mean training.max_steps" in bad.stderr and "Traceback" not in bad.stderr

@@ -1,0 +1,141 @@
+"""The worker loop without Ray (raytrain.worker.loop.Trainer): two gloo ranks, a real DeepSpeed ZeRO-3
+engine built by the worker's own build_engine from a RunSpec, a transformers Llama, real checkpoints
+and evaluation on the engine. Only `report` (the loop's one call into Ray Train) is this test's:
+it merges the ranks' checkpoint files into one directory, as Ray Train does.
+
+The components decide when they are due: windows at every log step, at every checkpoint and at the
+end; a resume from the step-3 checkpoint continues with bit-identical losses (CPU, fp32)."""
+
+import json
+import os
+import shutil
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+MAX_STEPS = 6
+OVERRIDES = ["training.max_steps=6", "training.log_every_n_steps=2", "checkpoint.every_n_steps=3",
+             "training.micro_batch_size_per_gpu=2", "training.gradient_accumulation_steps=2", "data.seq_len=32",
+             "data.eval_fraction=0.5", "data.eval_max_batches=4", "training.warmup_steps=2"]
+
+
+class Batches:
+    """The loop's data: fixed micro-batches per rank, with the position MicroBatches reports."""
+
+    def __init__(self, rank: int, start: int = 0):
+        g = torch.Generator().manual_seed(100 + rank)
+        self._data = torch.randint(0, 257, (64, 2, 32), generator=g)
+        self._next = start
+
+    def __next__(self):
+        batch = {"input_ids": self._data[self._next % 64]}
+        self._next += 1
+        return batch
+
+    def position(self):
+        return {"epoch": 0, "rows": self._next}
+
+
+def _rank_main(rank, world, port, out_dir, resume_step):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from ray.train import Checkpoint  # a plain class: no Ray cluster is started
+
+    from raytrain.checkpoint.shards import Checkpointer, Rank, ResumePoint, restore
+    from raytrain.config import load_config
+    from raytrain.planning.resolve import resolve_run
+    from raytrain.run_spec import ClusterShape, RunSpec
+    from raytrain.worker.engine import build_engine
+    from raytrain.worker.evaluation import Evaluator
+    from raytrain.worker.loop import Trainer
+    from raytrain.worker.metrics import StepMeter, TrainMetrics
+    from raytrain.worker.tracking import Tracker
+
+    cfg = load_config(None, OVERRIDES + [f"checkpoint.storage_path={out_dir}/runs"])
+    spec = RunSpec.place(resolve_run(cfg, ClusterShape(num_workers=world, use_gpu=False)), run_name="loop",
+                         storage_path=f"{out_dir}/runs", resume_from=None, universal=None)
+    device = torch.device("cpu")
+    engine, scheduler, _ = build_engine(spec, device)
+    storage = f"{out_dir}/storage"
+    start, history, data_state = 0, [], {}
+    if resume_step:
+        resume = ResumePoint(Checkpoint(f"{storage}/checkpoint_step_{resume_step:08d}"), universal=False)
+        start, history, data_state = restore(engine, resume, seed=cfg.training.seed, rank=rank)
+    reports = []
+
+    def report(metrics, checkpoint, step):
+        if checkpoint is not None:  # every rank's files into one directory, as Ray Train merges them
+            shutil.copytree(checkpoint, f"{storage}/checkpoint_step_{step:08d}", dirs_exist_ok=True)
+            shutil.rmtree(checkpoint)
+        reports.append({"step": step, "checkpoint": checkpoint is not None, "metrics": metrics})
+
+    eval_batches = [{"input_ids": torch.randint(0, 257, (2, 32), generator=torch.Generator().manual_seed(7 + i))}
+                    for i in range(3 if rank == 0 else 1)]  # uneven: every rank must stop after 1
+    meter = StepMeter(max_steps=MAX_STEPS, tokens_per_step=spec.tokens_per_step, flops_per_token=1.0,
+                      peak_flops_total=None)
+    trainer = Trainer(engine=engine, scheduler=scheduler, batches=Batches(rank, data_state.get("rows", 0)),
+                      grad_accum=spec.deepspeed.gradient_accumulation_steps, device=device,
+                      metrics=TrainMetrics(meter, 2, device, start, announce=False),
+                      checkpointer=Checkpointer(engine, spec, spec.to_dict(), Rank(world=rank, world_size=world)),
+                      evaluator=Evaluator(engine, lambda: iter(eval_batches), device, 0, 4),
+                      tracker=Tracker(cfg.tracking, spec.storage_path, spec.run_name, {}, active=False),
+                      report=report, start_step=start, max_steps=MAX_STEPS, history=history, is_rank0=rank == 0)
+    trainer.train()
+    with open(f"{out_dir}/{'resumed' if resume_step else 'full'}-rank{rank}.json", "w") as f:
+        json.dump({"reports": reports, "history": history}, f)
+    dist.destroy_process_group()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("loop")
+    for resume_step in (0, 3):
+        mp.start_processes(_rank_main, args=(2, _free_port(), str(out), resume_step), nprocs=2, join=True,
+                           start_method="spawn")
+    return {name: [json.loads((out / f"{name}-rank{r}.json").read_text()) for r in range(2)]
+            for name in ("full", "resumed")} | {"dir": out}
+
+
+def test_components_decide_when_windows_checkpoints_and_evaluation_happen(runs):
+    full = runs["full"][0]["reports"]
+    # log every 2, checkpoint every 3 and at the end: windows at 2, 3, 4 and 6, checkpoints at 3 and 6
+    assert [(r["step"], r["checkpoint"]) for r in full] == [(2, False), (3, True), (4, False), (6, True)]
+    assert ["eval_loss" in r["metrics"] for r in full] == [False, False, False, True]  # eval_every 0: the end
+    assert {"checkpoint_save_s", "checkpoint_size_gib"} <= set(full[1]["metrics"])
+    # every rank reports the same reduced numbers (mean loss over ranks, slowest rank's data wait)
+    reduced = [[(r["metrics"]["loss"], r["metrics"]["data_wait_frac"]) for r in rank["reports"]] for rank in runs["full"]]
+    assert reduced[0] == reduced[1]
+    assert runs["full"][0]["history"] == [r["metrics"] for r in full]
+
+
+def test_evaluation_on_the_engine_agrees_across_uneven_ranks(runs):
+    last = [rank["reports"][-1]["metrics"] for rank in runs["full"]]
+    assert last[0]["eval_loss"] == last[1]["eval_loss"] and 0 < last[0]["eval_loss"] < 10
+    assert last[0]["eval_ppl"] == pytest.approx(torch.tensor(last[0]["eval_loss"]).exp().item(), rel=1e-6)
+
+
+def test_checkpoint_holds_every_rank_shard_and_the_contract(runs):
+    ckpt = runs["dir"] / "storage" / "checkpoint_step_00000003"
+    meta = json.loads((ckpt / "raytrain.json").read_text())
+    assert meta["step"] == 3 and meta["spec"]["run_name"] == "loop" and len(meta["history"]) == 2
+    shards = sorted(p.name for p in (ckpt / "step_00000003").iterdir() if "optim_states" in p.name)
+    assert shards == ["zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+
+
+def test_resume_from_a_checkpoint_continues_with_identical_losses(runs):
+    full = {r["step"]: r["metrics"] for r in runs["full"][0]["reports"]}
+    resumed = {r["step"]: r["metrics"] for r in runs["resumed"][0]["reports"]}
+    assert sorted(resumed) == [4, 6]
+    for step in (4, 6):
+        assert (resumed[step]["loss"], resumed[step]["lr"]) == (full[step]["loss"], full[step]["lr"]), step
+    assert [m["step"] for m in runs["resumed"][0]["history"]] == [2, 3, 4, 6]  # history restored, then extended

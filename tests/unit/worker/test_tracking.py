@@ -1,0 +1,43 @@
+"""Tracking with the real backends: an MLflow local file store and TensorBoard event files."""
+
+import math
+
+from raytrain.config import TrackingConfig
+from raytrain.worker.tracking import Tracker
+
+HISTORY = [{"step": s, "loss": 5.0 / s, "lr": 1e-3, "grad_norm": 1.0, "tokens_per_s": 1000.0 + s,
+            "data_wait_frac": 0.01, "memory_gib": 0.5, "step_time_s": 0.1, "eta_s": 0.0} for s in (5, 10, 15)]
+HISTORY[-1].update(checkpoint_save_s=0.5, checkpoint_size_gib=0.01, checkpoint_gbps=0.02, eval_loss=0.4, eval_ppl=math.e ** 0.4)
+
+
+def test_mlflow_and_tensorboard_receive_namespaced_metrics(tmp_path, monkeypatch):
+    import mlflow
+
+    # MLflow 3 keeps its file store in maintenance mode behind this switch; it is the local store
+    # that needs no database server.
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = f"file://{tmp_path / 'mlruns'}"
+    cfg = TrackingConfig(tensorboard=True, mlflow_tracking_uri=uri, mlflow_experiment="t")
+    tracker = Tracker(cfg, str(tmp_path), "run1", {"training": {"max_steps": 15}}, active=True)
+    for m in HISTORY:
+        tracker.log(m, m["step"])
+    tracker.close()
+
+    client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+    run = client.search_runs([client.get_experiment_by_name("t").experiment_id])[0]
+    assert [p.value for p in client.get_metric_history(run.info.run_id, "train/loss")] == [1.0, 0.5, 5.0 / 15]
+    assert run.data.metrics["eval/loss"] == 0.4 and run.data.metrics["checkpoint/save_s"] == 0.5
+    assert run.data.params["training.max_steps"] == "15"
+    events = list((tmp_path / "run1" / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(events) == 1 and events[0].stat().st_size > 100
+
+    # a restarted worker group continues the same MLflow run instead of opening a new one
+    again = Tracker(cfg, str(tmp_path), "run1", {}, active=True)
+    again.log({"loss": 0.1}, 20)
+    again.close()
+    assert len(client.search_runs([run.info.experiment_id])) == 1
+
+
+def test_inactive_tracker_writes_nothing(tmp_path):
+    Tracker(TrackingConfig(), str(tmp_path), "run2", {}, active=False).log(HISTORY[0], 5)
+    assert not (tmp_path / "run2").exists()
