@@ -1,6 +1,7 @@
 """Every Ray cluster launcher YAML in cluster/ passes Ray's own validation and keeps the
-properties raytrain relies on: GPU workers scale from zero, InfiniBand reaches the containers,
-Ray's ports stay private, token authentication is on, and each file opens with its command.
+properties raytrain relies on: GPU workers scale from zero, InfiniBand (or EFA) reaches the
+containers, Ray's ports stay private, token authentication is on, each file opens with its command,
+and an `external` provider's module is installed on the head before its autoscaler starts.
 
 Validation follows `ray up` (ray.autoscaler._private.commands._bootstrap_config): `prepare_config`
 merges the provider's defaults.yaml, merges setup commands, checks the docker section and fills
@@ -14,13 +15,17 @@ from typing import Any
 import pytest
 import ray
 import yaml
+from ray.autoscaler._private.aws.config import _configure_from_network_interfaces
 from ray.autoscaler._private.util import prepare_config, validate_config
 
 CLUSTER_DIR = Path(__file__).resolve().parents[2] / "cluster"
 CLUSTER_YAMLS = sorted(CLUSTER_DIR.glob("*.yaml"))
 
-# Options a GPU container needs for NCCL's InfiniBand transport (see cluster/ib.yaml).
-IB_RUN_OPTIONS = ("/dev/infiniband", "IPC_LOCK", "memlock=-1", "/etc/nccl.conf")
+# Options a GPU container needs for RDMA (InfiniBand verbs, or EFA's): the device nodes, and
+# permission to pin memory (see cluster/ib.yaml).
+RDMA_RUN_OPTIONS = ("/dev/infiniband", "IPC_LOCK", "memlock=-1")
+# InfiniBand hosts (Azure HPC images, on-prem) also hand the container their NCCL settings.
+IB_RUN_OPTIONS = RDMA_RUN_OPTIONS + ("/etc/nccl.conf",)
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -40,6 +45,14 @@ def _prepare_like_ray_up(config: dict[str, Any]) -> dict[str, Any]:
 
 def _uses_docker(config: dict[str, Any]) -> bool:
     return bool(config.get("docker", {}).get("image"))
+
+
+def _cloud(config: dict[str, Any]) -> str:
+    """azure for Ray's Azure provider and raytrain's extension of it, else the provider type."""
+    provider = config["provider"]
+    if provider["type"] == "external" and provider["module"].startswith("raytrain.autoscaler.azure."):
+        return "azure"
+    return provider["type"]
 
 
 def _gpu_node_run_options(config: dict[str, Any]) -> dict[str, list[str]]:
@@ -63,7 +76,7 @@ def _gpu_node_run_options(config: dict[str, Any]) -> dict[str, list[str]]:
 
 def test_cluster_dir_holds_the_shipped_configs():
     names = {path.name for path in CLUSTER_YAMLS}
-    assert {"ib.yaml", "onprem-ib.yaml", "fake-multinode.yaml"} <= names
+    assert {"ib.yaml", "onprem-ib.yaml", "fake-multinode.yaml", "aws-efa.yaml"} <= names
 
 
 @pytest.mark.parametrize("path", CLUSTER_YAMLS, ids=lambda path: path.name)
@@ -122,11 +135,12 @@ def test_gpu_containers_get_infiniband(path):
     config = _load(path)
     roles = _gpu_node_run_options(config)
     assert roles, f"{path.name}: runs Docker but has no GPU node"
+    needed_options = RDMA_RUN_OPTIONS if _cloud(config) == "aws" else IB_RUN_OPTIONS
     for role, options in roles.items():
         joined = " ".join(options)
-        missing = [needed for needed in IB_RUN_OPTIONS if needed not in joined]
+        missing = [needed for needed in needed_options if needed not in joined]
         assert not missing, f"{path.name}: {role} containers lack {missing}"
-    if config["provider"]["type"] == "azure":
+    if _cloud(config) == "azure":
         # The NCCL topology file that the HPC image's /etc/nccl.conf names lives here.
         for role, options in roles.items():
             assert "-v /opt/microsoft:/opt/microsoft:ro" in options, f"{path.name}: {role}"
@@ -181,3 +195,44 @@ def test_image_carries_the_installed_ray(path):
     # `ray up` from a laptop whose Ray differs from the cluster's fails in confusing ways.
     image = _load(path)["docker"]["image"]
     assert image.startswith(f"rayproject/ray:{ray.__version__}-"), f"{path.name}: {image}"
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in CLUSTER_YAMLS if _load(p)["provider"]["type"] == "external"], ids=lambda path: path.name
+)
+def test_the_head_installs_an_external_providers_module_before_ray_starts(path):
+    # The head's autoscaler imports provider.module when `ray start --head` runs; Ray runs
+    # setup_commands + head_setup_commands before head_start_ray_commands, on the head only.
+    config = prepare_config(_load(path))
+    package = config["provider"]["module"].split(".")[0]
+    assert config["file_mounts"].get(f"~/{package}") == ".", f"{path.name}: the checkout must reach the head"
+    installs = [c for c in config["head_setup_commands"] if "pip install" in c and package in c]
+    assert installs, f"{path.name}: head_setup_commands must pip install ~/{package}"
+    if _cloud(config) == "azure":
+        assert any(f"{package}[azure]" in c for c in installs), f"{path.name}: the head needs the Azure SDK extra"
+    assert all("ray start" not in c for c in config["head_setup_commands"])
+
+
+def test_aws_efa_workers_get_an_efa_interface_on_every_network_card_and_one_placement_group():
+    config = prepare_config(_load(CLUSTER_DIR / "aws-efa.yaml"))
+    node_config = config["available_node_types"]["ray.worker.gpu"]["node_config"]
+    interfaces = node_config["NetworkInterfaces"]
+    efa_cards = [i["NetworkCardIndex"] for i in interfaces if i["InterfaceType"] in ("efa", "efa-only")]
+    assert sorted(efa_cards) == list(range(32)), "p5.48xlarge: one EFA interface on each of its 32 network cards"
+    slots = [(i["NetworkCardIndex"], i["DeviceIndex"]) for i in interfaces]
+    assert len(set(slots)) == len(slots), "two interfaces on one network card and device index"
+    primary = next(i for i in interfaces if (i["NetworkCardIndex"], i["DeviceIndex"]) == (0, 0))
+    assert primary["InterfaceType"] != "efa-only", "EC2 refuses an EFA-only primary interface"
+    # EFA traffic is not routed between subnets.
+    assert len({i["SubnetId"] for i in interfaces}) == 1
+    assert node_config["Placement"]["GroupName"]
+    assert "InstanceMarketOptions" not in node_config, "no Spot: an interruption stops the whole gang"
+    # What Ray's AWS bootstrap does with NetworkInterfaces (ray up): one subnet and security
+    # group per interface, and neither given next to them.
+    resolved = _configure_from_network_interfaces(config)["available_node_types"]["ray.worker.gpu"]["node_config"]
+    assert set(resolved["SubnetIds"]) == {primary["SubnetId"]}
+    head = config["available_node_types"][config["head_node_type"]]["node_config"]
+    assert set(resolved["SecurityGroupIds"]) == set(head["SecurityGroupIds"]), "head and workers share the EFA group"
+    # EFA's user space (libfabric, aws-ofi-nccl) in the container, without touching the host's kernel.
+    setup = " ".join(config["worker_setup_commands"])
+    assert "efa_installer.sh" in setup and "--skip-kmod" in setup
