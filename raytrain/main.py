@@ -26,7 +26,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the run name exists: set the old run aside (renamed, not deleted) and start over")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="dotted overrides, e.g. training.max_steps=20 deepspeed=ds_config.json")
-    return parser.parse_args(argv)
+    # intermixed: KEY=VALUE overrides may come before and after the flags (`--resume-from X a.b=1`)
+    return parser.parse_intermixed_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,18 +6,21 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
+
+from tests.helpers import stop_tree
 
 # Ray reads the auth mode once, when it is imported: set it before any test module imports ray.
 os.environ["RAY_AUTH_MODE"] = "token"
 
 RAY_PORT = int(os.environ.get("RAYTRAIN_TEST_RAY_PORT", "6390"))
 DASHBOARD_PORT = int(os.environ.get("RAYTRAIN_TEST_DASHBOARD_PORT", "8290"))
-# The job agent's HTTP port (`ray job submit` goes through it): Ray's fixed default 52365 would
-# collide with any other cluster on the machine, leaving "No available agent to submit job".
-AGENT_PORT = 52365 + RAY_PORT - 6390
+# The job agent's HTTP port (`ray job submit` goes through it), off Ray's fixed default 52365 so it
+# never collides with another cluster on the machine ("No available agent to submit job").
+AGENT_PORT = 52400 + RAY_PORT - 6390
 RAY_BIN = os.path.join(os.path.dirname(sys.executable), "ray")
 
 
@@ -31,41 +34,44 @@ def ray_auth_token():
 
 
 @pytest.fixture(scope="session")
-def ray_cluster(ray_auth_token):
+def ray_cluster(ray_auth_token, tmp_path_factory):
     """Address info of a local head node with 4 logical CPUs: 2 training workers + Ray Data.
 
-    Token authentication stays on (Ray 2.60's default); see `ray_auth_token`.
+    The cluster's processes get their own TMPDIR (short: Ray's unix sockets live under it), so Ray's
+    session directory and the workers' temporary checkpoint directories belong to this cluster alone,
+    whatever else runs on the machine. Token authentication stays on (Ray 2.60's default).
     """
     import ray
 
-    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    tmpdir = tempfile.mkdtemp(prefix=f"rt{RAY_PORT}-", dir="/tmp")
+    log_path = tmp_path_factory.mktemp("ray-head") / "head.log"
+    # MLFLOW_ALLOW_FILE_STORE: workers inherit the cluster's environment, and MLflow 3 keeps the file
+    # store (the local one that needs no server, tests/integration/test_train_e2e.py) behind it.
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "TMPDIR": tmpdir, "MLFLOW_ALLOW_FILE_STORE": "true"}
     # --block keeps the head in the foreground: stopping this one process stops this cluster only
-    # (`ray stop` would kill every Ray process on the machine).
-    head = subprocess.Popen([RAY_BIN, "start", "--head", "--block", f"--port={RAY_PORT}", "--num-cpus=4",
-                             "--num-gpus=0", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-                             f"--dashboard-port={DASHBOARD_PORT}", f"--dashboard-agent-listen-port={AGENT_PORT}",
-                             "--disable-usage-stats"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # (`ray stop` would kill every Ray process on the machine). Its output goes to a file: a pipe
+    # nobody reads fills up and blocks the head.
+    with open(log_path, "w") as log:
+        head = subprocess.Popen([RAY_BIN, "start", "--head", "--block", f"--port={RAY_PORT}", "--num-cpus=4",
+                                 "--num-gpus=0", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+                                 f"--dashboard-port={DASHBOARD_PORT}", f"--dashboard-agent-listen-port={AGENT_PORT}",
+                                 "--disable-usage-stats"], env=env, stdout=log, stderr=subprocess.STDOUT)
     address = f"127.0.0.1:{RAY_PORT}"
     deadline = time.time() + 120
     while subprocess.run([RAY_BIN, "status", f"--address={address}"], env=env, capture_output=True).returncode:
         if head.poll() is not None or time.time() > deadline:
             head.kill()
-            pytest.fail(f"ray start --head failed: {head.stderr.read().decode()[-2000:]}")
+            pytest.fail(f"ray start --head failed: {log_path.read_text()[-2000:]}")
         time.sleep(1)
     if head.poll() is not None:  # the port answered, but it is someone else's cluster
         pytest.fail(f"ray start --head failed (port {RAY_PORT} taken? set RAYTRAIN_TEST_RAY_PORT): "
-                    f"{head.stderr.read().decode()[-2000:]}")
+                    f"{log_path.read_text()[-2000:]}")
     ray.init(address=address)
     try:
-        yield {"address": address, "dashboard": f"http://127.0.0.1:{DASHBOARD_PORT}"}
+        yield {"address": address, "dashboard": f"http://127.0.0.1:{DASHBOARD_PORT}", "tmpdir": tmpdir}
     finally:
         ray.shutdown()
-        head.terminate()
-        try:
-            head.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            head.kill()
+        stop_tree(head)
 
 
 @pytest.fixture

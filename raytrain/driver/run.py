@@ -64,6 +64,7 @@ def fit(cfg: RunConfig, fresh: bool = False) -> FitResult:
     target = cluster_target(shape.use_gpu)  # None where unknown: not checked
     check_fits(estimate_memory(resolved, hardware.Target(target.gpu_memory_bytes, target.host_memory_bytes,
                                                          shape.gpus_per_node or target.gpus_per_node)))
+    _check_tracking(cfg)
     if cfg.network.preflight:
         check_preflight(cfg)
     spec = _place(resolved, fresh)
@@ -121,6 +122,24 @@ def plan_memory(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_mem
     plan = estimate_memory(resolve_run(cfg, shape), target)
     check_fits(plan)
     return plan
+
+
+def _check_tracking(cfg: RunConfig) -> None:
+    """Reach the MLflow tracking server from the driver before any worker starts: unreachable (or, for a
+    file:// store, refused by MLflow 3 unless MLFLOW_ALLOW_FILE_STORE=true) it would otherwise fail rank
+    0 at its first step, and Ray Train would retry that max_failures times."""
+    uri = cfg.tracking.mlflow_tracking_uri
+    if not uri:
+        return
+    import mlflow  # an optional extra (pip install "raytrain[mlflow]")
+
+    try:
+        mlflow.set_tracking_uri(uri)
+        mlflow.search_experiments(max_results=1)
+    except Exception as e:  # MLflow raises MlflowException, requests' ConnectionError, OSError, ...
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"tracking.mlflow_tracking_uri={uri}: MLflow cannot use it ({first[:300]}): start the "
+                          f"server, fix the URI, or unset it") from None
 
 
 def _place(resolved: ResolvedRun, fresh: bool) -> RunSpec:

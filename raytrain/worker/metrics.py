@@ -73,12 +73,17 @@ def _memory_gib(device) -> float:
 
 
 class TrainMetrics:
-    """The loop's metrics: per step `record`, at the end of a window `collect` (a collective)."""
+    """The loop's metrics: per step `record`, at the end of a window `collect` (a collective).
+
+    After a restore, the first window also carries `resumed_from_step` and `resume_s` (from this
+    worker process's start to its first step: what a restart cost), so every restart that reached a
+    later checkpoint stays in the run's metrics history."""
 
     def __init__(self, meter: StepMeter, every_n_steps: int, device, start_step: int, announce: bool):
         self.meter, self.every, self.device = meter, every_n_steps, device
         self._pending: list[torch.Tensor] = []
-        self._start_step, self._announce = start_step, announce and start_step > 0
+        self._start_step, self._announce = start_step, announce
+        self._resumed: dict[str, float] = {}
 
     def due(self, step: int) -> bool:
         return step % self.every == 0
@@ -86,10 +91,12 @@ class TrainMetrics:
     def record(self, step: int, loss: torch.Tensor, data_wait_s: float) -> None:
         self._pending.append(loss)
         self.meter.step(data_wait_s)
-        if self._announce and step == self._start_step + 1:
-            # From this worker process's start to its first step after a restore: what a restart costs.
-            emit(f"raytrain: resumed from step {self._start_step}; first step done "
-                 f"{time.time() - psutil.Process().create_time():.1f} s after the worker process started")
+        if self._start_step and step == self._start_step + 1:
+            self._resumed = {"resumed_from_step": self._start_step,
+                             "resume_s": time.time() - psutil.Process().create_time()}
+            if self._announce:
+                emit(f"raytrain: resumed from step {self._start_step}; first step done "
+                     f"{self._resumed['resume_s']:.1f} s after the worker process started")
 
     def collect(self, step: int, lr: float, grad_norm: float | None) -> dict[str, float]:
         """The window's metrics, the same on every rank: mean loss over ranks, slowest rank's data wait."""
@@ -101,5 +108,6 @@ class TrainMetrics:
         wait = torch.tensor([metrics["data_wait_frac"]], dtype=torch.float64, device=self.device)
         torch.distributed.all_reduce(wait, op=torch.distributed.ReduceOp.MAX)
         metrics["data_wait_frac"] = wait.item()
+        metrics.update(self._resumed)
+        self._resumed = {}
         return metrics
-

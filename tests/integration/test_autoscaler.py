@@ -28,14 +28,16 @@ def test_fake_autoscaler_adds_nodes_and_the_run_finishes(tmp_path):
     marker = f"{os.getpid()}-{time.time_ns()}"  # inherited by every process of this fake cluster
     env = {**os.environ, "RAY_FAKE_CLUSTER": "1", "RAY_AUTH_MODE": "token", "RAYTRAIN_TEST_FAKE_CLUSTER": marker}
     env.pop("RAY_ADDRESS", None)
-    head = subprocess.Popen([RAY, "start", "--head", "--block", f"--port={PORT}", "--num-cpus=2", "--num-gpus=0",
-                             f"--autoscaling-config={config}", "--include-dashboard=false", "--disable-usage-stats"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log_path = tmp_path / "head.log"  # a file, not a pipe nobody reads: a full pipe would block the head
+    with open(log_path, "w") as log:
+        head = subprocess.Popen([RAY, "start", "--head", "--block", f"--port={PORT}", "--num-cpus=2", "--num-gpus=0",
+                                 f"--autoscaling-config={config}", "--include-dashboard=false", "--disable-usage-stats"],
+                                env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         address = f"{ip}:{PORT}"
         deadline = time.time() + 120
         while subprocess.run([RAY, "status", f"--address={address}"], env=env, capture_output=True).returncode:
-            assert head.poll() is None and time.time() < deadline, head.stderr.read().decode()[-2000:]
+            assert head.poll() is None and time.time() < deadline, log_path.read_text()[-2000:]
             time.sleep(1)
         # 2 workers x 1.5 CPUs cannot fit on the 2-CPU head: Ray Train's request makes the
         # autoscaler launch fake worker nodes (2 CPUs each).

@@ -15,6 +15,7 @@ from raytrain.data.pipeline import build_datasets
 from raytrain.data.progress import DataProgress
 from raytrain.data.sources import inspect_sources
 from raytrain.model import byte_tokenizer, load_model_config
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -136,7 +137,6 @@ def test_bad_input_is_a_config_error_before_any_task(tmp_path, model):
 
 def test_progress_counts_every_byte_document_and_token_of_each_pass(tmp_path, model, capsys):
     import re
-    import time
 
     docs = [f"document number {i}, " + "x" * (i % 50) for i in range(600)]
     (tmp_path / "a.jsonl").write_text("".join(f'{{"text": "{d}"}}\n' for d in docs[:400]))
@@ -146,17 +146,21 @@ def test_progress_counts_every_byte_document_and_token_of_each_pass(tmp_path, mo
     data = DataConfig(path=str(tmp_path), seq_len=16, progress_every_s=0.5)
     progress = DataProgress(data, "data-sources")
     ds = datasets(data, model, progress)["train"]
+    printed = []
+
+    def line_for_pass(n):
+        printed.extend(line for line in capsys.readouterr().out.splitlines() if line.startswith("raytrain: data:"))
+        return any(line.startswith(f"raytrain: data: pass {n}: {format_bytes(size)} of ") for line in printed)
+
     with progress:
         for n in (1, 2):  # two passes, as two epochs read the data
             rows(ds)
             wanted = {"bytes": n * size, "rows_read": n * 600, "rows": n * 600, "documents": n * 600,
                       "tokens": n * tokens}
-            deadline = time.time() + 30  # the tasks' reports are fire-and-forget: wait for the last ones
-            while {k: progress.counts()[k] for k in wanted} != wanted and time.time() < deadline:
-                time.sleep(0.2)
-            assert {k: progress.counts()[k] for k in wanted} == wanted
-            time.sleep(1.5)  # the thread prints a line after the pass's last report
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("raytrain: data:")]
+            # the tasks' reports are fire-and-forget, and the thread prints after the pass's last one
+            wait_until(lambda: {k: progress.counts()[k] for k in wanted} == wanted, 30, f"pass {n}'s counts")
+            wait_until(lambda: line_for_pass(n), 30, f"pass {n}'s 100% line")
+    lines = printed
     line = re.compile(r"raytrain: data: pass (\d): [\d.]+ k?B of ([\d.]+ kB) \((\d+)%\), "
                       r"(?:[\d.]+ [kM]?B/s, )?ETA \S+; tokenized ([\d.]+k?) documents, [\d.]+k tokens")
     parsed = [line.fullmatch(text).groups() for text in lines]

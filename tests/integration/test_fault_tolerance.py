@@ -1,10 +1,12 @@
-"""Fault tolerance for real: worker processes SIGKILLed from outside, three times in one run, at
-different steps (one of them while a checkpoint is being written). The run must finish and its
-per-step losses must equal an uninterrupted run's exactly (CPU, fp32). Then job-level resume:
---resume-from a chosen checkpoint reproduces the same tail, and re-running a finished run's
-command continues it instead of starting over. Last, a 2-worker checkpoint resumed on 3 workers
-(DeepSpeed universal conversion, data shards reassigned), and the refusal when the run's data
-shards cannot be split over the new world size."""
+"""Fault tolerance for real: worker processes SIGKILLed from outside, three times in one run (twice in
+the middle of a checkpoint save), on the shared `ray start` cluster. The run must finish with per-step
+losses equal to an uninterrupted run's, bit for bit (CPU, fp32), and a save that was interrupted is
+never the one a restart resumes from. Then what a user does next with a run's checkpoints: resume from
+a chosen one, run the same command again, start over with --fresh, resume on another number of
+workers (DeepSpeed universal conversion, data shards reassigned), and a run past max_failures.
+
+Facts are read from files (raytrain.json's history, Ray Train's checkpoint bookkeeping), never from
+worker log lines, which Ray's log forwarding may drop for workers killed soon after they start."""
 
 import json
 import os
@@ -12,16 +14,22 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
+from raytrain.checkpoint import layout
+from tests.helpers import wait_until
+
 pytestmark = pytest.mark.integration
 
-# 24 steps over ~100 documents: each rank's shard holds a few micro-batches, so the run crosses
-# several epoch boundaries and the kills land both mid-epoch and near a boundary.
-ARGS = ["training.max_steps=24", "training.log_every_n_steps=1", "checkpoint.every_n_steps=4",
-        "checkpoint.num_to_keep=10", "checkpoint.max_failures=6", "data.num_builtin_documents=100",
-        "training.warmup_steps=4", "training.seed=7"]
+# 12 steps, a checkpoint every 3, 6 data shards (3 per worker; 2 per worker on 3 workers), micro-batch
+# 6: the same global batch of 36 sequences on 2 workers (GA 3) and 3 workers (GA 2).
+ARGS = ["training.max_steps=12", "training.log_every_n_steps=1", "checkpoint.every_n_steps=3",
+        "checkpoint.num_to_keep=3", "checkpoint.max_failures=6", "data.num_builtin_documents=120",
+        "training.warmup_steps=3", "training.seed=7", "data.num_shards=6", "training.micro_batch_size_per_gpu=6"]
+TWO = ["training.gradient_accumulation_steps=3"]
+THREE = ["scaling.num_workers=3", "training.gradient_accumulation_steps=2"]
 
 
 def start(env, storage, name, *extra):
@@ -36,113 +44,170 @@ def finish(proc, timeout=900):
     return out
 
 
-def losses(storage, name, step=24):
-    meta = json.load(open(os.path.join(storage, name, f"checkpoint_step_{step:08d}", "raytrain.json")))
-    return [(m["step"], m["loss"]) for m in meta["history"]]
+def history(storage, name, step=12):
+    meta = json.loads((Path(storage) / name / f"checkpoint_step_{step:08d}" / "raytrain.json").read_text())
+    return meta["history"]
+
+
+def losses(storage, name, step=12):
+    return [(m["step"], m["loss"]) for m in history(storage, name, step)]
+
+
+def registered_step(storage, name):
+    """The step of the run's latest checkpoint that Ray Train registered (what a restart resumes from)."""
+    for attempt in range(3):
+        try:
+            checkpoint = layout.latest_checkpoint(f"{storage}/{name}")
+            return None if checkpoint is None else layout.read_metadata(checkpoint)["step"]
+        except (ValueError, OSError):  # Ray Train rewriting its bookkeeping file at this moment
+            time.sleep(0.1)
+    return None
 
 
 def worker_pids(address):
     from ray.util.state import list_actors
 
     # address: never "the latest local cluster", which may be another one on this machine
-    return {a.pid for a in list_actors(address=address, filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])}
+    return {a.pid for a in list_actors(address=address, filters=[("class_name", "=", "RayTrainWorker"),
+                                                                 ("state", "=", "ALIVE")])}
 
 
-def wait_for(predicate, timeout, proc):
-    deadline = time.time() + timeout
-    while not predicate():
-        assert proc.poll() is None, "the run ended before the fault could be injected"
-        assert time.time() < deadline, "timed out waiting to inject a fault"
-        time.sleep(0.2)
+def saving(tmpdir, step):
+    """True while some rank writes step `step`: its local directory (raytrain.checkpoint.shards, under
+    the test cluster's own TMPDIR) holds DeepSpeed's tag for it."""
+    return any((d / layout.tag_for(step)).exists() for d in Path(tmpdir).glob("raytrain-ckpt-*"))
 
 
 @pytest.fixture(scope="module")
 def runs(ray_cluster, tmp_path_factory):
     storage = str(tmp_path_factory.mktemp("ft"))
-    # RAY_DEDUP_LOGS=0: Ray folds identical lines of different workers into one ("[repeated 2x]"),
-    # and two restarts from the same checkpoint print identical "starting at step N" lines.
-    env = {**os.environ, "RAY_ADDRESS": ray_cluster["address"], "RAY_AUTH_MODE": "token", "PYTHONUNBUFFERED": "1",
-           "RAY_DEDUP_LOGS": "0"}
-    baseline_out = finish(start(env, storage, "baseline"))
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster["address"], "RAY_AUTH_MODE": "token", "PYTHONUNBUFFERED": "1"}
+    address = ray_cluster["address"]
+    baseline_out = finish(start(env, storage, "baseline", *TWO))
 
-    proc = start(env, storage, "faulty")
-    ckpt = lambda step: os.path.join(storage, "faulty", f"checkpoint_step_{step:08d}")  # noqa: E731
-    killed = []
-    # (checkpoint whose appearance triggers the kill, delay): 0 s = while ranks are still writing it.
-    for trigger_step, delay_s in ((4, 1.0), (8, 0.0), (16, 2.5)):
-        wait_for(lambda: os.path.isdir(ckpt(trigger_step)), 600, proc)
-        time.sleep(delay_s)
-        pids = worker_pids(ray_cluster["address"]) - set(killed)
-        assert pids, "no live training worker to kill"
-        victim = sorted(pids)[len(killed) % len(pids)]
+    proc = start(env, storage, "faulty", *TWO)
+    alive = lambda: proc.poll() is None  # noqa: E731
+    kills, seen = [], set()
+
+    def new_group():
+        """Both workers of a group none of whose processes was seen before: the first group, or the
+        one Ray Train started after the last kill (not the old group's survivor, still shutting down)."""
+        live = worker_pids(address)
+        return live if len(live) == 2 and not live & seen else None
+
+    # A save caught in the act (every worker frozen with SIGSTOP the moment a rank starts writing the
+    # checkpoint of step 6, so none can report it), then a plain kill as soon as the restarted group
+    # has saved again, then the next save caught in the act.
+    plan = [("save", 6), ("plain", None), ("save", None)]
+    for kind, step in plan:
+        group = wait_until(new_group, 600, "a new worker group", alive)
+        seen |= group
+        if kind == "save":
+            step = step or kills[-1]["registered"] + 3  # the next save after the one the group resumed from
+            wait_until(lambda: saving(ray_cluster["tmpdir"], step), 600, f"the save of step {step}", alive,
+                       every_s=0.02)
+            for pid in group:
+                os.kill(pid, signal.SIGSTOP)
+            registered = registered_step(storage, "faulty")
+        else:
+            registered = wait_until(lambda: (registered_step(storage, "faulty") or 0) >= 6 and
+                                    registered_step(storage, "faulty"), 600, "a checkpoint after the restart", alive)
+        victim = min(group)
         os.kill(victim, signal.SIGKILL)  # as a real fault would: no cleanup, no exception
-        killed.append(victim)
-        wait_for(lambda: bool(worker_pids(ray_cluster["address"]) - set(killed)), 600, proc)  # the group was restarted
+        for pid in group - {victim}:
+            os.kill(pid, signal.SIGCONT)  # the controller ends the old group's survivors itself
+        kills.append({"pid": victim, "kind": kind, "step": step, "registered": registered})
     faulty_out = finish(proc)
-    return {"env": env, "storage": storage, "baseline_out": baseline_out, "faulty_out": faulty_out,
-            "killed": killed}
+    return {"env": env, "storage": storage, "baseline_out": baseline_out, "faulty_out": faulty_out, "kills": kills,
+            "address": address}
 
 
 def test_run_survives_three_kills_with_identical_losses(runs):
-    # Three live workers were killed, each after the group had been restarted with new processes
-    # (the fixture waits for new worker pids between kills). Ray's log forwarding does not deliver
-    # every line of a worker that is killed soon after starting, so the log must show at least one
-    # resumed start rather than exactly three.
-    assert len(runs["killed"]) == 3
-    restarts = [line for line in runs["faulty_out"].splitlines() if "starting at step" in line
-                and "starting at step 0" not in line]
-    assert restarts, runs["faulty_out"][-4000:]
     base, faulty = losses(runs["storage"], "baseline"), losses(runs["storage"], "faulty")
-    assert [s for s, _ in base] == list(range(1, 25))
+    assert [s for s, _ in base] == list(range(1, 13))
     assert faulty == base  # bit-exact: same floats at every step
+    # The restarts are in the run's own history (raytrain.worker.metrics): each restart's first window
+    # says where it resumed from; a restart whose windows never reached a later checkpoint is lost with
+    # them (the last one, here, resumed from the checkpoint the last caught save came after).
+    resumed = [m["resumed_from_step"] for m in history(runs["storage"], "faulty") if "resumed_from_step" in m]
+    assert resumed and resumed == sorted(resumed) and set(resumed) <= {k["registered"] for k in runs["kills"]}
+    assert "resumed_from_step" not in str(history(runs["storage"], "baseline"))
+
+
+def test_an_interrupted_save_is_never_resumed_from(runs):
+    during = [k for k in runs["kills"] if k["kind"] == "save"]
+    assert len(during) == 2 and during[0]["step"] == 6, runs["kills"]
+    # frozen while writing step N, Ray Train had registered only the one before: a restart resumes there
+    assert [k["registered"] for k in during] == [k["step"] - 3 for k in during], runs["kills"]
+    # and the run then saved that step again, whole, and went on to the end
+    step = during[-1]["step"]
+    meta = json.loads((Path(runs["storage"]) / "faulty" / f"checkpoint_step_{step:08d}" / "raytrain.json").read_text())
+    assert meta["step"] == step and [m["step"] for m in meta["history"]] == list(range(1, step + 1))
+
+
+def test_only_the_latest_num_to_keep_checkpoints_stay(runs):
+    kept = sorted(p.name for p in (Path(runs["storage"]) / "baseline").glob("checkpoint_step_*"))
+    assert kept == ["checkpoint_step_00000006", "checkpoint_step_00000009", "checkpoint_step_00000012"]
 
 
 def test_resume_from_a_chosen_checkpoint_reproduces_the_tail(runs):
-    chosen = os.path.join(runs["storage"], "faulty", "checkpoint_step_00000016")
-    out = finish(start(runs["env"], runs["storage"], "branch", "--resume-from", chosen))
-    assert "starting at step 16" in out
-    assert losses(runs["storage"], "branch")[-8:] == losses(runs["storage"], "baseline")[-8:]
+    chosen = os.path.join(runs["storage"], "faulty", "checkpoint_step_00000006")
+    # with the upload to storage in the background (Ray's ASYNC mode): same checkpoints, same losses
+    finish(start(runs["env"], runs["storage"], "branch", *TWO, "--resume-from", chosen, "checkpoint.upload_async=true"))
+    assert losses(runs["storage"], "branch") == losses(runs["storage"], "baseline")
+    assert registered_step(runs["storage"], "branch") == 12
 
 
-def test_same_command_again_continues_the_run_instead_of_overwriting(runs):
-    out = finish(start(runs["env"], runs["storage"], "baseline"))
-    assert "continuing from its latest checkpoint" in out
-    assert "raytrain: done at step 24" in out
-    assert losses(runs["storage"], "baseline") == losses(runs["storage"], "faulty")
-
-
-# Issue 5, item 5: a 2-worker checkpoint resumed on 3 workers. Same global batch (6 x 3 x 2 =
-# 6 x 2 x 3 = 36 sequences), 6 data shards (3 per worker, then 2).
-WIDE = ["data.num_shards=6", "training.micro_batch_size_per_gpu=6", "training.max_steps=8"]
+def test_same_command_again_continues_and_fresh_starts_over_keeping_the_old_run(runs):
+    out = finish(start(runs["env"], runs["storage"], "baseline", *TWO))
+    assert "continuing from its latest checkpoint" in out and "raytrain: done at step 12" in out
+    assert losses(runs["storage"], "baseline") == losses(runs["storage"], "faulty")  # nothing retrained
+    fresh = finish(start(runs["env"], runs["storage"], "branch", *TWO, "--fresh", "training.max_steps=3"))
+    assert "--fresh: moved the existing run 'branch' to " in fresh
+    aside = [p for p in Path(runs["storage"]).iterdir() if p.name.startswith("branch.replaced-")]
+    assert len(aside) == 1 and (aside[0] / "checkpoint_step_00000012" / "raytrain.json").exists()  # kept, whole
+    assert [m["step"] for m in history(runs["storage"], "branch", 3)] == [1, 2, 3]  # started over
 
 
 def test_resume_on_another_number_of_workers(runs):
     env, storage = runs["env"], runs["storage"]
-    finish(start(env, storage, "two", *WIDE, "training.gradient_accumulation_steps=3"))
-    chosen = os.path.join(storage, "two", "checkpoint_step_00000004")
-    out = finish(start(env, storage, "three", *WIDE, "training.gradient_accumulation_steps=2",
-                       "scaling.num_workers=3", "--resume-from", chosen))
-    assert "resuming step 4 on 3 workers (written by 2)" in out, out[-4000:]
-    assert "raytrain: done at step 8" in out, out[-4000:]
-    assert os.path.isfile(os.path.join(storage, "three", "universal", "checkpoint_step_00000004", "raytrain.json"))
-    two, three = dict(losses(storage, "two", 8)), dict(losses(storage, "three", 8))
-    assert sorted(three) == list(range(1, 9))  # history restored, then steps 5..8 on 3 workers
-    assert [three[s] for s in range(1, 5)] == [two[s] for s in range(1, 5)]
-    # Step 5's loss is computed with the restored weights, on other sequences than the 2-worker
-    # run's step 5: close to it, far below the untrained loss (random weights would be back there).
-    assert abs(three[5] - two[5]) < 0.25 * (two[1] - two[5]), (two, three)
-    meta = json.load(open(os.path.join(storage, "three", "checkpoint_step_00000008", "raytrain.json")))
-    lrs = {m["step"]: m["lr"] for m in meta["history"]}
-    two_lrs = {m["step"]: m["lr"] for m in json.load(open(os.path.join(
-        storage, "two", "checkpoint_step_00000008", "raytrain.json")))["history"]}
-    assert lrs == two_lrs  # the LR schedule continued from step 4, not from 0
-    shards = os.listdir(os.path.join(storage, "three", "checkpoint_step_00000008", "step_00000008"))
+    chosen = os.path.join(storage, "faulty", "checkpoint_step_00000006")
+    out = finish(start(env, storage, "three", *THREE, "--resume-from", chosen))
+    assert "resuming step 6 on 3 workers (written by 2)" in out, out[-4000:]
+    assert (Path(storage) / "three" / "universal" / "checkpoint_step_00000006" / "raytrain.json").is_file()
+    two, three = dict(losses(storage, "baseline")), dict(losses(storage, "three"))
+    assert sorted(three) == list(range(1, 13))  # history restored, then steps 7..12 on 3 workers
+    assert [three[s] for s in range(1, 7)] == [two[s] for s in range(1, 7)]
+    # Steps 7+ run on the same global batch of the same rows, summed in another order across 3 ranks:
+    # equal within fp32 reduction-order noise, far below the loss's own movement. (From the epoch's
+    # end on, step 9 here, the rows differ today: MicroBatches ends an epoch per micro-batch, whose
+    # size depends on the world size. Issue 15 cuts epochs per optimizer step.)
+    for step in range(7, 9):
+        assert abs(three[step] - two[step]) < 1e-3 * abs(two[1]), (step, two[step], three[step])
+    lrs = {m["step"]: m["lr"] for m in history(storage, "three")}
+    assert lrs == {m["step"]: m["lr"] for m in history(storage, "baseline")}  # the schedule continued
+    shards = os.listdir(Path(storage) / "three" / "checkpoint_step_00000012" / "step_00000012")
     assert sum(f.endswith("optim_states.pt") for f in shards) == 3  # re-partitioned for 3 ranks
 
 
 def test_another_number_of_workers_without_shards_for_it_is_refused(runs):
-    # "baseline" ran with one data shard per worker (2): its data position has no 3-worker form.
-    proc = start(runs["env"], runs["storage"], "baseline", "scaling.num_workers=3")
+    # resuming the 6-shard run with one shard per worker (data.num_shards=null) on 3 workers: the data
+    # position has no 3-shard form; refused on the driver before any worker starts
+    proc = start(runs["env"], runs["storage"], "four", *THREE, "data.num_shards=null", "--resume-from",
+                 os.path.join(runs["storage"], "faulty", "checkpoint_step_00000012"))
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 2, out[-3000:]
     assert "data.num_shards" in out and "written by 2 workers" in out, out[-3000:]
+    assert not (Path(runs["storage"]) / "four").exists()
+
+
+def test_a_run_past_max_failures_fails_with_its_error(runs):
+    proc = start(runs["env"], runs["storage"], "fragile", *TWO, "checkpoint.max_failures=0")
+    group = wait_until(lambda: worker_pids(runs["address"]), 600, "the run's workers", lambda: proc.poll() is None)
+    wait_until(lambda: registered_step(runs["storage"], "fragile") == 3, 600, "its first checkpoint",
+               lambda: proc.poll() is None)
+    os.kill(min(group), signal.SIGKILL)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 1, out[-3000:]
+    assert "raytrain: done" not in out
+    assert registered_step(runs["storage"], "fragile") == 3  # what a rerun would continue from

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import require
+
 from raytrain.config import TrainingConfig
 from raytrain.worker.engine import warmup_cosine
 
@@ -125,7 +127,11 @@ def ran(runs, name: str) -> dict:
         pytest.fail(f"variant {name} left no report (the child crashed or timed out):\n{tails}")
     report = json.loads(path.read_text())
     if "skipped" in report:
-        pytest.skip(report["skipped"])
+        # libaio is a prerequisite CI installs: missing there it fails. fp16 and ZeRO++'s quantization
+        # kernels need hardware this CPU lacks; benchmarks/gpu_x1.sh (fp16) and gpu_x2.sh (ZeRO++)
+        # run them on GPUs.
+        require(name != "offload_nvme", report["skipped"])
+        pytest.skip(report["skipped"] + " (on GPUs: benchmarks/gpu_x1.sh checks, gpu_x2.sh zeropp)")
     assert report["ok"], report["error"]
     assert report["zero_stage"] == 3
     assert report["losses"] and all(math.isfinite(x) for x in report["losses"]), report["losses"]
@@ -254,11 +260,11 @@ def test_offload_optimizer_and_params_to_nvme(runs):
 
 
 def test_zero_quantized_weights(runs):
-    ran(runs, "quantized_weights")
+    assert ran(runs, "quantized_weights")["zero_quantized_weights"] is True
 
 
 def test_zero_quantized_gradients(runs):
-    ran(runs, "quantized_gradients")
+    assert ran(runs, "quantized_gradients")["zero_quantized_gradients"] is True
 
 
 def test_hpz_secondary_partition(runs):

@@ -73,6 +73,8 @@ def run_variant(name: str, out_dir: str) -> dict[str, Any]:
                loss_scales=probe.loss_scales, num_params=len(before),
                unchanged_params=[n for n in before if torch.equal(before[n], after[n])],
                zero_stage=engine.zero_optimization_stage(), overlap_comm=engine.zero_overlap_comm(),
+               zero_quantized_weights=engine.zero_quantized_weights(),
+               zero_quantized_gradients=engine.zero_quantized_gradients(),
                contiguous_gradients=engine.zero_contiguous_gradients(),
                basic_optimizer=type(engine.optimizer.optimizer).__name__,
                zero_optimizer=type(engine.optimizer).__name__,

@@ -19,10 +19,9 @@ def resolve(ds, world_size=8, use_gpu=True, hidden=2048, **training):
 def test_seed_config_with_8_workers_gives_micro_batch_16():
     ds = resolve(SEED)
     assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (512, 16, 4)
-    assert ds["zero_optimization"] == {**SEED["zero_optimization"], "reduce_bucket_size": 2048 * 2048,
-                                       "stage3_prefetch_bucket_size": int(0.9 * 2048 * 2048),
-                                       "stage3_param_persistence_threshold": 20480} \
-        or ds["zero_optimization"]["offload_optimizer"] == SEED["zero_optimization"]["offload_optimizer"]
+    # the user's keys exactly as written (offload, overlap, ...), nothing "auto" to fill in the seed's
+    # zero_optimization but ZeRO++ hpZ, which raytrain adds only as "auto" to its own default
+    assert ds["zero_optimization"] == SEED["zero_optimization"]
     assert SEED["train_batch_size"] == 512 and "train_micro_batch_size_per_gpu" not in SEED  # input untouched
 
 

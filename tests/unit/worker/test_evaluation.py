@@ -1,10 +1,10 @@
-"""`evaluate` over real gloo process groups (CPU) with a small causal LM: the loss is the token-weighted
-mean over ranks, and ranks with uneven eval data still run the same number of forwards."""
+"""`evaluate` over real gloo process groups (CPU) with a tiny transformers Llama: the loss is the
+token-weighted mean over ranks, and ranks with uneven eval data still run the same number of forwards.
+On a DeepSpeed ZeRO-3 engine, inside the worker loop: tests/unit/worker/test_loop.py."""
 
 import json
 import math
 import socket
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,24 +14,14 @@ import torch.multiprocessing as mp
 from raytrain.worker.evaluation import evaluate
 
 
-class TinyLM(torch.nn.Module):
-    """Bigram LM with the transformers calling convention (loss over shifted labels). A plain torch
-    module keeps the spawned ranks from importing transformers (~10 s each on a busy 2-core box)."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.emb = torch.nn.Embedding(64, 16)
-        self.out = torch.nn.Linear(16, 64)
-
-    def forward(self, input_ids, labels, position_ids=None):
-        logits = self.out(self.emb(input_ids))[:, :-1]
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 64), labels[:, 1:].reshape(-1))
-        return SimpleNamespace(loss=loss)
-
-
 def tiny_model():
-    return TinyLM()
+    """A two-layer transformers Llama, the same weights in every process (seeded)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=64,
+                                        max_position_embeddings=16))
 
 
 def batches(seed, n):

@@ -139,3 +139,6 @@ def test_resume_from_a_checkpoint_continues_with_identical_losses(runs):
     for step in (4, 6):
         assert (resumed[step]["loss"], resumed[step]["lr"]) == (full[step]["loss"], full[step]["lr"]), step
     assert [m["step"] for m in runs["resumed"][0]["history"]] == [2, 3, 4, 6]  # history restored, then extended
+    # the restart is in the history itself: its first window says where it resumed from
+    assert resumed[4]["resumed_from_step"] == 3 and resumed[4]["resume_s"] > 0 and "resumed_from_step" not in resumed[6]
+    assert not any("resumed_from_step" in m for m in full.values())

@@ -2,6 +2,8 @@
 
 import math
 
+import pytest
+
 from raytrain.config import TrackingConfig
 from raytrain.worker.tracking import Tracker
 
@@ -28,8 +30,13 @@ def test_mlflow_and_tensorboard_receive_namespaced_metrics(tmp_path, monkeypatch
     assert [p.value for p in client.get_metric_history(run.info.run_id, "train/loss")] == [1.0, 0.5, 5.0 / 15]
     assert run.data.metrics["eval/loss"] == 0.4 and run.data.metrics["checkpoint/save_s"] == 0.5
     assert run.data.params["training.max_steps"] == "15"
-    events = list((tmp_path / "run1" / "tensorboard").glob("events.out.tfevents.*"))
-    assert len(events) == 1 and events[0].stat().st_size > 100
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "run1" / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(5, 1.0), (10, 0.5),
+                                                                         (15, pytest.approx(5.0 / 15))]
+    assert events.Scalars("perf/tokens_per_s")[-1].value == 1015.0 and "eval/ppl" in events.Tags()["scalars"]
 
     # a restarted worker group continues the same MLflow run instead of opening a new one
     again = Tracker(cfg, str(tmp_path), "run1", {}, active=True)

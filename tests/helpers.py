@@ -1,0 +1,60 @@
+"""Helpers the tests share (imported as tests.helpers: pyproject's pytest pythonpath holds the root)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+
+def require(condition: bool, why: str) -> None:
+    """A test's prerequisite (root, iproute2, libaio, ...): skip without it on a developer's machine,
+    fail on CI, which installs every prerequisite (.ci/run sets RAYTRAIN_TEST_REQUIRE_ALL=1): there a
+    missing one is a broken CI machine, and a skip would hide the tests it guards."""
+    if condition:
+        return
+    if os.environ.get("RAYTRAIN_TEST_REQUIRE_ALL") == "1":
+        pytest.fail(f"missing prerequisite on CI: {why}")
+    pytest.skip(why)
+
+
+def wait_until(predicate, timeout_s: float, what: str, alive=None, every_s: float = 0.2):
+    """Poll `predicate` until true; fail naming `what` after `timeout_s`, or at once when `alive()`
+    says the thing being waited on has ended (a run that exited cannot reach the state any more)."""
+    deadline = time.time() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if alive is not None and not alive():
+            pytest.fail(f"ended before {what}")
+        if time.time() > deadline:
+            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(every_s)
+
+
+def stop_tree(proc, grace_s: float = 10.0) -> None:
+    """Stop a `ray start --block` process and everything it started (GCS, raylet, dashboard, workers)
+    at once: SIGTERM to all, SIGKILL to what is left after `grace_s`. Its own graceful shutdown stops
+    them one by one (~30 s); `ray stop` would stop every Ray cluster on the machine."""
+    import psutil
+
+    try:
+        parent = psutil.Process(proc.pid)
+        family = [parent, *parent.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in family:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(family, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
+    proc.wait(timeout=grace_s)
