@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from raytrain.config import NetworkConfig
+from raytrain.config import NETWORK_ENV_PREFIXES, NetworkConfig
 from raytrain.network.preflight import run_preflight
 from raytrain.network.preflight_report import INTRA, OPS
 
@@ -32,7 +32,7 @@ def test_preflight_measures_every_collective_on_gloo(ray_cluster):
     assert [n.num_ranks for n in report.nodes] == [2]
     assert report.nodes[0].node_ip == ray.util.get_node_ip_address()
     # The node's NCCL/Gloo plan reached the workers (Gloo's interface at least, where one is found).
-    assert all(k.startswith(("NCCL_", "GLOO_")) for k in report.nodes[0].env)
+    assert all(k.startswith(NETWORK_ENV_PREFIXES) for k in report.nodes[0].env)
 
     got = {(m.op, m.size_bytes): m for m in report.measurements}
     assert set(got) == {(op, s) for op in OPS for s in (1 << 20, 4 << 20)}
@@ -73,4 +73,4 @@ def test_cli_exits_1_below_the_minimum_and_2_on_a_mistake(subprocess_env):
 
     p = subprocess.run([*cmd, "network.env.PATH=/tmp"], capture_output=True, text=True, env=subprocess_env,
                        timeout=300)
-    assert p.returncode == 2 and "network.env.PATH: only NCCL_* and GLOO_*" in p.stderr, p.stderr
+    assert p.returncode == 2 and "network.env.PATH: only NCCL_*, GLOO_*, FI_* variables" in p.stderr, p.stderr
