@@ -247,12 +247,17 @@ class ClusterConfig:
     """Logical CPUs of a local cluster. None: enough for the workers plus Ray Data."""
 
 
+# Environment variables network.env may set: NCCL's, Gloo's and libfabric's (FI_*, read by
+# aws-ofi-nccl on EFA). The worker records the same families as the environment it ran with.
+NETWORK_ENV_PREFIXES = ("NCCL_", "GLOO_", "FI_")
+
+
 @dataclass
 class NetworkConfig:
     """NCCL over InfiniBand. raytrain derives each node's NCCL environment from its hardware."""
 
     env: dict[str, str] = field(default_factory=dict)
-    """NCCL_*/GLOO_* variables to force on every worker; they win over what raytrain computes."""
+    """NCCL_*/GLOO_*/FI_* variables to force on every worker; they win over what raytrain computes."""
     auto_configure: bool = True
     """Compute NCCL_IB_HCA, NCCL_SOCKET_IFNAME, ... per node from /sys and the node's Ray IP."""
     preflight: bool = False
@@ -260,9 +265,9 @@ class NetworkConfig:
 
     def __post_init__(self) -> None:
         for key, value in self.env.items():
-            if not str(key).startswith(("NCCL_", "GLOO_")):
-                raise ConfigError(f"network.env.{key}: only NCCL_* and GLOO_* variables belong here; "
-                                  "set others through Ray's runtime_env")
+            if not str(key).startswith(NETWORK_ENV_PREFIXES):
+                raise ConfigError(f"network.env.{key}: only {', '.join(p + '*' for p in NETWORK_ENV_PREFIXES)} "
+                                  "variables belong here; set others through Ray's runtime_env")
             if isinstance(value, bool) or not isinstance(value, (str, int, float)):
                 raise ConfigError(f"network.env.{key} must be a string or number as NCCL reads it "
                                   f"(for example \"1\"), got {type(value).__name__} {value!r}")

@@ -83,7 +83,7 @@ class Checkpointer:
             emit(f"raytrain: checkpoint step {step}: {metrics['checkpoint_size_gib']:.3f} GiB written in "
                  f"{metrics['checkpoint_save_s']:.2f} s ({metrics['checkpoint_gbps']:.2f} GB/s)")
         if self.rank.local == 0:
-            # The NCCL/Gloo environment this node's workers actually ran with, one file per node.
+            # The NCCL/Gloo/libfabric environment this node's workers actually ran with, one file per node.
             with open(os.path.join(local, f"nccl_env_node{self.rank.node}.json"), "w") as f:
                 json.dump(applied_env(), f, indent=2, sort_keys=True)
         if self.rank.world == 0:

@@ -80,4 +80,4 @@ def check_preflight(cfg: RunConfig) -> None:
     say(report.render())
     if not report.passed:
         raise ConfigError("network.preflight failed (" + "; ".join(report.failures) + "): fix the fabric, "
-                          "or set network.preflight=false to train anyway")
+                          f"or {report.train_anyway}")

@@ -15,11 +15,11 @@ from typing import Any
 from ray.train.torch.config import TorchConfig
 
 from raytrain import compat
-from raytrain.config import NetworkConfig
+from raytrain.config import NETWORK_ENV_PREFIXES, NetworkConfig
 from raytrain.console import emit
 from raytrain.network.nccl_env import NcclPlan, compute_nccl_env
 
-_applied: dict[str, str] | None = None  # this worker's NCCL_*/GLOO_* right after apply_nccl_env
+_applied: dict[str, str] | None = None  # this worker's NCCL_*/GLOO_*/FI_* right after apply_nccl_env
 
 
 def apply_nccl_env(forced: Mapping[str, str], auto_configure: bool) -> NcclPlan:
@@ -35,9 +35,9 @@ def apply_nccl_env(forced: Mapping[str, str], auto_configure: bool) -> NcclPlan:
     import ray
 
     node_ip = ray.util.get_node_ip_address()
-    plan = compute_nccl_env(node_ip, forced=forced, auto_configure=auto_configure)
+    plan = compute_nccl_env(node_ip, forced=forced, auto_configure=auto_configure, multi_node=_spans_nodes())
     os.environ.update(plan.env)
-    _applied = _nccl_gloo_vars(os.environ)
+    _applied = _network_vars(os.environ)
     if _local_rank() in (0, None):
         lines = [f"raytrain.network [{node_ip}]: " + " ".join(f"{k}={v}" for k, v in sorted(_applied.items()))]
         lines += [f"raytrain.network [{node_ip}]:   {note}" for note in plan.notes]
@@ -46,15 +46,27 @@ def apply_nccl_env(forced: Mapping[str, str], auto_configure: bool) -> NcclPlan:
 
 
 def applied_env() -> dict[str, str]:
-    """In a worker: the NCCL_*/GLOO_* variables it had when raytrain set up its process group.
+    """In a worker: the NCCL_*/GLOO_*/FI_* variables it had when raytrain set up its process group.
 
     Outside a raytrain worker (no apply_nccl_env in this process): the current ones.
     """
-    return dict(_applied) if _applied is not None else _nccl_gloo_vars(os.environ)
+    return dict(_applied) if _applied is not None else _network_vars(os.environ)
 
 
-def _nccl_gloo_vars(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k.startswith(("NCCL_", "GLOO_"))}
+def _network_vars(env: Mapping[str, str]) -> dict[str, str]:
+    """NCCL's, Gloo's and libfabric's variables (raytrain.config.NETWORK_ENV_PREFIXES)."""
+    return {k: v for k, v in env.items() if k.startswith(NETWORK_ENV_PREFIXES)}
+
+
+def _spans_nodes() -> bool:
+    """The worker group has workers on more than one node (True where Ray Train cannot tell)."""
+    try:
+        import ray.train
+
+        ctx = ray.train.get_context()
+        return ctx.get_world_size() > ctx.get_local_world_size()
+    except Exception:  # Ray Train V1 worker group: the train context does not exist yet
+        return True
 
 
 def _local_rank() -> int | None:

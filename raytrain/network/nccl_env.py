@@ -1,8 +1,9 @@
-"""NCCL over InfiniBand: each node's NCCL/Gloo environment, derived from its own hardware.
+"""NCCL over InfiniBand, RoCE or EFA: each node's NCCL/Gloo environment, derived from its own hardware.
 
 Start at `compute_nccl_env`: a pure function of /sys, the interface table and the environment, so
 tests run it on fake trees. Ray Train's backend (raytrain.network.backend) calls it on every worker
-before the torch process group is created.
+before the torch process group is created. `select_fabric` says which RDMA ports NCCL should use
+between nodes; the preflight reads the same choice.
 
 Precedence, highest first, and nothing below a level ever overwrites it:
   1. `network.env` (forced for this run),
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,16 @@ _PEERMEM_PATHS = ("module/nvidia_peermem", "module/nv_peer_mem", "kernel/mm/memo
 # Azure's HPC images ship every SKU's flat /opt/microsoft/<sku>-topo.xml on every VM, so those say
 # nothing about this VM; the per-SKU directory is linked at boot on the matching SKU only.
 _AZURE_SKU_DIRS = ("ndv5", "ndv4", "ndv2", "ncv4")
+# AWS Elastic Fabric Adapter: the PCI ids of Amazon (0x1d0f) that the kernel's efa driver binds
+# (drivers/infiniband/hw/efa/efa_main.c, efa_pci_tbl), for a /sys without the driver link.
+_AMAZON_PCI_VENDOR = "0x1d0f"
+_EFA_PCI_DEVICES = ("0xefa0", "0xefa1", "0xefa2", "0xefa3", "0xefa4")
+# ports/N/rate as the kernel prints it: "400 Gb/sec (4X NDR)", "2.5 Gb/sec (1X SDR)".
+_RATE = re.compile(r"^(\d+(?:\.\d+)?) Gb/sec")
+# The name NCCL_NET gives aws-ofi-nccl: versions <= 1.12 call their network "AWS Libfabric", 1.13+
+# "Libfabric" but rename themselves to "AWS Libfabric" when NCCL_NET asks for it (aws-ofi-nccl
+# commit 7c014f0d, nvidia_plugin_name_fixup), so this one name matches every version.
+AWS_OFI_NCCL_NET = "AWS Libfabric"
 
 
 @dataclass
@@ -48,13 +59,28 @@ class IbPort:
     active: bool
     """state reads "4: ACTIVE": the only state in which NCCL can use the port."""
     link_layer: str
-    """"InfiniBand", or "Ethernet" for RoCE."""
+    """"InfiniBand", "Ethernet" for RoCE, "Unknown" for EFA (its driver reports no link layer)."""
     roce_v2_gid_index: int | None = None
     """Ethernet ports: index of the best RoCE v2 GID (None: the port can only do RoCE v1)."""
+    is_efa: bool = False
+    """An AWS Elastic Fabric Adapter (device/driver is efa, or Amazon's EFA PCI ids): NCCL reaches it only
+    through the aws-ofi-nccl plugin, never through its own IB transport."""
+    rate_gbps: float | None = None
+    """ports/N/rate in Gb/s ("400 Gb/sec (4X NDR)" -> 400); None where unreadable. EFA drivers without the
+    2024 patch "RDMA/efa: Report link speed according to device attributes" report 100 whatever the link."""
 
     @property
     def name(self) -> str:
         return f"{self.device}:{self.port}"
+
+
+@dataclass
+class Fabric:
+    """The RDMA ports NCCL should use between nodes, all of one kind."""
+
+    kind: str = ""
+    """"InfiniBand", "RoCE", "EFA", or "" (none: NCCL uses TCP sockets between nodes)."""
+    ports: list[IbPort] = field(default_factory=list)
 
 
 @dataclass
@@ -69,11 +95,13 @@ class NcclPlan:
 
 def compute_nccl_env(node_ip: str, sysfs_root: str = "/sys", interfaces: dict[str, list[str]] | None = None,
                      fs_root: str = "/", user_env: Mapping[str, str] | None = None,
-                     forced: Mapping[str, str] | None = None, auto_configure: bool = True) -> NcclPlan:
+                     forced: Mapping[str, str] | None = None, auto_configure: bool = True,
+                     multi_node: bool = True) -> NcclPlan:
     """The NCCL/Gloo variables for the node whose Ray IP is `node_ip`.
 
     `interfaces` maps interface name -> addresses (None: read this machine's with psutil);
-    `user_env` is the process environment (None: os.environ); `forced` is `network.env`.
+    `user_env` is the process environment (None: os.environ); `forced` is `network.env`;
+    `multi_node`: the process group spans several nodes (only then does EFA's plugin matter).
     """
     user_env = os.environ if user_env is None else user_env
     forced = dict(forced or {})
@@ -82,7 +110,7 @@ def compute_nccl_env(node_ip: str, sysfs_root: str = "/sys", interfaces: dict[st
     if auto_configure:
         if interfaces is None:
             interfaces = _local_interfaces()
-        computed = _compute(node_ip, sysfs_root, interfaces, fs_root, plan.notes)
+        computed = _compute(node_ip, sysfs_root, interfaces, fs_root, plan.notes, multi_node)
     else:
         plan.notes.append("network.auto_configure is false: only network.env is applied")
 
@@ -110,7 +138,7 @@ def compute_nccl_env(node_ip: str, sysfs_root: str = "/sys", interfaces: dict[st
 
 
 def _compute(node_ip: str, sysfs_root: str, interfaces: Mapping[str, list[str]], fs_root: str,
-             notes: list[str]) -> dict[str, str]:
+             notes: list[str], multi_node: bool) -> dict[str, str]:
     env: dict[str, str] = {}
     ifname = _socket_ifname(node_ip, interfaces, notes)
     if ifname is not None:
@@ -120,40 +148,86 @@ def _compute(node_ip: str, sysfs_root: str, interfaces: Mapping[str, list[str]],
         env["GLOO_SOCKET_IFNAME"] = ifname
 
     ports = find_ib_ports(sysfs_root)
-    for p in ports:
-        if not p.active:
-            notes.append(f"{p.name} ({p.link_layer}) is not ACTIVE: left out")
-    active = [p for p in ports if p.active]
-    ib = [p for p in active if p.link_layer == "InfiniBand"]
-    roce = [p for p in active if p.link_layer == "Ethernet"]
-    if ib and roce:
-        # e.g. Azure's accelerated-networking NIC mlx5_an0 next to the mlx5_ib* fabric: NCCL pairs
-        # list entries across ranks, and a RoCE port cannot reach an InfiniBand one.
-        notes.append(f"Ethernet ports {', '.join(p.name for p in roce)} left out: this node has an InfiniBand fabric")
-        roce = []
-    for p in roce:
-        if p.roce_v2_gid_index is None:
-            notes.append(f"{p.name} has no RoCE v2 GID (RoCE v1 is not routable): left out")
-    roce = [p for p in roce if p.roce_v2_gid_index is not None]
-    chosen = ib or roce
-    if not chosen:
+    fabric = select_fabric(ports, notes)
+    if fabric.kind == "EFA":
+        env.update(_efa_env(fabric.ports, node_ip, notes, multi_node))
+        return env  # no NCCL_IB_*, GDR level or topology file: aws-ofi-nccl decides those on EFA
+    if not fabric.ports:
         why = "no RDMA devices in /sys/class/infiniband" if not ports else "no usable port (see above)"
         over = ifname or "the interface NCCL picks by default"
-        notes.append(f"no active InfiniBand port on {node_ip}: NCCL will use TCP sockets (NET/Socket) over {over} "
-                     f"({why}); expect a fraction of RDMA bandwidth between nodes")
+        notes.append(f"no active RDMA port (InfiniBand, RoCE or EFA) on {node_ip}: NCCL will use TCP sockets "
+                     f"(NET/Socket) over {over} ({why}); expect a fraction of RDMA bandwidth between nodes")
     else:
         # Exact names ("=" prefix): a plain mlx5_1 would also select mlx5_10..mlx5_17.
-        env["NCCL_IB_HCA"] = "=" + ",".join(p.name for p in chosen)
-        kind = "InfiniBand" if ib else "RoCE"
-        notes.append(f"{len(chosen)} active {kind} port(s) on {node_ip}: NCCL_IB_HCA={env['NCCL_IB_HCA']}")
-        if roce:
-            env.update(_roce_env(roce, notes))
+        env["NCCL_IB_HCA"] = "=" + ",".join(p.name for p in fabric.ports)
+        notes.append(f"{len(fabric.ports)} active {fabric.kind} port(s) on {node_ip}: NCCL_IB_HCA={env['NCCL_IB_HCA']}")
+        if fabric.kind == "RoCE":
+            env.update(_roce_env(fabric.ports, notes))
         env.update(_ib_extras(sysfs_root, notes))
         # NCCL_CROSS_NIC stays at NCCL's default (2: decided from the topology): forcing 0 or 1
         # only helps on a known rail layout, which /sys cannot tell us.
 
     topo = _platform_topology(fs_root, notes)
     env.update(topo)
+    return env
+
+
+def select_fabric(ports: list[IbPort], notes: list[str]) -> Fabric:
+    """The ports NCCL should use between nodes: EFA devices, else InfiniBand, else RoCE v2; one note per
+    port left out."""
+    for p in ports:
+        if not p.active:
+            notes.append(f"{p.name} ({p.link_layer}) is not ACTIVE: left out")
+    active = [p for p in ports if p.active]
+    efa = [p for p in active if p.is_efa]
+    verbs = [p for p in active if not p.is_efa]
+    for p in verbs:
+        if p.link_layer not in ("InfiniBand", "Ethernet"):
+            notes.append(f"{p.name} has link layer {p.link_layer} and is not an EFA device: left out")
+    ib = [p for p in verbs if p.link_layer == "InfiniBand"]
+    roce = [p for p in verbs if p.link_layer == "Ethernet"]
+    if efa:
+        # EC2 offers no InfiniBand between instances: verbs ports next to EFA serve something else
+        # (the mlx5 NICs of some HyperPod nodes, aws-samples/aws-do-eks#63).
+        if ib or roce:
+            notes.append(f"{', '.join(p.name for p in ib + roce)} left out: this node's fabric is EFA")
+        return Fabric("EFA", efa)
+    if ib and roce:
+        # e.g. Azure's accelerated-networking NIC mlx5_an0 next to the mlx5_ib* fabric: NCCL pairs
+        # list entries across ranks, and a RoCE port cannot reach an InfiniBand one.
+        notes.append(f"Ethernet ports {', '.join(p.name for p in roce)} left out: this node has an InfiniBand fabric")
+        return Fabric("InfiniBand", ib)
+    if ib:
+        return Fabric("InfiniBand", ib)
+    for p in roce:
+        if p.roce_v2_gid_index is None:
+            notes.append(f"{p.name} has no RoCE v2 GID (RoCE v1 is not routable): left out")
+    roce = [p for p in roce if p.roce_v2_gid_index is not None]
+    return Fabric("RoCE", roce) if roce else Fabric()
+
+
+def _efa_env(efa: list[IbPort], node_ip: str, notes: list[str], multi_node: bool) -> dict[str, str]:
+    # Left unset as aws-ofi-nccl's doc/efa-env-var.md advises (libfabric >= 1.18, plugin >= 1.7):
+    # FI_EFA_USE_DEVICE_RDMA, NCCL_PROTO=simple (plugin <= 1.5), FI_EFA_FORK_SAFE (the plugin sets it),
+    # RDMAV_FORK_SAFE (breaks newer kernels); NCCL_TOPO_FILE: the plugin sets its own per instance type.
+    notes.append(f"{len(efa)} EFA device(s) on {node_ip} ({_some(p.name for p in efa)}): NCCL reaches EFA only "
+                 "through the aws-ofi-nccl plugin, which picks the devices and the topology file itself, so "
+                 "NCCL_IB_HCA, NCCL_NET_GDR_LEVEL and NCCL_TOPO_FILE stay unset")
+    # aws-ofi-nccl keeps only libfabric's efa provider when built with --enable-platform-aws, which
+    # configure turns on only on an EC2 instance (m4/ax_platform_aws.m4); a plugin built elsewhere
+    # takes the first provider, tcp included ("Selected Provider is tcp", aws-ofi-nccl#803).
+    notes.append("FI_PROVIDER=efa: libfabric offers aws-ofi-nccl its EFA provider only, never its tcp one")
+    env = {"FI_PROVIDER": "efa"}
+    # NCCL_NET restricts NCCL to the named network: without the plugin, NCCL fails at its first
+    # communicator ("Failed to initialize any NET plugin", plugin/net.cc ncclNetInit) instead of
+    # silently training over NET/Socket. NCCL initialises a network for one node too, so a one-node
+    # run, whose traffic never leaves the node, would fail as well: there it stays unset.
+    if multi_node:
+        env["NCCL_NET"] = AWS_OFI_NCCL_NET
+        notes.append(f"NCCL_NET={AWS_OFI_NCCL_NET}: NCCL stops at its first communicator when aws-ofi-nccl is "
+                     "missing or cannot start, instead of falling back to TCP (NET/Socket)")
+    else:
+        notes.append("one node: NCCL_NET left unset, no traffic leaves the node")
     return env
 
 
@@ -224,11 +298,21 @@ def find_ib_ports(sysfs_root: str = "/sys") -> list[IbPort]:
         for port in sorted(os.listdir(ports_dir), key=_natural):
             d = os.path.join(ports_dir, port)
             link_layer = _read(os.path.join(d, "link_layer")) or "InfiniBand"
+            rate = _RATE.match(_read(os.path.join(d, "rate")))
             ports.append(IbPort(
                 device=device, port=int(port), active=_read(os.path.join(d, "state")).endswith("ACTIVE"),
                 link_layer=link_layer,
-                roce_v2_gid_index=_best_roce_v2_gid(d) if link_layer == "Ethernet" else None))
+                roce_v2_gid_index=_best_roce_v2_gid(d) if link_layer == "Ethernet" else None,
+                is_efa=_is_efa(os.path.join(base, device)), rate_gbps=float(rate.group(1)) if rate else None))
     return ports
+
+
+def _is_efa(device_dir: str) -> bool:
+    pci = os.path.join(device_dir, "device")
+    if os.path.basename(os.path.realpath(os.path.join(pci, "driver"))) == "efa":
+        return True
+    return (_read(os.path.join(pci, "vendor")).lower() == _AMAZON_PCI_VENDOR
+            and _read(os.path.join(pci, "device")).lower() in _EFA_PCI_DEVICES)
 
 
 def _best_roce_v2_gid(port_dir: str) -> int | None:
@@ -307,6 +391,11 @@ def _read(path: str) -> str:
             return f.read().strip()
     except OSError:  # absent, or sysfs refusing to read an unpopulated entry (EINVAL)
         return ""
+
+
+def _some(names: Iterable[str], shown: int = 4) -> str:
+    names = list(names)
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def _natural(name: str) -> list[Any]:

@@ -9,10 +9,12 @@ NCCL's INFO log switched on, builds a torch process group (nccl on GPU, gloo on 
 2. times all-reduce, all-gather and reduce-scatter over message sizes (default 1 MiB to 1 GiB),
    within each node, across nodes with one rank per node, and across all ranks; algbw and busbw
    use nccl-tests' definitions (doc/PERFORMANCE.md there), so the numbers compare with theirs;
-3. reads each rank's NCCL log and fails a node that has active InfiniBand/RoCE ports but whose
-   NCCL chose NET/Socket (TCP);
+3. reads each rank's NCCL log (raytrain.network.nccl_log) and fails a node whose fabric NCCL does
+   not use: NET/Socket (TCP) next to active InfiniBand/RoCE ports, or on EFA, aws-ofi-nccl missing or
+   on libfabric's tcp provider;
 4. returns a PreflightReport (raytrain.network.preflight_report): a table per node and one per
-   cross-node group, then one verdict line against minimum all-reduce busbw figures.
+   cross-node group, then one verdict line (raytrain.network.preflight_checks) against minimum
+   all-reduce busbw figures derived from the nodes' link rates.
 
 The command line is raytrain.tools.preflight.
 """
@@ -31,11 +33,13 @@ import torch
 import torch.distributed as dist
 
 from raytrain import console, hardware
-from raytrain.config import ConfigError, NetworkConfig
-from raytrain.network.nccl_env import compute_nccl_env, find_ib_ports
+from raytrain.config import NETWORK_ENV_PREFIXES, ConfigError, NetworkConfig
+from raytrain.network.nccl_env import compute_nccl_env, find_ib_ports, select_fabric
+from raytrain.network.nccl_log import NcclLog, parse_nccl_log
+from raytrain.network.preflight_checks import evaluate
 from raytrain.network.preflight_report import (
-    ALL_RANKS, DEFAULT_CPU_SIZES, DEFAULT_GPU_SIZES, INTRA, MIB, ONE_PER_NODE, OPS, PHASES, Measurement, NcclLog,
-    NodeFacts, PreflightReport, Thresholds, format_size, parse_nccl_log)
+    ALL_RANKS, DEFAULT_CPU_SIZES, DEFAULT_GPU_SIZES, INTRA, MIB, ONE_PER_NODE, OPS, PHASES, Measurement, NodeFacts,
+    PreflightReport, Thresholds, format_size)
 
 # ---------------------------------------------------------------------------------------------
 # The worker: one Ray actor per GPU (or per CPU rank).
@@ -51,15 +55,19 @@ class PreflightWorker:
         self.log_dir = log_dir
         self.groups: dict[str, Any] = {}
         self.log_file: str | None = None
+        self.device_index = 0
 
     def facts(self) -> dict[str, Any]:
         """This process's node and versions. Does not initialise CUDA (CUDA_VISIBLE_DEVICES may still change)."""
         gpu_ids = [str(g) for g in ray.get_gpu_ids()] if self.use_gpu else []
+        fabric = select_fabric(find_ib_ports(), notes=[])  # the plan's choice; its notes come with setup()
+        names = [p.name for p in fabric.ports]
         facts: dict[str, Any] = {
             "node_ip": ray.util.get_node_ip_address(), "hostname": socket.gethostname(), "gpu_ids": gpu_ids,
             "torch": torch.__version__, "cuda": torch.version.cuda, "nccl": None,
-            "gpu_count": 0, "gpu_name": None, "driver": None,
-            "rdma_ports": [p.name for p in find_ib_ports() if p.active],
+            "gpu_count": 0, "gpu_name": None, "driver": None, "fabric": fabric.kind,
+            "rdma_ports": names if fabric.kind != "EFA" else [], "efa_devices": names if fabric.kind == "EFA" else [],
+            "link_gbps": {p.name: p.rate_gbps for p in fabric.ports if p.rate_gbps is not None},
         }
         if self.use_gpu:
             try:
@@ -77,14 +85,14 @@ class PreflightWorker:
             s.bind(("", 0))
             return s.getsockname()[1]
 
-    def setup(self, rank: int, world_size: int, master: str, groups: dict[str, list[int]],
-              visible_devices: str | None, device_index: int, timeout_s: float) -> dict[str, Any]:
-        """Apply the node's NCCL/Gloo plan, then build the process group and the subgroups."""
+    def apply_env(self, rank: int, visible_devices: str | None, device_index: int, multi_node: bool) -> dict[str, Any]:
+        """Apply the node's NCCL/Gloo plan with NCCL's INFO log on; what the process group will see.
 
-
+        Its own call, before `setup`: the environment is known even when NCCL then fails to start."""
         plan = compute_nccl_env(ray.util.get_node_ip_address(), forced=self.forced_env,
-                                auto_configure=self.auto_configure)
+                                auto_configure=self.auto_configure, multi_node=multi_node)
         os.environ.update(plan.env)
+        self.device_index = device_index
         if self.use_gpu:
             os.makedirs(self.log_dir, exist_ok=True)
             self.log_file = os.path.join(self.log_dir, f"nccl.rank{rank}.log")
@@ -97,6 +105,12 @@ class PreflightWorker:
                 # NVLink/P2P between them (set before CUDA initialises in this process).
                 os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices
             torch.cuda.set_device(device_index)
+        applied = {k: v for k, v in os.environ.items() if k.startswith(NETWORK_ENV_PREFIXES)
+                   and k not in ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE")}
+        return {"env": applied, "notes": plan.notes, "ib_disable": os.environ.get("NCCL_IB_DISABLE") == "1"}
+
+    def setup(self, rank: int, world_size: int, master: str, groups: dict[str, list[int]], timeout_s: float) -> None:
+        """Build the process group and the subgroups, and connect every communicator."""
         dist.init_process_group("nccl" if self.use_gpu else "gloo", init_method=f"tcp://{master}",
                                 rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
@@ -107,13 +121,10 @@ class PreflightWorker:
                 self.groups[name.split(":")[0]] = group
         # Connect every communicator now (NCCL does it at a group's first collective), so that no
         # measurement includes it and the NCCL log is complete. Same phase order on every rank.
-        device = torch.device("cuda", device_index) if self.use_gpu else torch.device("cpu")
+        device = torch.device("cuda", self.device_index) if self.use_gpu else torch.device("cpu")
         for phase in PHASES:
             if phase in self.groups:
                 self._sync(self.groups[phase], device)
-        applied = {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "GLOO_"))
-                   and k not in ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE")}
-        return {"env": applied, "notes": plan.notes, "ib_disable": os.environ.get("NCCL_IB_DISABLE") == "1"}
 
     def measure(self, phase: str, op: str, size_bytes: int, warmup_iters: int, iters: int) -> dict[str, Any] | None:
         """Time `iters` calls of `op` after `warmup_iters`; None when this rank is not in `phase`'s group."""
@@ -189,7 +200,7 @@ def run_preflight(network: NetworkConfig, num_workers: int, use_gpu: bool, sizes
     if iters < 1 or warmup_iters < 0:
         raise ConfigError(f"--iters must be >= 1 and --warmup-iters >= 0, got {iters} and {warmup_iters}")
     sizes = sorted(sizes or (DEFAULT_GPU_SIZES if use_gpu else DEFAULT_CPU_SIZES))
-    forced = dict(network.env)  # validated by NetworkConfig: NCCL_*/GLOO_* only, values as strings
+    forced = dict(network.env)  # validated by NetworkConfig: NCCL_*/GLOO_*/FI_* only, values as strings
     thresholds = Thresholds.defaults(use_gpu, min_nvlink_busbw_gbs, min_ib_busbw_gbs)
     report = PreflightReport(backend="nccl" if use_gpu else "gloo", num_workers=num_workers, thresholds=thresholds)
     say = progress or console.say
@@ -199,6 +210,9 @@ def run_preflight(network: NetworkConfig, num_workers: int, use_gpu: bool, sizes
     # PACK: as few nodes as possible, the placement Ray Train gives the training workers.
     pg = placement_group([dict(bundle)] * num_workers, strategy="PACK")
     actors: list[Any] = []
+    node_ranks: dict[str, list[int]] = {}
+    nodes: dict[str, NodeFacts] = {}
+    log_dir = f"/tmp/raytrain_preflight/{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     try:
         say(f"preflight: placing {num_workers} worker(s) of {bundle} ...")
         ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
@@ -206,7 +220,6 @@ def run_preflight(network: NetworkConfig, num_workers: int, use_gpu: bool, sizes
             report.failures.append(f"error: the cluster cannot place {num_workers} workers of {bundle} within "
                                    f"{timeout_s:g}s: lower --num-workers or add nodes")
             return report
-        log_dir = f"/tmp/raytrain_preflight/{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         worker_cls = ray.remote(PreflightWorker)
         actors = [worker_cls.options(num_cpus=cpus_per_worker, num_gpus=1 if use_gpu else 0,
                                      scheduling_strategy=PlacementGroupSchedulingStrategy(pg, i))
@@ -217,31 +230,32 @@ def run_preflight(network: NetworkConfig, num_workers: int, use_gpu: bool, sizes
         order = sorted(range(num_workers), key=lambda i: (facts[i]["node_ip"], _gpu_key(facts[i]["gpu_ids"]), i))
         actors = [actors[i] for i in order]
         facts = [facts[i] for i in order]
-        node_ranks: dict[str, list[int]] = {}
         for rank, f in enumerate(facts):
             node_ranks.setdefault(f["node_ip"], []).append(rank)
         groups = _groups(node_ranks, num_workers)
 
-        nodes = {}
         for ip, ranks in node_ranks.items():
             f = facts[ranks[0]]
             nodes[ip] = NodeFacts(node_ip=ip, hostname=f["hostname"], num_ranks=len(ranks), gpu_count=f["gpu_count"],
                                   gpu_name=f["gpu_name"], driver=f["driver"], cuda=f["cuda"], nccl=f["nccl"],
-                                  torch=f["torch"], rdma_ports=f["rdma_ports"])
+                                  torch=f["torch"], fabric=f["fabric"], rdma_ports=f["rdma_ports"],
+                                  efa_devices=f["efa_devices"], link_gbps=f["link_gbps"])
         report.nodes = list(nodes.values())
 
-        master = f"{facts[0]['node_ip']}:{ray.get(actors[0].free_port.remote(), timeout=timeout_s)}"
-        setups = []
+        applied = []
         for rank, (actor, f) in enumerate(zip(actors, facts)):
             local = [g for r in node_ranks[f["node_ip"]] for g in facts[r]["gpu_ids"]]
             visible = ",".join(local) if use_gpu and local else None
-            index = local.index(f["gpu_ids"][0]) if visible else 0
-            setups.append(actor.setup.remote(rank, num_workers, master, groups, visible, index, timeout_s))
-        setup_results = ray.get(setups, timeout=timeout_s)
+            applied.append(actor.apply_env.remote(rank, visible, local.index(f["gpu_ids"][0]) if visible else 0,
+                                                  len(node_ranks) > 1))
+        applied = ray.get(applied, timeout=timeout_s)
         for ip, ranks in node_ranks.items():
-            first = setup_results[ranks[0]]
+            first = applied[ranks[0]]
             nodes[ip].env, nodes[ip].plan_notes = first["env"], first["notes"]
             nodes[ip].nccl_ib_disable = first["ib_disable"]
+        master = f"{facts[0]['node_ip']}:{ray.get(actors[0].free_port.remote(), timeout=timeout_s)}"
+        ray.get([a.setup.remote(rank, num_workers, master, groups, timeout_s) for rank, a in enumerate(actors)],
+                timeout=timeout_s)
 
         phases = [p for p in PHASES if any(name.split(":")[0] == p for name in groups)]
         steps = [(p, op, s) for p in phases for op in OPS for s in sizes]
@@ -249,18 +263,13 @@ def run_preflight(network: NetworkConfig, num_workers: int, use_gpu: bool, sizes
             f"{len(steps)} measurements ({len(phases)} group kind(s) x {len(OPS)} collectives x {len(sizes)} sizes, "
             f"{warmup_iters} warmup + {iters} timed calls each)")
         _measure_all(actors, steps, groups, warmup_iters, iters, timeout_s, report, say)
-
-        if use_gpu:
-            logs = ray.get([a.nccl_log.remote() for a in actors], timeout=timeout_s)
-            for ip, ranks in node_ranks.items():
-                merged = NcclLog()
-                for r in ranks:
-                    merged.merge(parse_nccl_log(logs[r]))
-                nodes[ip].nccl_log = merged
-                nodes[ip].nccl_log_files = [f"{log_dir}/nccl.rank{r}.log" for r in ranks]
     except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as e:
         report.failures.append(f"error: {type(e).__name__}: {_first_line(e)}")
     finally:
+        if use_gpu and nodes:
+            # Also after an error: NCCL failing to start says why in its log (a missing net plugin).
+            # A rank stuck in a collective cannot answer, so then only a short wait.
+            _collect_nccl_logs(actors, node_ranks, nodes, log_dir, timeout_s if not report.failures else 30.0)
         if actors:
             try:
                 ray.get([a.shutdown.remote() for a in actors], timeout=60)
@@ -270,8 +279,29 @@ def run_preflight(network: NetworkConfig, num_workers: int, use_gpu: bool, sizes
             ray.kill(actor)
         remove_placement_group(pg)
         report.elapsed_s = time.perf_counter() - started
-    report.evaluate()
+    evaluate(report)
     return report
+
+
+def _collect_nccl_logs(actors: list[Any], node_ranks: dict[str, list[int]], nodes: dict[str, NodeFacts],
+                       log_dir: str, timeout_s: float) -> None:
+    """Each node's NCCL log, merged over its ranks; a node none of whose ranks answers keeps None."""
+    refs = [a.nccl_log.remote() for a in actors]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    texts = {}
+    for rank, ref in enumerate(refs):
+        if ref in ready:
+            try:
+                texts[rank] = ray.get(ref)
+            except ray.exceptions.RayError:  # a dead rank: its node is judged by the others
+                pass
+    for ip, ranks in node_ranks.items():
+        if any(r in texts for r in ranks):
+            merged = NcclLog()
+            for r in ranks:
+                merged.merge(parse_nccl_log(texts.get(r, "")))
+            nodes[ip].nccl_log = merged
+            nodes[ip].nccl_log_files = [f"{log_dir}/nccl.rank{r}.log" for r in ranks]
 
 
 def _measure_all(actors: list[Any], steps: list[tuple[str, str, int]], groups: dict[str, list[int]],

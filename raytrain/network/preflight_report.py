@@ -1,9 +1,8 @@
-"""The preflight's report: nccl-tests' bandwidth arithmetic, NCCL's INFO log, the facts and the verdict.
+"""The preflight's report: nccl-tests' bandwidth arithmetic, what each node is, what was measured, the text.
 
-Start at `PreflightReport.evaluate`: pure functions of what the workers measured and saw (so unit
-tests feed them directly): versions agree across nodes (`check_agreement`), NCCL uses InfiniBand
-where it exists (`check_transport`), all-reduce bus bandwidth meets the minimums
-(`check_bandwidth`). The measuring itself is raytrain.network.preflight.
+Start at `PreflightReport`: the facts the workers saw (`NodeFacts`, with each node's NCCL log parsed
+by raytrain.network.nccl_log), the measurements, and `render()`. The verdict (`failures`, `notes`)
+comes from raytrain.network.preflight_checks.evaluate; the measuring is raytrain.network.preflight.
 
 GB/s here is 10^9 bytes per second, as nccl-tests prints it (not gigabits: NDR is 400 Gb/s = 50 GB/s).
 """
@@ -12,9 +11,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 from raytrain.config import ConfigError
+from raytrain.network.nccl_log import NcclLog
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 MIB = 1 << 20
@@ -35,12 +34,17 @@ DEFAULT_CPU_SIZES = tuple(MIB << i for i in range(5))  # 1 MiB .. 16 MiB
 # memory reach (tens of GB/s), so such a node fails clearly. For PCIe-only GPUs pass 0 or a figure
 # of your own.
 DEFAULT_MIN_NVLINK_BUSBW_GBS = 300.0
-# Across nodes, per NIC: NDR InfiniBand is 400 Gb/s = 50 GB/s per direction. With one rank per
-# node, all-reduce busbw approaches the link rate of the NIC that rank uses (busbw is normalised
-# to it), about 45-48 GB/s on a healthy NDR rail. 40 (80% of line rate) fails a link trained down
-# to HDR (25 GB/s), traffic staged through host memory without GPUDirect RDMA on a busy host, and
-# TCP (a few GB/s). The all-ranks group is held to this figure times the rails in use per node
-# (min(ranks per node, active RDMA ports)): 8 x 40 = 320 GB/s on an 8-rail H100/H200 node.
+# Across nodes, from the link rates the nodes report (ports/N/rate): all-reduce busbw approaches
+# the rate of the links the ranks use (busbw is normalised to it), so 80% of that rate is the
+# minimum. One rank per node drives its share of the node's links, at least one: 400 Gb/s = 50 GB/s
+# on an NDR rail (minimum 40 GB/s; a healthy one reaches 45-48), 4 x 100 Gb/s EFA per GPU on p5,
+# one 100 Gb/s EFA on p4d (two GPUs share it). All ranks drive all the node's links: 8 x 400 Gb/s
+# -> 320 GB/s on ND H100 v5 and on p5, 4 x 100 Gb/s -> 40 GB/s on p4d. This fails traffic staged
+# through host memory on a busy host and TCP (a few GB/s); a link trained down (a lower rate than
+# the cluster's other links) fails on its own (preflight_checks.check_fabric).
+LINK_RATE_FRACTION = 0.8
+# Where a node's link rates are unknown, or given by --min-ib-busbw-gbs: this figure per NIC, times
+# the rails in use per node (min(ranks per node, fabric ports)) for all ranks: 8 x 40 = 320 GB/s.
 DEFAULT_MIN_IB_BUSBW_GBS = 40.0
 
 INTRA, ONE_PER_NODE, ALL_RANKS = "intra_node", "one_rank_per_node", "all_ranks"
@@ -95,92 +99,6 @@ def format_size(size_bytes: int) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# NCCL's INFO log: which network it chose and how each channel connects.
-
-# "NCCL INFO Using network IB" (init.cc, subsystem INIT): the network plugin this communicator uses.
-_USING_NETWORK = re.compile(r"NCCL INFO Using network (.+?)\s*$")
-# "Channel 00/0 : 0[0] -> 8[0] [send] via NET/IB/0/GDRDMA" (net.cc, INIT|NET). The name is the
-# plugin's: IB, Socket, IBext / IBext_v8 (HPC-X's SHARP plugin over InfiniBand), "AWS Libfabric".
-_VIA_NET = re.compile(r"\] via NET/([^/]+)/\d+(/GDRDMA)?")
-# "... via P2P/CUMEM/read", "via P2P/IPC", "via SHM/direct/direct": paths inside a node.
-_VIA_LOCAL = re.compile(r"\] via ((?:P2P|SHM)/[A-Za-z]+)")
-# "NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB [RO]; OOB eth0:10.0.0.1<0>". Without HCAs NCCL 2.28
-# logs "NET/IB : No device found.", then "NET/IB : Using [RO]; OOB ..." (no devices) and "Failed to
-# initialize NET plugin IB".
-_IB_USING = re.compile(r"NET/IB ?: Using ((?:\[\d+\]\S+\s*)+(?:\[RO\])?)")
-_IB_NONE = re.compile(r"NET/IB ?: No device found|Failed to initialize NET plugin IB\b")
-
-
-@dataclass
-class NcclLog:
-    """What one node's NCCL INFO output says about transports (merged over its ranks)."""
-
-    networks: set[str] = field(default_factory=set)
-    """"Using network X" values: the network plugin NCCL selected (IB, Socket, IBext_v8, ...)."""
-    net_channels: set[str] = field(default_factory=set)
-    """Networks that channels to other nodes actually connect over ("via NET/<name>/...")."""
-    gdr: bool = False
-    """At least one network channel uses GPUDirect RDMA (/GDRDMA)."""
-    local_paths: set[str] = field(default_factory=set)
-    """Paths between GPUs of this node: P2P/CUMEM, P2P/IPC, SHM/direct, ..."""
-    ib_devices: str | None = None
-    """NCCL's own list of the IB devices it opened ("[0]mlx5_0:1/IB ..."), None if not logged."""
-    ib_not_found: bool = False
-    """NCCL said "NET/IB : No device found"."""
-    num_lines: int = 0
-
-    def merge(self, other: "NcclLog") -> None:
-        self.networks |= other.networks
-        self.net_channels |= other.net_channels
-        self.gdr = self.gdr or other.gdr
-        self.local_paths |= other.local_paths
-        self.ib_devices = self.ib_devices or other.ib_devices
-        self.ib_not_found = self.ib_not_found or other.ib_not_found
-        self.num_lines += other.num_lines
-
-    @property
-    def uses_socket(self) -> bool:
-        """Traffic between nodes goes (or would go) over TCP sockets."""
-        if self.net_channels:
-            return "Socket" in self.net_channels
-        return "Socket" in self.networks
-
-    def describe(self) -> str:
-        if not self.num_lines:
-            return "no NCCL INFO output"
-        parts = []
-        if self.networks:
-            parts.append("network " + "/".join(sorted(self.networks)))
-        if self.net_channels:
-            parts.append("between nodes via " + ", ".join(f"NET/{n}" for n in sorted(self.net_channels))
-                         + (" with GPUDirect RDMA" if self.gdr else " without GPUDirect RDMA"))
-        if self.local_paths:
-            parts.append("within the node via " + ", ".join(sorted(self.local_paths)))
-        return "; ".join(parts) or "no transport lines"
-
-
-def parse_nccl_log(text: str) -> NcclLog:
-    """Parse NCCL_DEBUG=INFO output (NCCL_DEBUG_SUBSYS=INIT,NET is enough)."""
-    log = NcclLog()
-    for line in text.splitlines():
-        if "NCCL INFO" not in line:
-            continue
-        log.num_lines += 1
-        if m := _USING_NETWORK.search(line):
-            log.networks.add(m.group(1))
-        if m := _VIA_NET.search(line):
-            log.net_channels.add(m.group(1))
-            log.gdr = log.gdr or bool(m.group(2))
-        if m := _VIA_LOCAL.search(line):
-            log.local_paths.add(m.group(1))
-        if m := _IB_USING.search(line):
-            log.ib_devices = m.group(1).strip()
-        if _IB_NONE.search(line):
-            log.ib_not_found = True
-    return log
-
-
-# ---------------------------------------------------------------------------------------------
 # The report.
 
 
@@ -201,19 +119,29 @@ class NodeFacts:
     nccl: str | None = None
     """NCCL version torch loads (torch.cuda.nccl.version())."""
     torch: str | None = None
+    fabric: str = ""
+    """"InfiniBand", "RoCE", "EFA", or "" (no RDMA port): raytrain.network.nccl_env.select_fabric's choice."""
     rdma_ports: list[str] = field(default_factory=list)
-    """Active InfiniBand/RoCE ports (raytrain.network.find_ib_ports)."""
+    """The InfiniBand/RoCE ports NCCL should use (the plan's NCCL_IB_HCA); empty on EFA."""
+    efa_devices: list[str] = field(default_factory=list)
+    """Active EFA devices (aws-ofi-nccl uses them; NCCL's own IB transport cannot)."""
+    link_gbps: dict[str, float] = field(default_factory=dict)
+    """Link rate (Gb/s, ports/N/rate) of each of those ports whose rate could be read."""
     nccl_ib_disable: bool = False
     """NCCL_IB_DISABLE=1 was in the workers' environment."""
     env: dict[str, str] = field(default_factory=dict)
-    """NCCL_*/GLOO_* variables the workers ran with: raytrain's plan, network.env, inherited ones."""
+    """NCCL_*/GLOO_*/FI_* variables the workers ran with: raytrain's plan, network.env, inherited ones."""
     plan_notes: list[str] = field(default_factory=list)
     nccl_log: NcclLog | None = None
-    """None with gloo."""
+    """None with gloo, and where none of the node's ranks answered (stuck in a collective)."""
     nccl_log_files: list[str] = field(default_factory=list)
 
     # Facts that must be equal on every node.
     AGREE = ("gpu_count", "gpu_name", "driver", "cuda", "nccl", "torch")
+
+    @property
+    def fabric_ports(self) -> list[str]:
+        return self.efa_devices or self.rdma_ports
 
 
 @dataclass
@@ -247,15 +175,19 @@ class Thresholds:
     """Each node's intra-node group (2+ ranks on the node)."""
     min_ib_busbw_gbs: float | None = None
     """Per NIC: the 1-rank-per-node group; the all-ranks group gets this x rails per node."""
+    from_link_rates: bool = False
+    """Across nodes, hold the groups to LINK_RATE_FRACTION of the nodes' link rates instead, and to
+    min_ib_busbw_gbs only where a node's rates are unknown (the GPU default)."""
 
     @classmethod
     def defaults(cls, use_gpu: bool, min_nvlink_busbw_gbs: float | None = None,
                  min_ib_busbw_gbs: float | None = None) -> "Thresholds":
-        """Given values win; otherwise the NVLink/NDR defaults on GPU and nothing on CPU."""
+        """Given values win; otherwise the NVLink and link-rate defaults on GPU and nothing on CPU."""
         return cls(
             min_nvlink_busbw_gbs if min_nvlink_busbw_gbs is not None else
             (DEFAULT_MIN_NVLINK_BUSBW_GBS if use_gpu else None),
-            min_ib_busbw_gbs if min_ib_busbw_gbs is not None else (DEFAULT_MIN_IB_BUSBW_GBS if use_gpu else None))
+            min_ib_busbw_gbs if min_ib_busbw_gbs is not None else (DEFAULT_MIN_IB_BUSBW_GBS if use_gpu else None),
+            from_link_rates=use_gpu and min_ib_busbw_gbs is None)
 
 
 @dataclass
@@ -268,28 +200,16 @@ class PreflightReport:
     measurements: list[Measurement] = field(default_factory=list)
     thresholds: Thresholds = field(default_factory=Thresholds)
     failures: list[str] = field(default_factory=list)
+    """What fails the run (raytrain.network.preflight_checks.evaluate); "error: ..." when it could not run."""
     notes: list[str] = field(default_factory=list)
+    train_anyway: str = "set network.preflight=false to train anyway"
+    """What a user sets to train despite the failures (evaluate adds NCCL_NET where raytrain's own
+    NCCL_NET would stop NCCL anyway)."""
     elapsed_s: float = 0.0
 
     @property
     def passed(self) -> bool:
         return not self.failures
-
-    def evaluate(self) -> None:
-        """Fill `failures` and `notes` from the facts and measurements (idempotent)."""
-        self.failures = [f for f in self.failures if f.startswith("error: ")]  # keep run errors
-        self.notes = []
-        self.failures += check_agreement(self.nodes)
-        multi_node = len(self.nodes) > 1
-        for node in self.nodes:
-            failure, note = check_transport(node, multi_node)
-            if failure:
-                self.failures.append(failure)
-            if note:
-                self.notes.append(note)
-        failures, notes = check_bandwidth(self.measurements, self.thresholds, _rails_per_node(self.nodes))
-        self.failures += failures
-        self.notes += notes
 
     def verdict(self) -> str:
         shape = f"{len(self.nodes)} node(s), {self.num_workers} rank(s), {self.backend}"
@@ -300,7 +220,7 @@ class PreflightReport:
     def _headline(self) -> list[str]:
         out = []
         for phase, label in ((INTRA, "within nodes"), (ONE_PER_NODE, "1 rank per node"), (ALL_RANKS, "all ranks")):
-            best = _largest(self.measurements, phase, "all_reduce")
+            best = largest(self.measurements, phase, "all_reduce")
             if best and best[0].num_ranks > 1:
                 low = min(best, key=lambda m: m.busbw_gbs)
                 out.append(f"all-reduce busbw {label} {low.busbw_gbs:.1f} GB/s at {format_size(low.size_bytes)}")
@@ -313,7 +233,7 @@ class PreflightReport:
             lines.append(f"node {node.node_ip} ({node.hostname}): {node.num_ranks} rank(s); {gpus}; "
                          f"driver {node.driver or '-'}; CUDA {node.cuda or '-'}; NCCL {node.nccl or '-'}; "
                          f"torch {node.torch or '-'}")
-            lines.append("  RDMA ports: " + (", ".join(node.rdma_ports) or "none active"))
+            lines.append("  RDMA ports: " + _fabric_line(node))
             if node.nccl_log is not None:
                 lines.append("  NCCL: " + node.nccl_log.describe())
                 if node.nccl_log.ib_devices:
@@ -352,7 +272,7 @@ def _table(measurements: list[Measurement], phase: str, group: str, indent: str)
     return out
 
 
-def _largest(measurements: list[Measurement], phase: str, op: str) -> list[Measurement]:
+def largest(measurements: list[Measurement], phase: str, op: str) -> list[Measurement]:
     """Every group's measurement of `op` at that group's largest size."""
     out = {}
     for m in measurements:
@@ -361,76 +281,11 @@ def _largest(measurements: list[Measurement], phase: str, op: str) -> list[Measu
     return list(out.values())
 
 
-def _rails_per_node(nodes: list[NodeFacts]) -> int:
-    """Inter-node links one node drives at once: a rank per NIC at most (0: no RDMA anywhere)."""
-    if not nodes:
-        return 0
-    return min(min(n.num_ranks, len(n.rdma_ports)) for n in nodes)
-
-
-# ---------------------------------------------------------------------------------------------
-# The checks: pure functions of the facts, so unit tests feed them directly.
-
-
-def check_agreement(nodes: list[NodeFacts]) -> list[str]:
-    """One failure per fact (GPU count, model, driver, CUDA, NCCL, torch) that differs across nodes."""
-    failures = []
-    for key in NodeFacts.AGREE:
-        values: dict[Any, list[str]] = {}
-        for node in nodes:
-            values.setdefault(getattr(node, key), []).append(node.node_ip)
-        if len(values) > 1:
-            where = "; ".join(f"{v if v is not None else 'unknown'} on {', '.join(ips)}" for v, ips in values.items())
-            failures.append(f"{key} differs across nodes ({where}): give every node the same image and hardware")
-    return failures
-
-
-def check_transport(node: NodeFacts, multi_node: bool) -> tuple[str | None, str | None]:
-    """(failure, note) for one node's NCCL transport. A node with active RDMA ports must not use
-    NET/Socket; without RDMA ports TCP is expected (a note when it matters: several nodes)."""
-    log = node.nccl_log
-    if log is None:  # gloo: always TCP, nothing to confirm
-        return None, None
-    if not node.rdma_ports:
-        if multi_node and log.uses_socket:
-            return None, (f"node {node.node_ip} has no active InfiniBand/RoCE port: NCCL runs over TCP "
-                          f"(NET/Socket) between nodes")
-        return None, None
-    if not log.num_lines:
-        return (f"node {node.node_ip}: no NCCL INFO output in {', '.join(node.nccl_log_files) or 'the log files'}, "
-                f"so the NET/IB transport is unconfirmed (is NCCL_DEBUG_FILE honoured?)"), None
-    if log.uses_socket:
-        why = ("NCCL_IB_DISABLE=1 is set" if node.nccl_ib_disable else
-               "NCCL found no usable IB device" if log.ib_not_found else "NCCL did not select its IB transport")
-        return (f"node {node.node_ip}: NCCL uses NET/Socket (TCP) although RDMA ports "
-                f"{', '.join(node.rdma_ports)} are active ({why}); check NCCL_IB_HCA, NCCL_IB_DISABLE and the "
-                f"RDMA libraries (libibverbs) in the image"), None
-    if multi_node and log.net_channels and not log.gdr:
-        return None, (f"node {node.node_ip}: NCCL uses NET/{'/'.join(sorted(log.net_channels))} without GPUDirect "
-                      f"RDMA: network traffic is staged through host memory (load nvidia_peermem)")
-    return None, None
-
-
-def check_bandwidth(measurements: list[Measurement], thresholds: Thresholds,
-                    rails_per_node: int) -> tuple[list[str], list[str]]:
-    """All-reduce busbw at each group's largest size against the minimums; (failures, notes)."""
-    failures, notes = [], []
-    checks = ((INTRA, thresholds.min_nvlink_busbw_gbs, "--min-nvlink-busbw-gbs"),
-              (ONE_PER_NODE, thresholds.min_ib_busbw_gbs, "--min-ib-busbw-gbs"),
-              (ALL_RANKS, None if thresholds.min_ib_busbw_gbs is None or not rails_per_node
-               else thresholds.min_ib_busbw_gbs * rails_per_node, "--min-ib-busbw-gbs"))
-    for phase, minimum, flag in checks:
-        for m in _largest(measurements, phase, "all_reduce"):
-            if m.num_ranks < 2:
-                notes.append(f"{m.group}: 1 rank, so bus bandwidth is 0 by definition and was not checked; "
-                             f"no data left the GPU (in-place all-reduce is a no-op, all-gather and "
-                             f"reduce-scatter copy within device memory)")
-                continue
-            if minimum is None:
-                continue
-            if m.busbw_gbs < minimum:
-                per = f" ({thresholds.min_ib_busbw_gbs:g} x {rails_per_node} rails)" if phase == ALL_RANKS else ""
-                failures.append(f"{m.group}: all-reduce busbw {m.busbw_gbs:.1f} GB/s at {format_size(m.size_bytes)} "
-                                f"is below the minimum {minimum:g} GB/s{per} (set by {flag})")
-    return failures, notes
-
+def _fabric_line(node: NodeFacts) -> str:
+    ports = node.fabric_ports
+    if not ports:
+        return "none active"
+    rates = sorted({node.link_gbps[p] for p in ports if p in node.link_gbps})
+    at = f" at {'/'.join(f'{r:g}' for r in rates)} Gb/s" if rates else ""
+    names = ", ".join(ports[:8]) + (f" and {len(ports) - 8} more" if len(ports) > 8 else "")
+    return f"{len(ports)} x {node.fabric or 'RDMA'}{at}: {names}"

@@ -15,13 +15,14 @@ import sys
 from raytrain.config import ConfigError, load_config
 from raytrain.console import say
 from raytrain.driver.cluster import preflight_cluster
-from raytrain.network.preflight_report import DEFAULT_MIN_IB_BUSBW_GBS, DEFAULT_MIN_NVLINK_BUSBW_GBS, parse_sizes
+from raytrain.network.preflight_report import (
+    DEFAULT_MIN_IB_BUSBW_GBS, DEFAULT_MIN_NVLINK_BUSBW_GBS, LINK_RATE_FRACTION, parse_sizes)
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m raytrain.tools.preflight", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Check the cluster's GPUs and network before training: versions agree across nodes, "
-                    "NCCL uses InfiniBand where it exists, collective bus bandwidth meets a minimum. "
+                    "NCCL uses InfiniBand, RoCE or EFA where it exists, collective bus bandwidth meets a minimum. "
                     "Exit 0 pass, 1 fail, 2 configuration mistake.")
     p.add_argument("--config", help="YAML run config: its network, scaling and cluster sections apply")
     p.add_argument("--num-workers", type=int, help="ranks (same as scaling.num_workers=N); default: one per "
@@ -38,7 +39,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         f"0 disables")
     p.add_argument("--min-ib-busbw-gbs", type=float,
                    help=f"minimum all-reduce busbw across nodes per NIC, GB/s, 1 rank per node (all ranks: x rails "
-                        f"per node); default {DEFAULT_MIN_IB_BUSBW_GBS:g} on GPU (NDR 400 Gb/s), unchecked on CPU")
+                        f"per node); default on GPU: {LINK_RATE_FRACTION * 100:.0f}%% of the link rates the nodes "
+                        f"report (ports/1/rate), {DEFAULT_MIN_IB_BUSBW_GBS:g} per rail where one is unknown; "
+                        f"unchecked on CPU")
     p.add_argument("--timeout-s", type=float, default=600.0,
                    help="limit for placing workers, building the process group and each measurement")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",

@@ -32,17 +32,19 @@ def test_workers_get_computed_and_forced_env_before_process_group(ray_cluster, t
         import torch
         import torch.distributed as dist
 
-        from raytrain.network.backend import applied_env
+        from raytrain.config import NETWORK_ENV_PREFIXES
+        from raytrain.network.backend import _spans_nodes, applied_env
 
         ctx = ray.train.get_context()
         total = torch.ones(1)
         dist.all_reduce(total)  # the gloo group built after apply_nccl_env actually works
         record = {
             "applied": applied_env(),
-            "now": {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "GLOO_"))},
+            "now": {k: v for k, v in os.environ.items() if k.startswith(NETWORK_ENV_PREFIXES)},
             "backend": dist.get_backend(),
             "world_size": dist.get_world_size(),
             "all_reduce": total.item(),
+            "spans_nodes": _spans_nodes(),  # what apply_nccl_env told compute_nccl_env (EFA's NCCL_NET)
         }
         Path(config["out_dir"], f"rank{ctx.get_world_rank()}.json").write_text(json.dumps(record))
 
@@ -61,6 +63,7 @@ def test_workers_get_computed_and_forced_env_before_process_group(ray_cluster, t
     assert expected["NCCL_IB_HCA"] == "=mlx5_test:1"
     for record in records:
         assert (record["backend"], record["world_size"], record["all_reduce"]) == ("gloo", 2, 2.0)
+        assert record["spans_nodes"] is False  # 2 workers, 1 node
         # applied_env() is the snapshot taken by apply_nccl_env, which refuses to run once a
         # process group exists: these values were in os.environ when init_process_group ran.
         for key, value in expected.items():

@@ -6,6 +6,7 @@ Run: RAYTRAIN_TEST_RAY_PORT=6440 RAYTRAIN_TEST_DASHBOARD_PORT=8440 \
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -13,9 +14,9 @@ import time
 
 import pytest
 
-from raytrain.config import NetworkConfig
-from raytrain.network.preflight import run_preflight
-from raytrain.network.preflight_report import INTRA, OPS
+from raytrain.config import NETWORK_ENV_PREFIXES, NetworkConfig
+from raytrain.network.preflight import PreflightWorker, _collect_nccl_logs, run_preflight
+from raytrain.network.preflight_report import INTRA, OPS, NodeFacts
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +33,7 @@ def test_preflight_measures_every_collective_on_gloo(ray_cluster):
     assert [n.num_ranks for n in report.nodes] == [2]
     assert report.nodes[0].node_ip == ray.util.get_node_ip_address()
     # The node's NCCL/Gloo plan reached the workers (Gloo's interface at least, where one is found).
-    assert all(k.startswith(("NCCL_", "GLOO_")) for k in report.nodes[0].env)
+    assert all(k.startswith(NETWORK_ENV_PREFIXES) for k in report.nodes[0].env)
 
     got = {(m.op, m.size_bytes): m for m in report.measurements}
     assert set(got) == {(op, s) for op in OPS for s in (1 << 20, 4 << 20)}
@@ -73,4 +74,37 @@ def test_cli_exits_1_below_the_minimum_and_2_on_a_mistake(subprocess_env):
 
     p = subprocess.run([*cmd, "network.env.PATH=/tmp"], capture_output=True, text=True, env=subprocess_env,
                        timeout=300)
-    assert p.returncode == 2 and "network.env.PATH: only NCCL_* and GLOO_*" in p.stderr, p.stderr
+    assert p.returncode == 2 and "network.env.PATH: only NCCL_*, GLOO_*, FI_* variables" in p.stderr, p.stderr
+
+
+def test_nccl_logs_come_from_the_ranks_that_answer(ray_cluster, tmp_path):
+    """After a failed setup the driver still reads each node's NCCL log (it says why NCCL did not
+    start), without waiting on a rank stuck in a collective."""
+    import ray
+
+    # Nested, so Ray pickles it by value: workers cannot import this test module by name.
+    class Rank(PreflightWorker):
+        def use_log(self, path: str) -> None:
+            self.log_file = path
+
+        def stuck(self, release: str) -> None:  # as a rank inside a collective that never completes
+            while not os.path.exists(release):
+                time.sleep(0.05)
+
+    log = tmp_path / "nccl.rank0.log"
+    log.write_text("h:1:1 [0] NCCL INFO NET/Plugin: Could not find: libnccl-net.so\n"
+                   "h:1:1 [0] plugin/net.cc:349 NCCL WARN Failed to initialize any NET plugin\n")
+    release = tmp_path / "release"
+    ranks = [ray.remote(num_cpus=0.5)(Rank).remote({}, True, False, str(tmp_path)) for _ in range(2)]
+    try:
+        ray.get(ranks[0].use_log.remote(str(log)), timeout=60)
+        ranks[1].stuck.remote(str(release))
+        nodes = {"a": NodeFacts("a", "a"), "b": NodeFacts("b", "b")}
+        _collect_nccl_logs(ranks, {"a": [0], "b": [1]}, nodes, str(tmp_path), timeout_s=5.0)
+        assert nodes["a"].nccl_log.plugin_missing and nodes["a"].nccl_log.failed_nets == {"any"}
+        assert nodes["a"].nccl_log_files == [f"{tmp_path}/nccl.rank0.log"]
+        assert nodes["b"].nccl_log is None  # no verdict on a rank that did not answer
+    finally:
+        release.touch()
+        for rank in ranks:
+            ray.kill(rank)

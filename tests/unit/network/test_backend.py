@@ -9,7 +9,7 @@ import socket
 import pytest
 import torch.distributed as dist
 
-from raytrain.config import ConfigError, NetworkConfig
+from raytrain.config import NETWORK_ENV_PREFIXES, ConfigError, NetworkConfig
 from raytrain.network.backend import RaytrainTorchConfig, apply_nccl_env, applied_env, torch_config
 
 
@@ -17,8 +17,10 @@ def test_torch_config_carries_the_validated_network_env():
     cfg = torch_config(NetworkConfig(env={"NCCL_IB_QPS_PER_CONNECTION": 4}), backend="nccl", timeout_s=60)
     assert isinstance(cfg, RaytrainTorchConfig)
     assert (cfg.backend, cfg.timeout_s, cfg.network.env) == ("nccl", 60, {"NCCL_IB_QPS_PER_CONNECTION": "4"})
-    with pytest.raises(ConfigError, match="network.env.NCLL_DEBUG"):
+    with pytest.raises(ConfigError, match=r"network.env.NCLL_DEBUG: only NCCL_\*, GLOO_\*, FI_\* variables"):
         NetworkConfig(env={"NCLL_DEBUG": "INFO"})
+    # libfabric's variables are aws-ofi-nccl's settings on EFA.
+    assert NetworkConfig(env={"FI_EFA_USE_HUGE_PAGE": 0}).env == {"FI_EFA_USE_HUGE_PAGE": "0"}
     with pytest.raises(ConfigError, match="network.env.NCCL_IB_DISABLE"):
         NetworkConfig(env={"NCCL_IB_DISABLE": True})
 
@@ -26,9 +28,11 @@ def test_torch_config_carries_the_validated_network_env():
 def test_applied_env_outside_a_worker_reads_the_environment(monkeypatch):
     monkeypatch.setenv("NCCL_DEBUG", "TRACE")
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth9")
+    monkeypatch.setenv("FI_PROVIDER", "efa")
+    monkeypatch.setenv("RDMAV_FORK_SAFE", "1")
     env = applied_env()
-    assert env["NCCL_DEBUG"] == "TRACE" and env["GLOO_SOCKET_IFNAME"] == "eth9"
-    assert all(k.startswith(("NCCL_", "GLOO_")) for k in env)
+    assert env["NCCL_DEBUG"] == "TRACE" and env["GLOO_SOCKET_IFNAME"] == "eth9" and env["FI_PROVIDER"] == "efa"
+    assert "RDMAV_FORK_SAFE" not in env and all(k.startswith(NETWORK_ENV_PREFIXES) for k in env)
 
 
 def test_apply_refuses_to_run_after_the_process_group_exists(monkeypatch):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from raytrain.network.nccl_env import compute_nccl_env, find_ib_ports
+from raytrain.network.nccl_env import compute_nccl_env, find_ib_ports, select_fabric
 
 NODE_IP = "10.0.0.5"
 INTERFACES = {"lo": ["127.0.0.1", "::1"], "docker0": ["172.17.0.1"], "eth0": [NODE_IP], "ib0": ["192.168.1.5"]}
@@ -14,17 +14,34 @@ ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"
 
 
 def add_port(sysfs: Path, device: str, port: int = 1, state: str = "4: ACTIVE", link_layer: str = "InfiniBand",
-             gids: list[tuple[str, str | None]] | None = None) -> None:
+             gids: list[tuple[str, str | None]] | None = None, rate: str = "400 Gb/sec (4X NDR)") -> None:
     """One port as the kernel lays it out; gids: (gid, type or None when the type file is unreadable)."""
     d = sysfs / "class" / "infiniband" / device / "ports" / str(port)
     (d / "gids").mkdir(parents=True)
     (d / "gid_attrs" / "types").mkdir(parents=True)
     (d / "state").write_text(state + "\n")
     (d / "link_layer").write_text(link_layer + "\n")
+    (d / "rate").write_text(rate + "\n")
     for i, (gid, gid_type) in enumerate(gids or [("fe80:0000:0000:0000:0c42:a103:0065:d6b6", "IB/RoCE v1")]):
         (d / "gids" / str(i)).write_text(gid + "\n")
         if gid_type is not None:
             (d / "gid_attrs" / "types" / str(i)).write_text(gid_type + "\n")
+
+
+def add_efa(sysfs: Path, device: str, pci: str, driver_link: bool = True, pci_device_id: str = "0xefa1",
+            rate: str = "100 Gb/sec (4X EDR)") -> None:
+    """An EFA device as the kernel's efa driver registers it: link layer Unknown (efa_port_link_layer
+    returns IB_LINK_LAYER_UNSPECIFIED), state ACTIVE, class/infiniband/<dev>/device -> its PCI function,
+    whose driver links to bus/pci/drivers/efa."""
+    add_port(sysfs, device, link_layer="Unknown", gids=[("fe80:0000:0000:0000:0472:d2ff:fe63:a1b0", None)], rate=rate)
+    function = sysfs / "devices" / "pci0000:00" / pci
+    function.mkdir(parents=True)
+    (function / "vendor").write_text("0x1d0f\n")
+    (function / "device").write_text(pci_device_id + "\n")
+    if driver_link:
+        (sysfs / "bus" / "pci" / "drivers" / "efa").mkdir(parents=True, exist_ok=True)
+        (function / "driver").symlink_to(sysfs / "bus" / "pci" / "drivers" / "efa")
+    (sysfs / "class" / "infiniband" / device / "device").symlink_to(function)
 
 
 def plan_for(tmp_path: Path, node_ip: str = NODE_IP, interfaces: dict | None = None, user_env: dict | None = None,
@@ -130,8 +147,8 @@ def test_no_infiniband_means_tcp_sockets_said_plainly(tmp_path):
     (tmp_path / "sys" / "module" / "nvidia_peermem").mkdir(parents=True)
     plan = plan_for(tmp_path)
     assert set(plan.env) == {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}  # no IB-only settings, GDR included
-    assert any(n.startswith(f"no active InfiniBand port on {NODE_IP}: NCCL will use TCP sockets (NET/Socket) over eth0")
-               and "no RDMA devices" in n for n in plan.notes)
+    assert any(n.startswith(f"no active RDMA port (InfiniBand, RoCE or EFA) on {NODE_IP}: NCCL will use TCP sockets "
+                            "(NET/Socket) over eth0") and "no RDMA devices" in n for n in plan.notes)
 
 
 def test_all_ports_down_means_tcp_sockets(tmp_path):
@@ -216,3 +233,74 @@ def test_auto_configure_false_applies_only_network_env(tmp_path):
     add_port(tmp_path / "sys", "mlx5_0")
     plan = plan_for(tmp_path, forced={"NCCL_DEBUG": "INFO"}, auto_configure=False)
     assert plan.env == {"NCCL_DEBUG": "INFO"}
+
+
+def test_ports_report_their_link_rate(tmp_path):
+    add_port(tmp_path / "sys", "mlx5_0")
+    add_port(tmp_path / "sys", "mlx5_1", rate="2.5 Gb/sec (1X SDR)")
+    add_port(tmp_path / "sys", "mlx5_2", rate="")
+    assert [p.rate_gbps for p in find_ib_ports(str(tmp_path / "sys"))] == [400.0, 2.5, None]
+
+
+def p5_node(sysfs: Path, num_devices: int = 32) -> None:
+    # p5.48xlarge: 32 EFA devices, named rdmap<bus>s<slot> by udev (efa_<n> by the kernel).
+    for i in range(num_devices):
+        add_efa(sysfs, f"rdmap{79 + i}s0", pci=f"0000:{79 + i:02x}:00.0")
+
+
+def test_efa_node_gets_aws_ofi_nccl_settings_and_no_ib_ones(tmp_path):
+    sysfs = tmp_path / "sys"
+    p5_node(sysfs)
+    (sysfs / "module" / "nvidia_peermem").mkdir(parents=True)  # loaded on the DLAMI: still no GDR level
+    ports = find_ib_ports(str(sysfs))
+    assert len(ports) == 32 and all(p.is_efa and p.active and p.link_layer == "Unknown" for p in ports)
+    assert ports[0].rate_gbps == 100.0
+    plan = plan_for(tmp_path, interfaces={"lo": ["127.0.0.1"], "enp71s0": [NODE_IP]})
+    assert plan.env == {"NCCL_SOCKET_IFNAME": "=enp71s0", "GLOO_SOCKET_IFNAME": "enp71s0", "FI_PROVIDER": "efa",
+                        "NCCL_NET": "AWS Libfabric"}
+    assert any(n.startswith(f"32 EFA device(s) on {NODE_IP} (rdmap79s0:1, rdmap80s0:1, rdmap81s0:1, rdmap82s0:1 "
+                            "and 28 more): NCCL reaches EFA only through the aws-ofi-nccl plugin") for n in plan.notes)
+    assert any(n.startswith("NCCL_NET=AWS Libfabric: NCCL stops") for n in plan.notes)
+    assert not any("NCCL will use TCP" in n for n in plan.notes)
+
+
+def test_efa_on_one_node_leaves_nccl_net_unset(tmp_path):
+    # NCCL initialises a network for a one-node communicator too: pinned to a missing plugin, a run
+    # whose traffic never leaves the node would fail.
+    p5_node(tmp_path / "sys", num_devices=4)
+    plan = plan_for(tmp_path, multi_node=False)
+    assert plan.env["FI_PROVIDER"] == "efa" and "NCCL_NET" not in plan.env
+    assert "one node: NCCL_NET left unset, no traffic leaves the node" in plan.notes
+
+
+def test_efa_recognised_by_pci_ids_without_a_driver_link(tmp_path):
+    add_efa(tmp_path / "sys", "efa_0", pci="0000:10:1c.0", driver_link=False, pci_device_id="0xefa2")
+    add_efa(tmp_path / "sys", "efa_1", pci="0000:10:1d.0", driver_link=False, pci_device_id="0x1234")
+    assert [(p.device, p.is_efa) for p in find_ib_ports(str(tmp_path / "sys"))] == [("efa_0", True), ("efa_1", False)]
+    plan = plan_for(tmp_path)
+    assert plan.env["NCCL_NET"] == "AWS Libfabric"
+    # An "Unknown" link layer that is not EFA is neither InfiniBand nor RoCE: NCCL cannot use it.
+    assert any("efa_1:1 has link layer Unknown and is not an EFA device: left out" in n for n in plan.notes)
+
+
+def test_efa_settings_keep_the_precedence_rules(tmp_path):
+    p5_node(tmp_path / "sys", num_devices=4)
+    (tmp_path / "root" / "etc").mkdir(parents=True)
+    (tmp_path / "root" / "etc" / "nccl.conf").write_text("NCCL_NET=OFI\n")
+    plan = plan_for(tmp_path, user_env={"FI_PROVIDER": "efa;ofi_rxd"}, forced={"FI_EFA_USE_HUGE_PAGE": "0"})
+    assert "FI_PROVIDER" not in plan.env and "NCCL_NET" not in plan.env
+    assert plan.env["FI_EFA_USE_HUGE_PAGE"] == "0"
+    assert any("kept FI_PROVIDER=efa;ofi_rxd from the worker environment (raytrain would set efa)" in n
+               for n in plan.notes)
+    assert any("kept NCCL_NET=OFI from /etc/nccl.conf (raytrain would set AWS Libfabric)" in n for n in plan.notes)
+
+
+def test_select_fabric_prefers_efa_and_leaves_verbs_ports_out(tmp_path):
+    sysfs = tmp_path / "sys"
+    p5_node(sysfs, num_devices=2)
+    add_port(sysfs, "mlx5_0", link_layer="InfiniBand")  # e.g. a storage NIC next to the EFA devices
+    notes: list[str] = []
+    fabric = select_fabric(find_ib_ports(str(sysfs)), notes)
+    assert (fabric.kind, [p.name for p in fabric.ports]) == ("EFA", ["rdmap79s0:1", "rdmap80s0:1"])
+    assert notes == ["mlx5_0:1 left out: this node's fabric is EFA"]
+    assert "NCCL_IB_HCA" not in plan_for(tmp_path).env
