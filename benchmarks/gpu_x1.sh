@@ -8,10 +8,11 @@
 # offload: raytrain's path with gradient accumulation 4, without and with optimizer offload, the
 #          latter with scaling.cpus_per_worker 14 and 1 (CPU Adam runs on the worker's OpenMP threads).
 # offload-max: a 6.74B model with optimizer offload, sampling the host's used memory.
+# checks:  fp16 (with and without optimizer offload) and bf16 executed and asserted (benchmarks/gpu_checks.py).
 # Each variant gets what is left of the part's time budget (BUDGET_S), so one hang cannot eat the
 # call; everything lands in $OUT/<part>.tgz (the tool brings back few files) and results.md is printed.
 set -u
-part=${1:?reader, offload, compile, compile-noliger or offload-max}
+part=${1:?reader, offload, compile, compile-noliger, checks or offload-max}
 OUT=${OUT:-/tmp/out}; W=/tmp/bench_$part; mkdir -p "$OUT" "$W"
 END=$(( $(date +%s) + ${BUDGET_S:-560} ))
 export TORCH_EXTENSIONS_DIR=/tmp/torch_ext
@@ -61,6 +62,12 @@ offload)
   variant gas4 150 --paths raytrain "${GAS4[@]}" "${Z[@]}" --set scaling.cpus_per_worker=14
   variant gas4-offload-cpus14 200 --paths raytrain "${GAS4[@]}" "${Z[@]}" --offload --set scaling.cpus_per_worker=14
   variant gas4-offload-cpus1 200 --paths raytrain "${GAS4[@]}" "${Z[@]}" --offload --set scaling.cpus_per_worker=1
+  ;;
+checks)  # fp16 (the seed's precision) with and without optimizer offload, and bf16, on the worker's own
+  # engine: flags on, losses finite and falling (benchmarks/gpu_checks.py; CPU tests cannot run fp16)
+  timeout "${CHECKS_S:-300}" python benchmarks/gpu_checks.py fp16 fp16-offload bf16 > "$W/checks.log" 2>&1
+  echo "checks: rc=$?" >> "$W/status.txt"
+  grep '^GPU_CHECK' "$W/checks.log" | cut -c11- > "$W/checks.jsonl"; cat "$W/checks.jsonl"
   ;;
 offload-max)  # the largest model with optimizer offload: host RAM (16 bytes/parameter pinned) is the limit
   (while sleep 5; do free -m | awk 'NR==2{print $3}'; done) > "$W/host_used_mib.txt" &

@@ -2,7 +2,9 @@
 # One device call on a 2 x H200 machine (the `run` tool, kind nvidia-h200-x2, carry .gpu):
 #   source .gpu/setup.sh; bash benchmarks/gpu_x2.sh
 # 1. preflight on 2 GPUs (NVLink collectives), 2. weak scaling of raytrain's full path 1 -> 2 GPUs
-# (1.1B Llama, mb 24, Liger, tuned ZeRO-3 thresholds), 3. checkpoint save, sync vs async upload.
+# (1.1B Llama, mb 24, Liger, tuned ZeRO-3 thresholds), 3. checkpoint save, sync vs async upload,
+# 4. ZeRO++ hpZ + qwZ + qgZ executed and asserted on 2 ranks (benchmarks/gpu_checks.py zeropp; DeepSpeed
+# JIT-compiles its quantizer op with nvcc first, a few minutes once per machine).
 # Results: $OUT/*.jsonl, $OUT/*.log. Each step has its own timeout so one hang can't eat the call.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -32,3 +34,7 @@ for mode in false true; do
   echo "ckpt async=$mode rc=$?" >> "$OUT/status.txt"
   rm -rf /tmp/ckpt_runs
 done
+
+timeout 600 torchrun --nproc-per-node 2 benchmarks/gpu_checks.py zeropp > "$OUT/zeropp.log" 2>&1
+echo "zeropp rc=$?" >> "$OUT/status.txt"
+grep '^GPU_CHECK' "$OUT/zeropp.log" | cut -c11- > "$OUT/zeropp.jsonl"
