@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from raytrain.planning.choose import MAX_MICRO_BATCH
 from raytrain.tools import bench, bench_paths
 
 TINY = ["--hidden-size", "64", "--num-layers", "2", "--num-heads", "4", "--num-kv-heads", "2",
@@ -123,8 +124,49 @@ def test_raytrain_record_from_worker_progress_lines():
     windows = {}
     for line in lines:
         bench.add_window(windows, line)
-    r = bench._from_progress({"flops_per_token": 7.71e9, "num_params": 1_100_048_384}, windows, args)
+    r = bench._from_progress({"flops_per_token": 7.71e9, "num_params": 1_100_048_384,
+                              "ds_config": {"train_batch_size": 16}}, windows, args)
     # windows after the 4 warmup steps; tokens/s = tokens / total time (harmonic mean of the windows)
     assert r["tokens_per_s"] == pytest.approx(2 / (1 / 50_000 + 1 / 40_000))
     assert r["mfu"] == pytest.approx(r["tokens_per_s"] * 7.71e9 / 989e12)
     assert r["data_wait_frac"] == pytest.approx(0.001) and r["peak_mem_gib"] == 87.30
+
+
+def test_deepspeed_path_records_peaks_and_the_planners_prediction(cli_run):
+    """Every record carries what the planner predicted for its setting and the host's used memory
+    sampled while the path ran (docs/plan-accuracy.md compares them with the measured peaks)."""
+    p, out = cli_run
+    [record] = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert record["predicted"]["host_gib"] > 0 and record["predicted"]["gpu_peak_gib"] is None  # CPU run
+    assert record["predicted"]["setting"] == "no offload" and record["predicted"]["fits"] is True
+    assert record["host_sample_s"] == 2.0 and record["host_used_peak_gib"] >= record["host_used_start_gib"] > 0
+    assert record["plan"] == []  # nothing was "auto"
+
+
+def test_auto_micro_batch_and_offload_the_gpu_cap_reach_every_path():
+    args = bench.parse_args(["--micro-batch", "auto", "--offload", "auto", "--gpu-memory-fraction", "0.171",
+                             "--grad-accum", "4"])
+    overrides = bench.overrides_for(args, use_gpu=True)
+    assert "training.micro_batch_size_per_gpu=auto" in overrides and "scaling.gpu_memory_fraction=0.171" in overrides
+    ds = json.loads(next(o for o in overrides if o.startswith("deepspeed=")).removeprefix("deepspeed="))
+    assert ds["zero_optimization"]["offload_optimizer"] == "auto" and ds["zero_optimization"]["sub_group_size"] == "auto"
+    assert bench.default_label(args) == "mbauto gas4 offload-auto gpu-fraction0.171"
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--gpu-memory-fraction", "1.5"])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--micro-batch", "many"])
+
+
+def test_auto_micro_batch_on_cpu_runs_the_planners_choice(tmp_path):
+    """The bench's child resolves "auto" like the driver (here: CPU, the largest micro-batch that
+    fits) and runs that; the table shows the chosen batch."""
+    tiny = [a for a in TINY]
+    tiny[tiny.index("--micro-batch") + 1] = "auto"
+    p = subprocess.run([sys.executable, "-m", "raytrain.tools.bench", "--paths", "deepspeed", "--out", str(tmp_path),
+                        "--no-profile", *tiny], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    [record] = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    micro = record["ds_config"]["train_micro_batch_size_per_gpu"]
+    assert record["plan"][0].startswith(f"chose micro-batch {micro} x 2 accumulation")
+    assert micro == MAX_MICRO_BATCH  # the tiny model fits the largest candidate
+    assert f"| {micro} x 2 |" in (tmp_path / "results.md").read_text()
