@@ -16,8 +16,9 @@ It enumerates these settings, keeps those whose peaks (raytrain.planning.estimat
 and the host with the fit check's margins, ranks them by predicted tokens/s
 (raytrain.planning.throughput) and, among those within TIE of the best, takes the smallest
 micro-batch (the shortest step: past the GPU's saturation a larger one mostly amortises the
-optimizer step) and, for it, the setting that leaves the most headroom on its tighter limit. bf16 optimizer states are never chosen: they cost accuracy; when only they would
-make a run fit, the error says so. On CPU (no throughput model there) it takes the largest
+optimizer step) and, for it, the setting that leaves the most headroom on its tighter limit. bf16
+optimizer states are never chosen: they cost accuracy; when only they would make a run fit, the error
+says so. On CPU (no throughput model there) it takes the largest
 micro-batch that fits, without checkpointing where possible.
 """
 
@@ -62,8 +63,10 @@ class AutoKeys:
 
     def names(self) -> list[str]:
         return [name for name, on in (
-            ("training.micro_batch_size_per_gpu", self.micro_batch), ("model.gradient_checkpointing", self.checkpointing),
-            (f"{_Z}offload_optimizer" + (".ratio" if self.offload_optimizer == "ratio" else ""), self.offload_optimizer),
+            ("training.micro_batch_size_per_gpu", self.micro_batch),
+            ("model.gradient_checkpointing", self.checkpointing),
+            (f"{_Z}offload_optimizer" + (".ratio" if self.offload_optimizer == "ratio" else ""),
+             self.offload_optimizer),
             (f"{_Z}sub_group_size", self.sub_group_size), (f"{_Z}offload_param", self.offload_param)) if on]
 
 
@@ -119,7 +122,8 @@ def _only_auto(value: Any, key: str, what: str) -> None:
         raise ConfigError(f"{key} must be {what} or \"auto\" (the planner chooses), got {value!r}")
 
 
-def resolve_auto(cfg: RunConfig, shape: ClusterShape, hf_config, target: Target | None) -> tuple[RunConfig, Choice | None]:
+def resolve_auto(cfg: RunConfig, shape: ClusterShape, hf_config,
+                 target: Target | None) -> tuple[RunConfig, Choice | None]:
     """`cfg` with its "auto" settings chosen for `shape` and `target` (unchanged when it has none)."""
     ds_raw = load_deepspeed(cfg.deepspeed)
     autos = find_autos(cfg, ds_raw)
@@ -192,9 +196,10 @@ def _check_offload_optimizer(autos: AutoKeys, ds: dict[str, Any]) -> None:
     opt = ds.get("optimizer") or {}
     kind = str(opt.get("type", "")).lower()
     if opt and (kind not in ("adam", "adamw") or (opt.get("params") or {}).get("torch_adam")):
-        raise ConfigError(f"{key}=auto plans DeepSpeed's CPU Adam for the host side, but the DeepSpeed JSON's optimizer is "
-                          f"{opt.get('type')!r}{' with torch_adam' if kind in ('adam', 'adamw') else ''}: write the "
-                          f"offload setting yourself, or drop the optimizer section (raytrain's AdamW)")
+        torch_adam = " with torch_adam" if kind in ("adam", "adamw") else ""
+        raise ConfigError(f"{key}=auto plans DeepSpeed's CPU Adam for the host side, but the DeepSpeed JSON's "
+                          f"optimizer is {opt.get('type')!r}{torch_adam}: write the offload setting yourself, or "
+                          f"drop the optimizer section (raytrain's AdamW)")
 
 
 def _grad_accum_rule(ds_raw: dict[str, Any], cfg: RunConfig, world: int):
@@ -224,13 +229,14 @@ def _structures(f: MemoryFacts, autos: AutoKeys, base: Setting, with_param_offlo
             num = len(f.sub_groups(sgs))
             offloads = [(True, zero_layout.ratio_for(num, k)) for k in range(num)] if f.stage == 3 else [(True, 1.0)]
             # bf16 master weights with fp32 moments need optimizer offload (DeepSpeed asserts otherwise)
-            if autos.offload_optimizer == "auto" and not with_param_offload and not (f.bf16_master and not f.bf16_states):
+            needs_offload = f.bf16_master and not f.bf16_states
+            if autos.offload_optimizer == "auto" and not with_param_offload and not needs_offload:
                 offloads.insert(0, (False, 1.0))
         for opt, ratio in offloads:
             for ckpt in ckpts:
+                param = with_param_offload or (base.offload_param and not autos.offload_param)
                 out.append(replace(base, micro_batch=1, gradient_checkpointing=ckpt, offload_optimizer=opt, ratio=ratio,
-                                   sub_group_size=sgs,
-                                   offload_param=with_param_offload or (base.offload_param and not autos.offload_param)))
+                                   sub_group_size=sgs, offload_param=param))
     return list(dict.fromkeys(out))
 
 
@@ -263,7 +269,9 @@ def _candidates(f, autos, base, mbs, grad_accum, cfg, gpu_mem, host_mem, *, with
     subs_by_size = {}
     for s0 in _structures(f, autos, base, with_param_offload):
         subs = subs_by_size.setdefault(s0.sub_group_size, f.sub_groups(s0.sub_group_size))
-        fit = lambda mb: fits(estimate(f, replace(s0, micro_batch=mb), subs), gpu_mem, host_mem, f.use_gpu)  # noqa: E731
+        def fit(mb: int, s0=s0, subs=subs) -> bool:
+            return fits(estimate(f, replace(s0, micro_batch=mb), subs), gpu_mem, host_mem, f.use_gpu)
+
         lo, hi = 0, len(mbs)  # memory grows with the micro-batch: the fitting ones are a prefix of mbs
         while lo < hi:
             mid = (lo + hi) // 2
@@ -338,7 +346,7 @@ def _nothing_fits(f: MemoryFacts, *, cfg, autos, base, grad_accum, gpu_mem, host
         choice = _search(bf16, cfg=cfg, autos=autos, base=base, grad_accum=grad_accum, gpu_mem=gpu_mem,
                          host_mem=host_mem)
         if choice is not None:
-            hint = (f"with bf16 optimizer states ({'deepspeed.bf16.bf16_master_weights_and_grads=true ' if not f.bf16_master else ''}"
-                    f"deepspeed.bf16.bf16_optimizer_states=true: they cost accuracy, so raytrain never picks them "
-                    f"itself) {describe(choice.best)} fits")
+            master = "" if f.bf16_master else "deepspeed.bf16.bf16_master_weights_and_grads=true "
+            hint = (f"with bf16 optimizer states ({master}deepspeed.bf16.bf16_optimizer_states=true: they cost "
+                    f"accuracy, so raytrain never picks them itself) {describe(choice.best)} fits")
     return f"no setting of {names} fits: {need}; {hint}"

@@ -135,7 +135,8 @@ def memory_facts(ds: dict[str, Any], run, *, use_gpu: bool, world_size: int, wor
         hf_config=hf_config, seq_len=run.data.seq_len, precision=precision, stage=int(zero.get("stage", 0)),
         zero=zero, attn_implementation=run.model.attn_implementation, liger_kernel=run.model.liger_kernel,
         raytrain_optimizer="optimizer" not in ds, pin_memory=any(pins) if pins else True,
-        bf16_master=bool(bf16.get("bf16_master_weights_and_grads")), bf16_states=bool(bf16.get("bf16_optimizer_states")))
+        bf16_master=bool(bf16.get("bf16_master_weights_and_grads")),
+        bf16_states=bool(bf16.get("bf16_optimizer_states")))
 
 
 def activation_options(f: MemoryFacts) -> dict[str, Any]:

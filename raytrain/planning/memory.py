@@ -17,7 +17,7 @@ from raytrain.config import ConfigError
 from raytrain.hardware import Target
 from raytrain.model import ParamStats, config_from_facts, param_stats
 from raytrain.planning.activations import activation_bytes
-from raytrain.planning.estimate import (  # noqa: F401  (GIB and the reserves are part of this module's API)
+from raytrain.planning.estimate import (  # noqa: F401  (GIB and the reserves: this module's API, as before)
     CPU_HEAP_RETENTION, GIB, GPU_RESERVE_FRACTION, HOST_RESERVE_FRACTION, Estimate, MemoryFacts, activation_options,
     configured_setting, estimate, memory_facts)
 from raytrain.run_spec import ResolvedRun

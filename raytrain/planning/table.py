@@ -70,8 +70,9 @@ def _target(plan: MemoryPlan) -> str:
     if plan.use_gpu:
         cap = (f", scaling.gpu_memory_fraction={plan.gpu_memory_fraction:g}"
                if plan.gpu_memory_fraction is not None else "")
-        parts.append(f"{gib(plan.gpu_memory_bytes)} per GPU{cap} ({gib(plan.gpu_memory_bytes * (1 - GPU_RESERVE_FRACTION))} "
-                     f"usable)" if plan.gpu_memory_bytes else "GPU memory unknown (pass --gpu-memory-gib)")
+        gpu = plan.gpu_memory_bytes
+        parts.append(f"{gib(gpu)} per GPU{cap} ({gib(gpu * (1 - GPU_RESERVE_FRACTION))} usable)" if gpu
+                     else "GPU memory unknown (pass --gpu-memory-gib)")
     parts.append(f"{gib(plan.host_memory_bytes)} host RAM per node "
                  f"({gib(plan.host_memory_bytes * (1 - HOST_RESERVE_FRACTION))} usable)"
                  if plan.host_memory_bytes else "host RAM unknown (pass --host-memory-gib)")

@@ -37,29 +37,33 @@ from raytrain.worker.kernels import apply_liger
 from raytrain.worker.metrics import StepMeter, TrainMetrics, flops_per_token
 
 
-def resolve(overrides: list[str], num_gpus: int, use_gpu: bool) -> ResolvedRun:
+def this_target(num_gpus: int, use_gpu: bool) -> hardware.Target:
+    """This machine as the driver sees a one-node cluster of it (raytrain.driver.cluster.cluster_target)."""
+    here = hardware.this_machine()
+    return hardware.Target(here.gpu_memory_bytes if use_gpu else None, here.host_memory_bytes,
+                           num_gpus if use_gpu else None)
+
+
+def resolve(overrides: list[str], num_gpus: int, use_gpu: bool, target: hardware.Target | None = None) -> ResolvedRun:
     """The run as raytrain resolves it for a world of `num_gpus` on this machine (every path gets this
     DeepSpeed dict; "auto" settings are chosen for this machine's GPU memory and RAM, as the driver
-    chooses them on a one-node cluster of it)."""
+    chooses them on a one-node cluster of it). `target`: another machine (predictions made elsewhere)."""
     cfg = load_config(None, overrides)
-    here = hardware.this_machine()
-    target = hardware.Target(here.gpu_memory_bytes if use_gpu else None, here.host_memory_bytes,
-                             num_gpus if use_gpu else None)
-    return resolve_run(cfg, ClusterShape(num_workers=num_gpus, use_gpu=use_gpu, gpus_per_node=num_gpus if use_gpu else None),
-                       target=target)
+    shape = ClusterShape(num_workers=num_gpus, use_gpu=use_gpu, gpus_per_node=num_gpus if use_gpu else None)
+    return resolve_run(cfg, shape, target=target or this_target(num_gpus, use_gpu))
 
 
-def predicted(resolved: ResolvedRun, param_groups: int | None = None) -> dict[str, Any]:
-    """What the planner predicts for the resolved run on this machine: GPU and host peaks (the
-    memory model), tokens/s and MFU per GPU (the throughput model), to compare with what the path
+def predicted(resolved: ResolvedRun, param_groups: int | None = None,
+              target: hardware.Target | None = None) -> dict[str, Any]:
+    """What the planner predicts for the resolved run on this machine (or `target`): GPU and host peaks
+    (the memory model), tokens/s and MFU per GPU (the throughput model), to compare with what the path
     measures. param_groups: 1 to model an optimizer with one param group (the issue's plain runs)."""
     import dataclasses
 
-    here = hardware.this_machine()
-    target = hardware.Target(here.gpu_memory_bytes if resolved.cluster.use_gpu else None, here.host_memory_bytes,
-                             resolved.cluster.num_workers if resolved.cluster.use_gpu else None)
+    target = target or this_target(resolved.cluster.num_workers, resolved.cluster.use_gpu)
     plan = estimate_memory(resolved, target)
-    facts = plan.facts if param_groups is None else dataclasses.replace(plan.facts, raytrain_optimizer=param_groups == 2)
+    facts = plan.facts if param_groups is None else dataclasses.replace(plan.facts,
+                                                                        raytrain_optimizer=param_groups == 2)
     option = estimate(facts, plan.configured.setting)
     cfg = resolved.config
     out = {"gpu_peak_gib": option.worker_bytes / GIB if resolved.cluster.use_gpu else None,

@@ -125,7 +125,8 @@ def test_ratio_auto_keeps_the_device_and_pin_memory_the_user_wrote():
 @pytest.mark.parametrize("overrides, match", [
     (["deepspeed.train_micro_batch_size_per_gpu=16"], r"training.micro_batch_size_per_gpu=auto but "
                                                       r"deepspeed.train_micro_batch_size_per_gpu=16 sets it"),
-    (["training.micro_batch_size_per_gpu=big"], r'training.micro_batch_size_per_gpu must be a positive integer or "auto"'),
+    (["training.micro_batch_size_per_gpu=big"],
+     r'training.micro_batch_size_per_gpu must be a positive integer or "auto"'),
     (["model.gradient_checkpointing=maybe"], r'model.gradient_checkpointing must be true, false or "auto"'),
     (['deepspeed.zero_optimization.offload_optimizer={"device": "none", "ratio": "auto"}'],
      r"offload_optimizer.ratio=auto needs offload_optimizer.device=cpu"),
@@ -181,3 +182,13 @@ def test_dry_run_prints_the_plan_on_stderr_and_the_chosen_batch_in_the_json(caps
     resolved = json.loads(captured.out)
     micro = resolved["deepspeed"]["micro_batch_per_gpu"]
     assert plan[0].startswith(f"raytrain: plan: chose micro-batch {micro}, ") and resolved["plan"] == [plan[0][16:]]
+
+
+def test_the_gpu_memory_fraction_caps_the_plan_as_it_caps_the_worker():
+    """scaling.gpu_memory_fraction: the worker calls torch.cuda.set_per_process_memory_fraction with it,
+    and the planner plans against the same share of the GPU (the benchmarks' capped runs)."""
+    capped = resolve("scaling.gpu_memory_fraction=0.171", gpu_gib=143_771 / 1024)
+    assert chosen(capped) == chosen(resolve(gpu_gib=143_771 / 1024 * 0.171))
+    assert "of 21.6 GiB usable" in capped.plan[0]
+    with pytest.raises(ConfigError, match=r"scaling.gpu_memory_fraction must be in \(0, 1\]"):
+        load_config(None, ["scaling.gpu_memory_fraction=1.5"])

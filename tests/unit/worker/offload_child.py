@@ -43,8 +43,8 @@ def main(out_path: str, overrides: list[str]) -> None:
            "sub_group_numels": [int(x) for x in zopt.fp16_partitioned_groups_flat_numel],
            "subgroup_to_device": getattr(zopt, "subgroup_to_device", None),
            "has_backup_optimizer": backup is not None,
-           "backup_groups_are_the_cpu_groups": [a is b for a, b in zip(backup.param_groups, zopt.optimizer.param_groups)]
-           if backup is not None else None}
+           "backup_groups_are_the_cpu_groups": None if backup is None else
+           [a is b for a, b in zip(backup.param_groups, zopt.optimizer.param_groups)]}
     g = torch.Generator().manual_seed(0)
     vocab, micro, seq = resolved.model.vocab_size, resolved.deepspeed.micro_batch_per_gpu, cfg.data.seq_len
     fixed = {"input_ids": torch.randint(0, vocab, (micro, seq), generator=g)}

@@ -47,7 +47,8 @@ def partial(tmp_path_factory):
 
 
 def test_bf16_states_use_cpu_adam_without_fp32_states_and_stay_bf16(partial):
-    assert partial["zero_optimizer"] == "DeepSpeedZeroOptimizer_Stage3" and partial["cpu_optimizer"] == "DeepSpeedCPUAdam"
+    assert partial["zero_optimizer"] == "DeepSpeedZeroOptimizer_Stage3"
+    assert partial["cpu_optimizer"] == "DeepSpeedCPUAdam"
     assert partial["fp32_optimizer_states"] is False  # else deepspeed.initialize asserts (base_optimizer.py)
     assert partial["master_dtype"] == "torch.bfloat16"
     stepped = [s for s in partial["states"] if s["moments"]]
