@@ -15,8 +15,8 @@
 #            DeepSpeed at the same planner-chosen settings if the budget is left (~4 min more).
 # plan7b:    the 7.24B shape with micro-batch, checkpointing and offload "auto", deepspeed + raytrain (~4.5 min).
 # plan1b:    1.1B with the GPU capped at 24 GiB (the full optimizer states plus the shipped micro-batch
-#            cannot fit), "auto", beside the uncapped no-offload reference at GA 4; then the planner's
-#            runner-up forced, and a cap of 84 GiB (~5 min).
+#            cannot fit), "auto", deepspeed + raytrain, then the uncapped no-offload reference at GA 4
+#            (~4.5 min); then the planner's runner-up forced, and a cap of 84 GiB (~2 min more).
 # fp16:      the seed's fp16 with full offload vs bf16 at the same settings, and fp16 without offload (~4 min).
 # mfu62:     1.1B mb 24 x GA 4 bf16: as shipped, ZeRO stage 2, every parameter persistent, torchao float8 (~4.5 min).
 # Each variant gets what is left of the part's time budget (BUDGET_S), so one hang cannot eat the
@@ -112,6 +112,8 @@ plan13b)  # the shipped 13B config, 10 steps; stopped after step 10 (its final c
   main=$!
   while kill -0 $main 2>/dev/null && ! grep -q "step 10/10" "$W/13b.log" && (( $(date +%s) < END - 20 )); do sleep 2; done
   kill -- -$main 2>/dev/null; sleep 5; kill -9 -- -$main 2>/dev/null
+  for _ in $(seq 30); do [ -z "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader)" ] && break; sleep 2; done
+  nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader | sed 's/^/still on the GPU: /' >> "$W/status.txt"
   echo "13b raytrain.main: $(grep -c '^.*step [0-9]*/10 ' "$W/13b.log") progress lines, $(( $(date +%s) - t0 ))s," \
        "host used MiB max $(sort -n "$W/host_used_mib.txt" | tail -1)" >> "$W/status.txt"
   grep -E "raytrain: plan:|step [0-9]+/10 |Error|error" "$W/13b.log" | tail -14 >> "$W/status.txt"
@@ -122,10 +124,10 @@ plan7b)
   variant 7b-auto 420 --paths deepspeed,raytrain "${S7[@]}" "${AUTO[@]}" --liger all "${Z[@]}" --grad-accum 2 \
     --steps 2 --warmup-steps 1 --window 1 --no-profile
   ;;
-plan1b)
-  variant 1b-ref-nocap 110 --paths deepspeed "${GAS4[@]}" --liger all "${Z[@]}" --set scaling.cpus_per_worker=14 --no-profile
+plan1b)  # in order of value: the decision under test, its reference, its runner-up, a cap that does not force offload
   variant 1b-cap24-auto 250 --paths deepspeed,raytrain "${AUTO[@]}" --grad-accum 4 "${STEPS4[@]}" --liger all "${Z[@]}" \
     --gpu-memory-fraction $CAP24 --no-profile
+  variant 1b-ref-nocap 110 --paths deepspeed "${GAS4[@]}" --liger all "${Z[@]}" --set scaling.cpus_per_worker=14 --no-profile
   variant 1b-cap24-runnerup 100 --paths deepspeed --micro-batch 13 --grad-accum 4 "${STEPS4[@]}" --liger all "${Z[@]}" \
     --set model.gradient_checkpointing=true --set scaling.cpus_per_worker=14 --gpu-memory-fraction $CAP24 --no-profile
   variant 1b-cap84-auto 100 --paths deepspeed "${AUTO[@]}" --grad-accum 4 "${STEPS4[@]}" --liger all "${Z[@]}" \

@@ -21,6 +21,12 @@ rather than waiting for the final checkpoint (GBs of storage time, not training)
 Results go to OUT/results.jsonl (one line per path, appended) and OUT/results.md (a table of every
 line in results.jsonl), each child's output to OUT/<time>-<n>-<path>.log.
 
+`--micro-batch auto`, `--offload auto` (and `--set model.gradient_checkpointing=auto`) leave those
+settings to raytrain's planner, which each path's child resolves for this machine exactly as the driver
+does (raytrain.planning.choose); `--gpu-memory-fraction F` caps every path's GPU and the plan alike.
+Every record carries the planner's prediction for what ran (`predicted`) and the host's used memory,
+sampled every 2 s while the path ran.
+
 `--set KEY=VALUE` takes raytrain's override syntax
 (`deepspeed.zero_optimization.reduce_bucket_size=500000000`, `model.gradient_checkpointing=true`) and
 applies to every path. `--liger` swaps in Liger kernels

@@ -65,6 +65,17 @@ def build_engine(spec: ResolvedRun, device: torch.device, ds_config: dict[str, A
     return engine, scheduler, hf_config
 
 
+def after_checkpoint_load(engine) -> None:
+    """Call after engine.load_checkpoint. torch's Optimizer.load_state_dict replaces the CPU optimizer's
+    param-group dicts, so with `offload_optimizer.ratio < 1` the GPU side's AdamW would again miss the
+    LR schedule (raytrain.compat.share_backup_optimizer_param_groups): share them again. DeepSpeed 0.19.8
+    also never saves that AdamW's state (stage3.py's state_dict holds the CPU optimizer's only): the Adam
+    moments of the parameters kept on the GPU restart from zero at every resume. Said once, on rank 0."""
+    if compat.share_backup_optimizer_param_groups(engine.optimizer) and torch.distributed.get_rank() == 0:
+        emit("raytrain: note: resumed with offload_optimizer.ratio < 1: DeepSpeed 0.19.8 does not checkpoint the "
+             "Adam moments of the parameters it keeps on the GPU; they restart from zero (upstream limitation)")
+
+
 def train_step(engine, batches: Iterator[dict[str, Any]], grad_accum: int, device: torch.device,
                marks: list | None = None):
     """One optimizer step over grad_accum micro-batches; returns (mean loss tensor, data wait s).

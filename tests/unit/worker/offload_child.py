@@ -22,7 +22,7 @@ def main(out_path: str, overrides: list[str]) -> None:
     from raytrain.config import load_config
     from raytrain.planning.resolve import resolve_run
     from raytrain.run_spec import ClusterShape
-    from raytrain.worker.engine import build_engine, train_step
+    from raytrain.worker.engine import after_checkpoint_load, build_engine, train_step
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -63,6 +63,14 @@ def main(out_path: str, overrides: list[str]) -> None:
                        "moments": sorted({str(v.dtype) for k, v in state.items() if k.startswith("exp_avg")})})
     out.update(losses=losses, cpu_lrs=cpu_lrs, backup_lrs=backup_lrs, states=states,
                scheduler=type(scheduler).__name__ if scheduler is not None else None)
+    if backup is not None:  # a resume: loading replaces the CPU optimizer's param-group dicts
+        ckpt = os.path.join(os.path.dirname(out_path), "ckpt")
+        engine.save_checkpoint(ckpt, tag="t")
+        engine.load_checkpoint(ckpt, tag="t")
+        shared = lambda: [a is b for a, b in zip(backup.param_groups, zopt.optimizer.param_groups)]  # noqa: E731
+        out["shared_after_load"] = shared()
+        after_checkpoint_load(engine)
+        out["shared_after_reattach"] = shared()
     with open(out_path, "w") as f:
         json.dump(out, f)
     engine.destroy()

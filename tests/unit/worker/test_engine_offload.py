@@ -74,6 +74,8 @@ def test_the_gpu_side_optimizer_follows_the_lr_schedule(partial):
     assert partial["backup_lrs"] == partial["cpu_lrs"]
     lrs = [step[0] for step in partial["cpu_lrs"]]
     assert lrs == sorted(lrs) and lrs[-1] > lrs[0]  # warmup: the LR moved, and group 0 on the GPU side with it
+    # a resume replaces the CPU optimizer's group dicts (torch's load_state_dict): shared again after it
+    assert partial["shared_after_load"] == [False, False] and partial["shared_after_reattach"] == [True, True]
 
 
 def test_bf16_states_without_offload_run_with_torch_adamw(tmp_path):
