@@ -117,31 +117,31 @@ plan13b)  # the shipped 13B config, 10 steps; stopped after step 10 (its final c
   echo "13b raytrain.main: $(grep -c '^.*step [0-9]*/10 ' "$W/13b.log") progress lines, $(( $(date +%s) - t0 ))s," \
        "host used MiB max $(sort -n "$W/host_used_mib.txt" | tail -1)" >> "$W/status.txt"
   grep -E "raytrain: plan:|step [0-9]+/10 |Error|error" "$W/13b.log" | tail -14 >> "$W/status.txt"
-  variant 13b-deepspeed 240 --paths deepspeed "${S13[@]}" "${AUTO[@]}" "${BF16_STATES[@]}" --liger all "${Z[@]}" \
+  variant 13b-deepspeed 240 --paths deepspeed "${S13[@]}" "${AUTO[@]}" "${BF16_STATES[@]}" "${Z[@]}" \
     --grad-accum 1 --steps 2 --warmup-steps 2 --window 2 --no-profile
   ;;
 plan7b)
-  variant 7b-auto 420 --paths deepspeed,raytrain "${S7[@]}" "${AUTO[@]}" --liger all "${Z[@]}" --grad-accum 2 \
+  variant 7b-auto 420 --paths deepspeed,raytrain "${S7[@]}" "${AUTO[@]}" "${Z[@]}" --grad-accum 2 \
     --steps 2 --warmup-steps 1 --window 1 --no-profile
   ;;
 plan1b)  # in order of value: the decision under test, its reference, its runner-up, a cap that does not force offload
-  variant 1b-cap24-auto 250 --paths deepspeed,raytrain "${AUTO[@]}" --grad-accum 4 "${STEPS4[@]}" --liger all "${Z[@]}" \
+  variant 1b-cap24-auto 250 --paths deepspeed,raytrain "${AUTO[@]}" --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" \
     --gpu-memory-fraction $CAP24 --no-profile
-  variant 1b-ref-nocap 110 --paths deepspeed "${GAS4[@]}" --liger all "${Z[@]}" --set scaling.cpus_per_worker=14 --no-profile
-  variant 1b-cap24-runnerup 100 --paths deepspeed --micro-batch 13 --grad-accum 4 "${STEPS4[@]}" --liger all "${Z[@]}" \
+  variant 1b-ref-nocap 110 --paths deepspeed "${GAS4[@]}" "${Z[@]}" --set scaling.cpus_per_worker=14 --no-profile
+  variant 1b-cap24-runnerup 100 --paths deepspeed --micro-batch 13 --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" \
     --set model.gradient_checkpointing=true --set scaling.cpus_per_worker=14 --gpu-memory-fraction $CAP24 --no-profile
-  variant 1b-cap84-auto 100 --paths deepspeed "${AUTO[@]}" --grad-accum 4 "${STEPS4[@]}" --liger all "${Z[@]}" \
+  variant 1b-cap84-auto 100 --paths deepspeed "${AUTO[@]}" --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" \
     --gpu-memory-fraction $CAP84 --no-profile
   ;;
 fp16)  # the seed JSON's precision and offload at the shipped batch; bf16 the same; fp16 without offload
-  E=(--paths deepspeed "${GAS4[@]}" --liger all "${Z[@]}" --set scaling.cpus_per_worker=14 --no-profile)
+  E=(--paths deepspeed "${GAS4[@]}" "${Z[@]}" --set scaling.cpus_per_worker=14 --no-profile)
   FP16=(--set training.precision=fp16 --set deepspeed.fp16.enabled=true)
   variant 1b-bf16-offload 140 "${E[@]}" --offload
   variant 1b-fp16-offload 140 "${E[@]}" --offload "${FP16[@]}"
   variant 1b-fp16-nooffload 110 "${E[@]}" "${FP16[@]}"
   ;;
 mfu62)  # levers for 62% MFU at the shipped setting (issue 14 SPEC section 4); accumulation does not count
-  B=(--paths deepspeed "${GAS4[@]}" --liger all "${Z[@]}")
+  B=(--paths deepspeed "${GAS4[@]}" "${Z[@]}")
   variant 1b-base 120 "${B[@]}"
   variant 1b-stage2 110 "${B[@]}" --no-profile --set deepspeed.zero_optimization.stage=2
   variant 1b-persistent 110 "${B[@]}" --no-profile --set deepspeed.zero_optimization.stage3_param_persistence_threshold=100000000
