@@ -20,7 +20,7 @@
 # fp16:      the seed's fp16 with full offload vs bf16 at the same settings, and fp16 without offload (~4 min).
 # mfu62:     1.1B mb 24 x GA 4 bf16: as shipped, ZeRO stage 2, every parameter persistent, torchao float8 (~4.5 min).
 # Each variant gets what is left of the part's time budget (BUDGET_S), so one hang cannot eat the
-# call; everything lands in $OUT/<part>.tgz (the tool brings back few files) and results.md is printed.
+# call (ONLY=REGEX runs only the variants whose names match); everything lands in $OUT/<part>.tgz (the tool brings back few files) and results.md is printed.
 # Every bench record carries the planner's prediction ("predicted"), the GPU peak (max_memory_allocated)
 # and the host's used memory sampled every 2 s; host_used_mib.txt samples the whole part the same way.
 set -u
@@ -51,6 +51,7 @@ esac
 
 variant() {  # variant NAME MAX_S bench-args...: one bench invocation, bounded by MAX_S and the budget
   local name=$1 max=$2; shift 2
+  if [[ -n ${ONLY:-} && ! $name =~ $ONLY ]]; then return; fi  # ONLY='runnerup|cap84': just those variants
   local left=$(( END - $(date +%s) - 5 ))
   (( left < max )) && max=$left
   if (( max < 30 )); then echo "$name: skipped, budget spent" >> "$W/status.txt"; return; fi
