@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Device calls on a 1 x H200 machine (the `run` tool, kind nvidia-h200, carry .gpu), one per part:
-#   source .gpu/setup.sh; bash benchmarks/gpu_x1.sh reader     # then offload, compile, compile-noliger, offload-max
+#   source .gpu/setup.sh; bash benchmarks/gpu_x1.sh reader     # then offload, compile, compile-noliger, offload-max,
+#   plan13b, plan7b, plan1b, fp16, mfu62 (BUDGET_S=560 by default: one part per call of at most 10 minutes)
 # reader:  raytrain's full path vs plain DeepSpeed (1.1B, mb 24, Liger, tuned ZeRO-3), sampling which
 #          processes hold a CUDA context; then micro-batch 32.
 # compile: torch.compile and DeepCompile on the plain DeepSpeed path, against the same without;
@@ -9,10 +10,21 @@
 #          latter with scaling.cpus_per_worker 14 and 1 (CPU Adam runs on the worker's OpenMP threads).
 # offload-max: a 6.74B model with optimizer offload, sampling the host's used memory.
 # checks:  fp16 (with and without optimizer offload) and bf16 executed and asserted (benchmarks/gpu_checks.py).
+# Issue 14 (the planner; docs/plan-accuracy.md has each variant's predictions, in order of value):
+# plan13b:   configs/llama-13b-1gpu.yaml trains 10 steps through raytrain.main (~6 min); then plain
+#            DeepSpeed at the same planner-chosen settings if the budget is left (~4 min more).
+# plan7b:    the 7.24B shape with micro-batch, checkpointing and offload "auto", deepspeed + raytrain (~4.5 min).
+# plan1b:    1.1B with the GPU capped at 24 GiB (the full optimizer states plus the shipped micro-batch
+#            cannot fit), "auto", deepspeed + raytrain, then the uncapped no-offload reference at GA 4
+#            (~4.5 min); then the planner's runner-up forced, and a cap of 84 GiB (~2 min more).
+# fp16:      the seed's fp16 with full offload vs bf16 at the same settings, and fp16 without offload (~4 min).
+# mfu62:     1.1B mb 24 x GA 4 bf16: as shipped, ZeRO stage 2, every parameter persistent, torchao float8 (~4.5 min).
 # Each variant gets what is left of the part's time budget (BUDGET_S), so one hang cannot eat the
-# call; everything lands in $OUT/<part>.tgz (the tool brings back few files) and results.md is printed.
+# call (ONLY=REGEX runs only the variants whose names match); everything lands in $OUT/<part>.tgz (the tool brings back few files) and results.md is printed.
+# Every bench record carries the planner's prediction ("predicted"), the GPU peak (max_memory_allocated)
+# and the host's used memory sampled every 2 s; host_used_mib.txt samples the whole part the same way.
 set -u
-part=${1:?reader, offload, compile, compile-noliger, checks or offload-max}
+part=${1:?reader, offload, compile, compile-noliger, checks, offload-max, plan13b, plan7b, plan1b, fp16 or mfu62}
 OUT=${OUT:-/tmp/out}; W=/tmp/bench_$part; mkdir -p "$OUT" "$W"
 END=$(( $(date +%s) + ${BUDGET_S:-560} ))
 export TORCH_EXTENSIONS_DIR=/tmp/torch_ext
@@ -22,9 +34,24 @@ Z=(--liger all --set deepspeed.zero_optimization.reduce_bucket_size=500000000
    --set deepspeed.zero_optimization.stage3_prefetch_bucket_size=200000000
    --set deepspeed.zero_optimization.stage3_param_persistence_threshold=10000000)
 GAS4=(--micro-batch 24 --grad-accum 4 --steps 4 --warmup-steps 2 --window 2)
+STEPS4=(--steps 4 --warmup-steps 2 --window 2)
+AUTO=(--micro-batch auto --offload auto --set model.gradient_checkpointing=auto --set scaling.cpus_per_worker=14)
+S7=(--hidden-size 4096 --num-layers 32 --num-heads 32 --num-kv-heads 8 --intermediate-size 14336)
+S13=(--hidden-size 5120 --num-layers 40 --num-heads 40 --num-kv-heads 40 --intermediate-size 13824)
+BF16_STATES=(--set deepspeed.bf16.bf16_master_weights_and_grads=true --set deepspeed.bf16.bf16_optimizer_states=true)
+# 24 GiB and 84 GiB of the H200's 143,771 MiB (torch.cuda.set_per_process_memory_fraction and the planner)
+CAP24=0.171; CAP84=0.598
+case $part in plan*|fp16|mfu62)
+  (while true; do free -m | awk 'NR==2{print $3}'; sleep 2; done) > "$W/host_used_mib.txt" & hostmem=$!
+  { python -c 'import torch; print("torch", torch.__version__)'; nproc; free -g | head -2; ulimit -l
+    strings "$(python -c 'import torch, os; print(os.path.dirname(torch.__file__))')/lib/libc10.so" \
+      | grep -c pinned_max_round_threshold_mb | sed 's/^/pinned_max_round_threshold_mb in libc10: /'
+    python -c 'import torchao; print("torchao", torchao.__version__)' 2>&1 | tail -1; } >> "$W/status.txt" 2>&1 ;;
+esac
 
 variant() {  # variant NAME MAX_S bench-args...: one bench invocation, bounded by MAX_S and the budget
   local name=$1 max=$2; shift 2
+  if [[ -n ${ONLY:-} && ! $name =~ $ONLY ]]; then return; fi  # ONLY='runnerup|cap84': just those variants
   local left=$(( END - $(date +%s) - 5 ))
   (( left < max )) && max=$left
   if (( max < 30 )); then echo "$name: skipped, budget spent" >> "$W/status.txt"; return; fi
@@ -77,7 +104,55 @@ offload-max)  # the largest model with optimizer offload: host RAM (16 bytes/par
     --steps 2 --warmup-steps 2 --window 2 --no-profile
   kill $mem; echo "host used MiB, max: $(sort -n "$W/host_used_mib.txt" | tail -1) of $(free -m | awk 'NR==2{print $2}')" >> "$W/status.txt"
   ;;
+plan13b)  # the shipped 13B config, 10 steps; stopped after step 10 (its final checkpoint would write ~100 GB)
+  t0=$(date +%s)
+  python -m raytrain.tools.plan --config configs/llama-13b-1gpu.yaml --gpu-memory-gib 139 --host-memory-gib 125 \
+    --gpus-per-node 1 > "$W/13b-plan.txt" 2>&1; echo "plan tool rc=$?" >> "$W/status.txt"
+  setsid python -m raytrain.main --config configs/llama-13b-1gpu.yaml training.max_steps=10 training.log_every_n_steps=1 \
+    checkpoint.storage_path=/tmp/runs13b data.progress_every_s=0 tracking.tensorboard=false > "$W/13b.log" 2>&1 &
+  main=$!
+  while kill -0 $main 2>/dev/null && ! grep -q "step 10/10" "$W/13b.log" && (( $(date +%s) < END - 20 )); do sleep 2; done
+  kill -- -$main 2>/dev/null; sleep 5; kill -9 -- -$main 2>/dev/null
+  for _ in $(seq 30); do [ -z "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader)" ] && break; sleep 2; done
+  nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader | sed 's/^/still on the GPU: /' >> "$W/status.txt"
+  echo "13b raytrain.main: $(grep -c '^.*step [0-9]*/10 ' "$W/13b.log") progress lines, $(( $(date +%s) - t0 ))s," \
+       "host used MiB max $(sort -n "$W/host_used_mib.txt" | tail -1)" >> "$W/status.txt"
+  grep -E "raytrain: plan:|step [0-9]+/10 |Error|error" "$W/13b.log" | tail -14 >> "$W/status.txt"
+  variant 13b-deepspeed 240 --paths deepspeed "${S13[@]}" "${AUTO[@]}" "${BF16_STATES[@]}" "${Z[@]}" \
+    --grad-accum 1 --steps 2 --warmup-steps 2 --window 2 --no-profile
+  ;;
+plan7b)
+  variant 7b-auto 420 --paths deepspeed,raytrain "${S7[@]}" "${AUTO[@]}" "${Z[@]}" --grad-accum 2 \
+    --steps 2 --warmup-steps 1 --window 1 --no-profile
+  ;;
+plan1b)  # in order of value: the decision under test, its reference, its runner-up, a cap that does not force offload
+  variant 1b-cap24-auto 250 --paths deepspeed,raytrain "${AUTO[@]}" --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" \
+    --gpu-memory-fraction $CAP24 --no-profile
+  variant 1b-ref-nocap 110 --paths deepspeed "${GAS4[@]}" "${Z[@]}" --set scaling.cpus_per_worker=14 --no-profile
+  variant 1b-cap24-runnerup 100 --paths deepspeed --micro-batch 13 --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" \
+    --set model.gradient_checkpointing=true --set scaling.cpus_per_worker=14 --gpu-memory-fraction $CAP24 --no-profile
+  variant 1b-cap84-auto 100 --paths deepspeed "${AUTO[@]}" --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" \
+    --gpu-memory-fraction $CAP84 --no-profile
+  ;;
+fp16)  # the seed JSON's precision and offload at the shipped batch; bf16 the same; fp16 without offload
+  E=(--paths deepspeed "${GAS4[@]}" "${Z[@]}" --set scaling.cpus_per_worker=14 --no-profile)
+  FP16=(--set training.precision=fp16 --set deepspeed.fp16.enabled=true)
+  variant 1b-bf16-offload 140 "${E[@]}" --offload
+  variant 1b-fp16-offload 140 "${E[@]}" --offload "${FP16[@]}"
+  variant 1b-fp16-nooffload 110 "${E[@]}" "${FP16[@]}"
+  ;;
+mfu62)  # levers for 62% MFU at the shipped setting (issue 14 SPEC section 4); accumulation does not count
+  B=(--paths deepspeed "${GAS4[@]}" "${Z[@]}")
+  variant 1b-base 120 "${B[@]}"
+  variant 1b-stage2 110 "${B[@]}" --no-profile --set deepspeed.zero_optimization.stage=2
+  variant 1b-persistent 110 "${B[@]}" --no-profile --set deepspeed.zero_optimization.stage3_param_persistence_threshold=100000000
+  if python -c 'import torchao' 2>/dev/null; then variant 1b-float8 140 "${B[@]}" --no-profile --float8
+  else echo "1b-float8: skipped, no torchao" >> "$W/status.txt"; fi
+  ;;
 *) echo "unknown part $part"; exit 2 ;;
 esac
+if [ -n "${hostmem:-}" ]; then
+  kill $hostmem; echo "host used MiB during the part: max $(sort -n "$W/host_used_mib.txt" | tail -1) of $(free -m | awk 'NR==2{print $2}')" >> "$W/status.txt"
+fi
 cat "$W/status.txt"; cat "$W/results.md" 2>/dev/null
 tar czf "$OUT/$part.tgz" -C /tmp "bench_$part"

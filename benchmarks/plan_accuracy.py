@@ -2,7 +2,8 @@
 
     python benchmarks/plan_accuracy.py                       # the matrix in docs/plan-accuracy.md
     python benchmarks/plan_accuracy.py --only fp32-sdpa      # one case
-    python benchmarks/plan_accuracy.py --published-h200      # against docs/benchmarks.md's H200 peaks
+    python benchmarks/plan_accuracy.py --published-h200      # against the H200 rows (raytrain/planning/calibration.py)
+    python benchmarks/plan_accuracy.py --predict-h200        # what gpu_x1.sh's issue-14 parts should measure
 
 Each case runs in fresh processes (one per rank: peak RSS is per process) that build the model and
 optimizer exactly as a raytrain worker does (raytrain.model.build_model, raytrain.worker.build_optimizer,
@@ -183,37 +184,82 @@ def run_case(case: str, device: str, steps: int, port: int, glibc_default: bool 
     return results
 
 
-# Peaks measured on one and two H200s by raytrain.tools.bench (torch.cuda.max_memory_allocated), as
-# published in docs/benchmarks.md: (label, raytrain.tools.bench arguments, measured GiB).
-_Z = ("--set deepspeed.zero_optimization.reduce_bucket_size=500000000 "
+# What the memory model is checked against on the H200: raytrain.planning.calibration's rows (the issue's
+# table and docs/benchmarks.md), each rebuilt with raytrain.tools.bench's own parser and resolution.
+_Z = ("--liger all --set deepspeed.zero_optimization.reduce_bucket_size=500000000 "
       "--set deepspeed.zero_optimization.stage3_prefetch_bucket_size=200000000 "
       "--set deepspeed.zero_optimization.stage3_param_persistence_threshold=10000000")
-PUBLISHED_H200 = [
-    ("1.1B mb16", "--micro-batch 16 --paths deepspeed", 87.2),
-    ("1.1B mb16 zero-tuned", f"--micro-batch 16 --paths deepspeed {_Z}", 88.1),
-    ("1.1B mb16 liger", "--micro-batch 16 --paths deepspeed --liger all", 57.2),
-    ("1.1B mb24 liger+zero", f"--micro-batch 24 --paths deepspeed --liger all {_Z}", 78.5),
-    ("1.1B mb24x4 liger+zero offload", f"--liger all {_Z} --micro-batch 24 --grad-accum 4 --offload", 64.1),
-    ("8.1B mb1 ckpt liger+zero", f"--liger all {_Z} --micro-batch 1 --hidden-size 4096 --num-heads 32 "
-     "--num-kv-heads 8 --intermediate-size 14336 --num-layers 36 --set model.gradient_checkpointing=true", 127.7),
-    ("1.1B mb24 liger+zero, 2 GPUs", f"--num-gpus 2 --micro-batch 24 --liger all {_Z}", 72.5),
+_AUTO = "--micro-batch auto --offload auto --set model.gradient_checkpointing=auto --set scaling.cpus_per_worker=14"
+_S7 = "--hidden-size 4096 --num-layers 32 --num-heads 32 --num-kv-heads 8 --intermediate-size 14336"
+_S13 = "--hidden-size 5120 --num-layers 40 --num-heads 40 --num-kv-heads 40 --intermediate-size 13824"
+_BF16 = "--set deepspeed.bf16.bf16_master_weights_and_grads=true --set deepspeed.bf16.bf16_optimizer_states=true"
+_GAS4 = "--micro-batch 24 --grad-accum 4"
+_FP16 = "--set training.precision=fp16 --set deepspeed.fp16.enabled=true"
+# benchmarks/gpu_x1.sh's issue-14 parts as bench arguments (keep in step with the script). plan13b's
+# raytrain.main run is configs/llama-13b-1gpu.yaml, planned here by its bench twin.
+GPU_PARTS = [
+    ("plan13b", "13b (the config; its bench twin)", f"{_S13} {_AUTO} {_BF16} {_Z} --grad-accum 1"),
+    ("plan7b", "7b-auto", f"{_S7} {_AUTO} {_Z} --grad-accum 2"),
+    ("plan1b", "1b-ref-nocap", f"{_GAS4} {_Z} --set scaling.cpus_per_worker=14"),
+    ("plan1b", "1b-cap24-auto", f"{_AUTO} --grad-accum 4 {_Z} --gpu-memory-fraction 0.171"),
+    ("plan1b", "1b-cap24-runnerup", f"--micro-batch 13 --grad-accum 4 {_Z} --set model.gradient_checkpointing=true "
+                                    "--set scaling.cpus_per_worker=14 --gpu-memory-fraction 0.171"),
+    ("plan1b", "1b-cap84-auto", f"{_AUTO} --grad-accum 4 {_Z} --gpu-memory-fraction 0.598"),
+    ("fp16", "1b-bf16-offload", f"{_GAS4} {_Z} --set scaling.cpus_per_worker=14 --offload"),
+    ("fp16", "1b-fp16-offload", f"{_GAS4} {_Z} --set scaling.cpus_per_worker=14 --offload {_FP16}"),
+    ("fp16", "1b-fp16-nooffload", f"{_GAS4} {_Z} --set scaling.cpus_per_worker=14 {_FP16}"),
+    ("mfu62", "1b-base", f"{_GAS4} {_Z}"),
+    ("mfu62", "1b-stage2", f"{_GAS4} {_Z} --set deepspeed.zero_optimization.stage=2"),
+    ("mfu62", "1b-persistent", f"{_GAS4} {_Z} --set deepspeed.zero_optimization.stage3_param_persistence_threshold=100000000"),
 ]
 
 
 def published_h200() -> None:
-    """Compare the plan with the H200 peaks in docs/benchmarks.md (no GPU needed: same resolution)."""
+    """Compare the plan with the H200 rows of raytrain.planning.calibration (no GPU needed: same resolution)."""
     import shlex
 
-    from raytrain.planning.memory import GIB, estimate_memory
+    from raytrain.planning.calibration import ROWS
     from raytrain.tools.bench import overrides_for, parse_args
-    from raytrain.tools.bench_paths import resolve
+    from raytrain.tools.bench_paths import predicted, resolve
 
-    print("| run (docs/benchmarks.md) | estimate GiB | measured GiB (max_memory_allocated) | error |")
-    print("|---|---|---|---|")
-    for label, argv, measured in PUBLISHED_H200:
+    print("| row (raytrain/planning/calibration.py) | GPU estimate GiB | measured | error | host estimate GiB | "
+          "measured | error | tokens/s predicted | measured | error |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for row in ROWS:
+        args = parse_args(shlex.split(row.bench_args))
+        p = predicted(resolve(overrides_for(args, True) + [f"scaling.cpus_per_worker={row.cpus}"], 1, True),
+                      param_groups=row.param_groups)
+        host = (f"{p['host_gib']:.1f} | {row.host_used_gib:.1f} | {(p['host_gib'] - row.host_used_gib) / row.host_used_gib:+.1%}"
+                if row.host_used_gib else f"{p['host_gib']:.1f} | | ")
+        print(f"| {row.id} | {p['gpu_peak_gib']:.1f} | {row.gpu_peak_gib:.1f} | "
+              f"{(p['gpu_peak_gib'] - row.gpu_peak_gib) / row.gpu_peak_gib:+.1%} | {host} | {p['tokens_per_s']:,.0f} | "
+              f"{row.tokens_per_s:,.0f} | {(p['tokens_per_s'] - row.tokens_per_s) / row.tokens_per_s:+.1%} |")
+
+
+def predict_h200() -> None:
+    """What the planner chooses and predicts for each issue-14 variant of benchmarks/gpu_x1.sh, planned for
+    the H200 machine (143,771 MiB GPU, 128,887 MiB host, 1 GPU) from here: no GPU needed."""
+    import shlex
+
+    from raytrain.hardware import Target
+    from raytrain.tools.bench import overrides_for, parse_args
+    from raytrain.tools.bench_paths import predicted, resolve
+
+    target = Target(143_771 * 2**20, 128_887 * 2**20, 1)
+    print("| part | variant | setting (the planner's, where auto) | tokens/s | MFU | GPU peak GiB | host GiB |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    for part, name, argv in GPU_PARTS:
         args = parse_args(shlex.split(argv))
-        estimate = estimate_memory(resolve(overrides_for(args, True), args.num_gpus, True)).configured.worker_bytes / GIB
-        print(f"| {label} | {estimate:.1f} | {measured:.1f} | {(estimate - measured) / measured:+.1%} |")
+        resolved = resolve(overrides_for(args, True), 1, True, target=target)
+        p = predicted(resolved, target=target)
+        ds = resolved.ds_config
+        setting = (f"mb {ds['train_micro_batch_size_per_gpu']} x {ds['gradient_accumulation_steps']}, {p['setting']}"
+                   + (f", sub_group_size {ds['zero_optimization'].get('sub_group_size'):.0e}"
+                      if "ratio" in p["setting"] else ""))
+        print(f"| {part} | {name} | {setting} | {p['tokens_per_s']:,.0f} | {p['mfu']:.1%} | {p['gpu_peak_gib']:.1f} | "
+              f"{p['host_gib']:.1f} |")
+        for line in resolved.plan:
+            print(f"|   | | plan: {line} | | | | |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,10 +272,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="leave glibc's malloc tuning alone (CPU RSS then includes heap fragmentation)")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--published-h200", action="store_true",
-                        help="compare against the H200 peaks published in docs/benchmarks.md instead of measuring")
+                        help="compare against the H200 rows of raytrain/planning/calibration.py instead of measuring")
+    parser.add_argument("--predict-h200", action="store_true",
+                        help="the planner's choice and predictions for benchmarks/gpu_x1.sh's issue-14 parts")
     args = parser.parse_args(argv)
     if args.published_h200:
         published_h200()
+        return 0
+    if args.predict_h200:
+        predict_h200()
         return 0
     if args.child:
         print(json.dumps(child(args.child, args.device, args.steps)))

@@ -74,3 +74,30 @@ def disable_deepspeed_op(name: str) -> None:
     import deepspeed.ops
 
     deepspeed.ops.__compatible_ops__[name] = False
+
+
+def share_backup_optimizer_param_groups(zero_optimizer) -> bool:
+    """Make the GPU side of a partial optimizer offload follow the LR schedule; True if there was one.
+
+    DeepSpeed 0.19.8, runtime/zero/stage3.py:313-326: with `offload_optimizer.ratio < 1` the sub-groups
+    that stay on the GPU are stepped by `self.backup_optimizer`, a torch AdamW built with a *copy* of
+    the CPU optimizer's param_groups[0] hyper-parameters; groups 1+ are added with
+    add_param_group(the CPU optimizer's own dict) and so are shared. Schedulers (raytrain's LambdaLR,
+    or a JSON scheduler) update the CPU optimizer's groups only, so group 0 on the GPU stayed at the
+    LR of construction (with raytrain's warmup: lr / warmup_steps, forever). Here every backup group
+    becomes the CPU optimizer's dict, as groups 1+ already are, with AdamW's defaults (foreach,
+    maximize, ...) added to it; `_optimizer_step` sets and clears ['params'] around each call, so a
+    shared dict is safe. tests/unit/test_compat.py fails when DeepSpeed's construction changes.
+    """
+    backup = getattr(zero_optimizer, "backup_optimizer", None)
+    if backup is None:
+        return False
+    groups = zero_optimizer.optimizer.param_groups
+    if len(groups) != len(backup.param_groups):
+        raise RuntimeError(f"DeepSpeed's backup optimizer has {len(backup.param_groups)} param groups for the "
+                           f"CPU optimizer's {len(groups)}: its construction changed, re-check this workaround")
+    for i, group in enumerate(groups):
+        for key, value in backup.defaults.items():
+            group.setdefault(key, value)
+        backup.param_groups[i] = group  # its params list is DeepSpeed's (empty between steps), not the dummy's
+    return True

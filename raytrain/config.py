@@ -40,8 +40,9 @@ class ModelConfig:
     """Load the weights of `name_or_path` (else random init from its config)."""
     tokenizer: str | None = None
     """Hub id or local directory. None: `name_or_path`'s tokenizer, or the built-in byte tokenizer."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in backward: ~1/3 more compute for far less activation memory."""
+    gradient_checkpointing: bool | str = False
+    """Recompute activations in backward: ~1/3 more compute for far less activation memory.
+    "auto": the planner decides, with the other "auto" settings (raytrain.planning.choose)."""
     attn_implementation: str = "sdpa"
     """transformers attention backend: "sdpa", "eager", "flash_attention_2"."""
     trust_remote_code: bool = False
@@ -153,9 +154,10 @@ class TrainingConfig:
 
     max_steps: int = 80
     """Optimizer steps to run (one step = gradient_accumulation_steps micro-batches)."""
-    micro_batch_size_per_gpu: int | None = None
+    micro_batch_size_per_gpu: int | str | None = None
     """Fills train_micro_batch_size_per_gpu when the DeepSpeed config says "auto" (or leaves it
-    underdetermined: then 8)."""
+    underdetermined: then 8). "auto": the planner picks the micro-batch with the highest predicted
+    tokens/s that fits the GPUs and host RAM, and prints why (raytrain.planning.choose)."""
     gradient_accumulation_steps: int | None = None
     """Fills gradient_accumulation_steps when the DeepSpeed config says "auto" (or leaves it
     underdetermined: then 1)."""
@@ -200,6 +202,10 @@ class ScalingConfig:
     placement_strategy: str = "PACK"
     """Ray placement group strategy: "PACK" (fill nodes: fast intra-node NVLink), "SPREAD",
     "STRICT_SPREAD" (one worker per node), "STRICT_PACK"."""
+    gpu_memory_fraction: float | None = None
+    """Cap each worker at this fraction of its GPU's memory (torch.cuda.set_per_process_memory_fraction)
+    and plan against the same cap. None: the whole GPU. For a GPU shared with another process, or
+    to rehearse a smaller GPU (the benchmarks' capped runs)."""
 
     def __post_init__(self) -> None:
         if self.placement_strategy not in ("PACK", "SPREAD", "STRICT_SPREAD", "STRICT_PACK"):
@@ -207,6 +213,9 @@ class ScalingConfig:
                               f"got {self.placement_strategy!r}")
         if self.cpus_per_worker <= 0:
             raise ConfigError(f"scaling.cpus_per_worker must be > 0, got {self.cpus_per_worker}")
+        if self.gpu_memory_fraction is not None and not 0 < self.gpu_memory_fraction <= 1:
+            raise ConfigError(f"scaling.gpu_memory_fraction must be in (0, 1] (or null: the whole GPU), "
+                              f"got {self.gpu_memory_fraction}")
 
 
 @dataclass

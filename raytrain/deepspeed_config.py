@@ -73,6 +73,11 @@ class DeepSpeedFacts:
     """The JSON's Adam asks for torch's implementation (optimizer.params.torch_adam)."""
     has_scheduler: bool
     """The JSON brings its own LR scheduler (else raytrain's warmup + cosine)."""
+    bf16_master_weights: bool = False
+    """bf16.bf16_master_weights_and_grads: master weights and their gradients in bf16."""
+    bf16_optimizer_states: bool = False
+    """bf16.bf16_optimizer_states: Adam's moments in bf16 too (raytrain's CPU Adam is then built with
+    fp32_optimizer_states=False, which DeepSpeed requires). Both cost accuracy: opt-in only."""
 
     @classmethod
     def of(cls, ds: dict[str, Any]) -> "DeepSpeedFacts":
@@ -90,7 +95,9 @@ class DeepSpeedFacts:
                    offload_optimizer=device("offload_optimizer"), offload_param=device("offload_param"),
                    optimizer_type=str(optimizer.get("type")) if optimizer else None,
                    torch_adam=bool(optimizer and (optimizer.get("params") or {}).get("torch_adam")),
-                   has_scheduler=bool(ds.get("scheduler")))
+                   has_scheduler=bool(ds.get("scheduler")),
+                   bf16_master_weights=(ds.get("bf16") or {}).get("bf16_master_weights_and_grads") is True,
+                   bf16_optimizer_states=(ds.get("bf16") or {}).get("bf16_optimizer_states") is True)
 
 
 # ---------------------------------------------------------------------------------------------

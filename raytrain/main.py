@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, overrides)
         if args.dry_run:
             resolved, notes = dry_run(cfg)
-            for note in notes:
-                say(f"raytrain: note: {note}", err=True)  # stdout stays the JSON plan
+            for note in notes:  # stdout stays the JSON plan
+                say(f"raytrain: {note}" if note.startswith("plan: ") else f"raytrain: note: {note}", err=True)
             say(json.dumps(resolved.to_dict(), indent=2))
             return 0
         result = fit(cfg, fresh=args.fresh)

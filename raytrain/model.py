@@ -96,7 +96,11 @@ class ParamStats:
     """Most parameters owned directly by one module: DeepSpeed's "largest layer" (usually the
     embedding or lm_head), the biggest thing ZeRO-3 gathers whole on every rank."""
     param_numels: tuple[int, ...]
-    """Size of every distinct parameter (for stage3_param_persistence_threshold)."""
+    """Size of every distinct parameter, in `model.parameters()` order (for
+    stage3_param_persistence_threshold and ZeRO-3's optimizer sub-groups)."""
+    param_ndims: tuple[int, ...] = ()
+    """Dimensions of each parameter, same order: raytrain's optimizer decays the >= 2-D ones, in a
+    param group of their own (raytrain.worker.engine.build_optimizer)."""
 
 
 def param_stats(hf_config, trust_remote_code: bool = False) -> ParamStats:
@@ -116,7 +120,8 @@ def _param_stats(config_json: str, config_class: type, trust_remote_code: bool) 
         model = AutoModelForCausalLM.from_config(hf_config, trust_remote_code=trust_remote_code)
     numels = tuple(p.numel() for p in model.parameters())
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
-    return ParamStats(num_params=sum(numels), largest_layer_params=largest, param_numels=numels)
+    return ParamStats(num_params=sum(numels), largest_layer_params=largest, param_numels=numels,
+                      param_ndims=tuple(p.dim() for p in model.parameters()))
 
 
 def config_from_facts(facts, cfg: ModelConfig):

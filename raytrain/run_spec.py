@@ -83,6 +83,9 @@ class ResolvedRun:
     model: ModelFacts
     deepspeed: DeepSpeedFacts
     data: DataFacts
+    plan: tuple[str, ...] = ()
+    """What the planner chose for the config's "auto" settings, and why (raytrain.planning.choose): the
+    `raytrain: plan:` lines the driver prints. Empty when nothing was "auto"."""
 
     @property
     def ds_config(self) -> dict[str, Any]:
@@ -130,7 +133,8 @@ class RunSpec(ResolvedRun):
         universal = data.get("universal")
         return cls(config=RunConfig.from_dict(data["config"]), cluster=ClusterShape(**data["cluster"]),
                    model=ModelFacts(**data["model"]), deepspeed=DeepSpeedFacts(**data["deepspeed"]),
-                   data=DataFacts(**data["data"]), run_name=data["run_name"], storage_path=data["storage_path"],
+                   data=DataFacts(**data["data"]), plan=tuple(data.get("plan", ())),
+                   run_name=data["run_name"], storage_path=data["storage_path"],
                    resume_from=data.get("resume_from"), universal=UniversalCopy(**universal) if universal else None)
 
 

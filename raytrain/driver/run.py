@@ -58,12 +58,14 @@ def fit(cfg: RunConfig, fresh: bool = False) -> FitResult:
     connect(cfg.cluster, cfg.scaling)
     shape = live_shape(cfg)
     sources = inspect_sources(cfg.data)
-    resolved = resolve_run(cfg, shape, sources)
+    found = cluster_target(shape.use_gpu)  # None where unknown: not checked
+    target = hardware.Target(found.gpu_memory_bytes, found.host_memory_bytes, shape.gpus_per_node or found.gpus_per_node)
+    resolved = resolve_run(cfg, shape, sources, target)  # "auto" settings are chosen here, for this cluster
+    for line in resolved.plan:
+        say(f"raytrain: plan: {line}")
     for note in advice(resolved):
         say(f"raytrain: note: {note}")
-    target = cluster_target(shape.use_gpu)  # None where unknown: not checked
-    check_fits(estimate_memory(resolved, hardware.Target(target.gpu_memory_bytes, target.host_memory_bytes,
-                                                         shape.gpus_per_node or target.gpus_per_node)))
+    check_fits(estimate_memory(resolved, target))
     _check_tracking(cfg)
     if cfg.network.preflight:
         check_preflight(cfg)
@@ -85,9 +87,11 @@ def fit(cfg: RunConfig, fresh: bool = False) -> FitResult:
 
 
 def dry_run(cfg: RunConfig) -> tuple[ResolvedRun, list[str]]:
-    """The run resolved for the requested shape (GPUs counted on this machine), and advice notes."""
-    resolved = resolve_run(cfg, shape_from_config(cfg, len(hardware.gpus())))
-    return resolved, advice(resolved)
+    """The run resolved for the requested shape (GPUs counted on this machine; "auto" settings chosen
+    for this machine's GPU memory and RAM), and advice notes (the plan's lines first)."""
+    here = hardware.this_machine()
+    resolved = resolve_run(cfg, shape_from_config(cfg, here.gpus_per_node or 0), target=here)
+    return resolved, [f"plan: {line}" for line in resolved.plan] + advice(resolved)
 
 
 def plan_memory(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_memory_gib: float | None = None,
@@ -119,7 +123,9 @@ def plan_memory(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_mem
         here = hardware.this_machine()
         shape = shape_from_config(cfg, here.gpus_per_node or 0)
         target = here if shape.use_gpu else hardware.Target(None, here.host_memory_bytes, None)
-    plan = estimate_memory(resolve_run(cfg, shape), target)
+    resolved = resolve_run(cfg, shape, target=target)
+    plan = estimate_memory(resolved, target)
+    plan.notes.extend(resolved.plan)
     check_fits(plan)
     return plan
 

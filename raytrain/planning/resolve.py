@@ -13,7 +13,9 @@ import json
 from raytrain.config import ConfigError, RunConfig
 from raytrain.data.sources import Sources, data_facts, inspect_sources
 from raytrain.deepspeed_config import DeepSpeedFacts, resolve_deepspeed
+from raytrain.hardware import Target
 from raytrain.model import load_model_config, load_tokenizer, param_stats
+from raytrain.planning.choose import resolve_auto
 from raytrain.run_spec import ClusterShape, ModelFacts, ResolvedRun
 
 
@@ -44,11 +46,14 @@ def _shape(cfg: RunConfig, gpus: int, gpus_per_node: int | None, cpus_total: flo
     return ClusterShape(num_workers=num_workers, use_gpu=use_gpu, gpus_per_node=gpus_per_node, cpus_total=cpus_total)
 
 
-def resolve_run(cfg: RunConfig, shape: ClusterShape, sources: Sources | None = None) -> ResolvedRun:
+def resolve_run(cfg: RunConfig, shape: ClusterShape, sources: Sources | None = None,
+                target: Target | None = None) -> ResolvedRun:
     """Validate the config for `shape` and derive every fact the run needs, once.
 
     `sources`: the data sources when the caller already inspected them (the driver builds its
-    datasets from the same objects); None: inspected here.
+    datasets from the same objects); None: inspected here. `target`: the GPU memory, host RAM and
+    GPUs per node the run goes to, which "auto" settings are chosen for (raytrain.planning.choose);
+    a config with "auto" settings and no known GPU memory is an error.
     """
     hf_config = load_model_config(cfg.model)
     hidden = getattr(hf_config, "hidden_size", None)
@@ -65,8 +70,10 @@ def resolve_run(cfg: RunConfig, shape: ClusterShape, sources: Sources | None = N
                           f"{hf_config.vocab_size}: set model.config.vocab_size >= {len(tokenizer)} or use the "
                           f"model's own tokenizer")
     _check_cpus_for_data(cfg, shape)
+    cfg, choice = resolve_auto(cfg, shape, hf_config, target)
     ds = resolve_deepspeed(cfg.deepspeed, cfg.training, world_size=shape.num_workers, use_gpu=shape.use_gpu,
                            hidden_size=hidden, gpus_per_node=shape.gpus_per_node)
+    _check_zero_options(ds)
     facts = DeepSpeedFacts.of(ds)
     check_shards(cfg.data.num_shards, shape.num_workers, facts.micro_batch_per_gpu)
     if (ds.get("compile") or {}).get("deepcompile") and not cfg.model.compile:
@@ -80,7 +87,7 @@ def resolve_run(cfg: RunConfig, shape: ClusterShape, sources: Sources | None = N
                        num_parameters=param_stats(hf_config, cfg.model.trust_remote_code).num_params,
                        hf_config=json.loads(hf_config.to_json_string(use_diff=False)))
     return ResolvedRun(config=cfg.with_deepspeed(ds), cluster=shape, model=model, deepspeed=facts,
-                       data=data_facts(cfg.data, sources))
+                       data=data_facts(cfg.data, sources), plan=choice.lines if choice else ())
 
 
 def advice(resolved: ResolvedRun) -> list[str]:
@@ -137,3 +144,43 @@ def _check_cpus_for_data(cfg: RunConfig, shape: ClusterShape) -> None:
         raise ConfigError(f"{shape.num_workers} workers x scaling.cpus_per_worker={cfg.scaling.cpus_per_worker} "
                           f"leave {spare:g} of the cluster's {shape.cpus_total:g} CPUs for Ray Data, which then "
                           f"hangs: lower scaling.cpus_per_worker (fractions work) or add CPUs")
+
+
+# ---------------------------------------------------------------------------------------------
+# DeepSpeed options raytrain's planning and worker depend on (issue 14): one-line errors for what
+# DeepSpeed would only assert in the workers, or silently get wrong.
+
+
+def _check_zero_options(ds: dict) -> None:
+    zero = ds.get("zero_optimization") or {}
+    bf16 = ds.get("bf16") or {}
+    stage = int(zero.get("stage", 0))
+    if zero.get("zenflow") is not None and stage == 3:  # present (even {}) turns ZenFlow on
+        # runtime/zenflow/engine_stage3.py transposes 2-D weights before partitioning, but under
+        # zero.Init (how raytrain builds every model) they are already partitioned: nothing is transposed
+        # while every fetch transposes back, so the embedding sees [hidden, vocab] (the CUDA device-side
+        # assert measured on an H200; an IndexError on CPU). Upstream bug, DeepSpeed 0.19.8.
+        raise ConfigError("deepspeed.zero_optimization.zenflow does not work with stage 3 on models built under "
+                          "zero.Init, as raytrain builds them (DeepSpeed 0.19.8 transposes weights that are already "
+                          "partitioned: wrong shapes in the first step): remove zenflow, or use offload_optimizer")
+    master, states = bf16.get("bf16_master_weights_and_grads") is True, bf16.get("bf16_optimizer_states") is True
+    offloaded = str((zero.get("offload_optimizer") or {}).get("device", "none")).lower() != "none"
+    if (master or states) and bf16.get("enabled") is not True:
+        raise ConfigError("deepspeed.bf16.bf16_master_weights_and_grads / bf16_optimizer_states need bf16.enabled=true "
+                          "(training.precision=bf16)")
+    if states and not master:
+        raise ConfigError("deepspeed.bf16.bf16_optimizer_states=true needs bf16_master_weights_and_grads=true too "
+                          "(DeepSpeed keeps the moments in the master weights' dtype)")
+    if (master or states) and stage == 0:
+        raise ConfigError("deepspeed.bf16.bf16_master_weights_and_grads needs ZeRO stage 1-3 (zero_optimization.stage)")
+    if master and not states and not offloaded:
+        raise ConfigError("deepspeed.bf16.bf16_master_weights_and_grads=true with fp32 optimizer states needs "
+                          "zero_optimization.offload_optimizer.device=cpu (DeepSpeed's CPU Adam holds them), or "
+                          "bf16_optimizer_states=true as well")
+    opt = ds.get("optimizer") or {}
+    ratio = (zero.get("offload_optimizer") or {}).get("ratio", 1.0)
+    if offloaded and ratio != 1.0 and opt and (str(opt.get("type", "")).lower() not in ("adam", "adamw")
+                                               or (opt.get("params") or {}).get("torch_adam")):
+        raise ConfigError(f"deepspeed.zero_optimization.offload_optimizer.ratio={ratio} needs DeepSpeed's CPU Adam "
+                          f"(stage3.py: 'Hybrid Optimizer Only Supports DeepSpeedCPUAdam'), and the DeepSpeed JSON's "
+                          f"optimizer is {opt.get('type')!r}: use Adam/AdamW without torch_adam, or drop the ratio")

@@ -21,6 +21,12 @@ rather than waiting for the final checkpoint (GBs of storage time, not training)
 Results go to OUT/results.jsonl (one line per path, appended) and OUT/results.md (a table of every
 line in results.jsonl), each child's output to OUT/<time>-<n>-<path>.log.
 
+`--micro-batch auto`, `--offload auto` (and `--set model.gradient_checkpointing=auto`) leave those
+settings to raytrain's planner, which each path's child resolves for this machine exactly as the driver
+does (raytrain.planning.choose); `--gpu-memory-fraction F` caps every path's GPU and the plan alike.
+Every record carries the planner's prediction for what ran (`predicted`) and the host's used memory,
+sampled every 2 s while the path ran.
+
 `--set KEY=VALUE` takes raytrain's override syntax
 (`deepspeed.zero_optimization.reduce_bucket_size=500000000`, `model.gradient_checkpointing=true`) and
 applies to every path. `--liger` swaps in Liger kernels
@@ -42,8 +48,10 @@ from typing import Any
 
 from raytrain.config import DEFAULT_DEEPSPEED
 from raytrain.console import parse_progress
+from raytrain.tools.bench_report import HostSampler, markdown_table  # noqa: F401  (markdown_table: this module's API)
 
 PATHS = ("raytrain", "deepspeed", "torch")
+MAX_AUTO_MICRO_BATCH = 64  # sizes the built-in corpus when the planner picks the micro-batch
 RESULT_PREFIX = "RAYTRAIN_BENCH_RESULT "
 PRELIM_PREFIX = "RAYTRAIN_BENCH_PRELIM "
 
@@ -62,14 +70,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     shape.add_argument("--vocab-size", type=int, default=32000)
     run = p.add_argument_group("batch and steps")
     run.add_argument("--seq-len", type=int, default=2048)
-    run.add_argument("--micro-batch", type=int, default=8, help="train_micro_batch_size_per_gpu")
+    run.add_argument("--micro-batch", type=_int_or_auto, default=8,
+                     help="train_micro_batch_size_per_gpu, or auto: the planner chooses (raytrain.planning.choose)")
     run.add_argument("--grad-accum", type=int, default=1, help="gradient_accumulation_steps")
     run.add_argument("--num-gpus", type=int, default=1,
                      help="world size the DeepSpeed dict is resolved for; the deepspeed and torch paths run "
                           "one process, so only 1 is measured by them")
-    run.add_argument("--offload", action="store_true",
+    run.add_argument("--offload", nargs="?", const="cpu", default=None, choices=("cpu", "auto"),
                      help="ZeRO-3 optimizer offload to pinned CPU memory (the seed config's "
-                          "offload_optimizer: {device: cpu, pin_memory: true}; DeepSpeed's CPU Adam)")
+                          "offload_optimizer: {device: cpu, pin_memory: true}; DeepSpeed's CPU Adam); "
+                          "--offload auto: the planner chooses none or a ratio (with sub_group_size auto)")
+    run.add_argument("--gpu-memory-fraction", type=float, default=None,
+                     help="cap every path at this fraction of the GPU (torch.cuda.set_per_process_memory_fraction; "
+                          "scaling.gpu_memory_fraction, so the planner plans against the same cap)")
+    run.add_argument("--float8", action="store_true",
+                     help="deepspeed path: torchao's float8 training for the decoder's Linear layers (not lm_head), "
+                          "converted after zero.Init (needs torchao)")
     run.add_argument("--steps", type=int, default=8, help="timed optimizer steps")
     run.add_argument("--warmup-steps", type=int, default=4, help="untimed optimizer steps first")
     run.add_argument("--window", type=int, default=4,
@@ -90,6 +106,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                      help="skip the one profiled step that measures communication kernels (GPU only)")
     p.add_argument("--child", choices=PATHS, help=argparse.SUPPRESS)  # internal: run one path here
     args = p.parse_args(argv)
+    if args.gpu_memory_fraction is not None and not 0 < args.gpu_memory_fraction <= 1:
+        p.error(f"--gpu-memory-fraction must be in (0, 1], got {args.gpu_memory_fraction}")
     paths = [s.strip() for s in args.paths.split(",") if s.strip()]
     unknown = [s for s in paths if s not in PATHS]
     if unknown or not paths:
@@ -109,7 +127,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def overrides_for(args: argparse.Namespace, use_gpu: bool) -> list[str]:
     """raytrain KEY=VALUE overrides for this benchmark (the user's --set come last and win)."""
     max_steps = args.warmup_steps + args.steps
-    tokens_needed = max_steps * args.micro_batch * args.grad_accum * args.num_gpus * args.seq_len
+    micro_batch = MAX_AUTO_MICRO_BATCH if args.micro_batch == "auto" else args.micro_batch
+    tokens_needed = max_steps * micro_batch * args.grad_accum * args.num_gpus * args.seq_len
     # The built-in documents average ~330 byte tokens; 2x margin keeps the run inside one epoch
     # (a second epoch re-runs the whole Ray Data pipeline and shows up as data wait).
     num_documents = max(4000, math.ceil(2 * tokens_needed / 330))
@@ -120,8 +139,10 @@ def overrides_for(args: argparse.Namespace, use_gpu: bool) -> list[str]:
     # The whole DeepSpeed mapping, written out: a dotted `deepspeed.x=y` override alone would start
     # an empty mapping instead of editing raytrain's default one. --set deepspeed.* then edits it.
     ds = copy.deepcopy(DEFAULT_DEEPSPEED)
-    if args.offload:
+    if args.offload == "cpu":
         ds["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    elif args.offload == "auto":
+        ds["zero_optimization"].update(offload_optimizer="auto", sub_group_size="auto")
     items = [f"model.config.{k}={v}" for k, v in model.items()] + [
         f"data.seq_len={args.seq_len}", f"data.num_builtin_documents={num_documents}",
         f"training.max_steps={max_steps}", f"training.log_every_n_steps={args.window}",
@@ -130,7 +151,18 @@ def overrides_for(args: argparse.Namespace, use_gpu: bool) -> list[str]:
         f"training.gradient_accumulation_steps={args.grad_accum}",
         f"scaling.num_workers={args.num_gpus}", f"scaling.use_gpu={str(use_gpu).lower()}",
         f"model.liger_kernel={args.liger}", f"deepspeed={json.dumps(ds)}"]
+    if args.gpu_memory_fraction is not None:
+        items.append(f"scaling.gpu_memory_fraction={args.gpu_memory_fraction}")
     return items + list(args.overrides)
+
+
+def _int_or_auto(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or auto, got {value!r}") from None
 
 
 def versions() -> dict[str, Any]:
@@ -160,7 +192,11 @@ def default_label(args: argparse.Namespace) -> str:
     if args.grad_accum != 1:
         parts.append(f"gas{args.grad_accum}")
     if args.offload:
-        parts.append("offload")
+        parts.append("offload" if args.offload == "cpu" else "offload-auto")
+    if args.gpu_memory_fraction is not None:
+        parts.append(f"gpu-fraction{args.gpu_memory_fraction:g}")
+    if args.float8:
+        parts.append("float8")
     if args.liger != "none":
         parts.append(f"liger-{args.liger}")
     parts += [o.split("=")[0].split(".")[-1] + "=" + o.split("=", 1)[1] for o in args.overrides]
@@ -179,6 +215,10 @@ def run_child(args: argparse.Namespace) -> int:
         overrides = overrides_for(args, use_gpu)
         resolved = bench_paths.resolve(overrides, args.num_gpus, use_gpu)
         record["ds_config"] = resolved.ds_config
+        record["plan"] = list(resolved.plan)
+        for line in resolved.plan:
+            print(f"raytrain: plan: {line}", flush=True)
+        record["predicted"] = bench_paths.predicted(resolved)
         if args.child == "raytrain":
             hint = lambda prelim: print(PRELIM_PREFIX + json.dumps(prelim), flush=True)  # noqa: E731
             record.update(bench_paths.run_raytrain(args, resolved, overrides, hint))
@@ -199,7 +239,8 @@ def run_path(path: str, args: argparse.Namespace, argv: list[str], log_path: str
     """Run one path in a child process with a timeout; its output goes to log_path."""
     cmd = [sys.executable, "-m", "raytrain.tools.bench", *argv, "--child", path]
     start = time.perf_counter()
-    with open(log_path, "w") as log:
+    host = HostSampler()
+    with host, open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
                                 start_new_session=True)  # its own process group: a timeout kills Ray too
@@ -227,6 +268,7 @@ def run_path(path: str, args: argparse.Namespace, argv: list[str], log_path: str
     if record is None:
         record = {"path": path, "status": "error", "error": f"exit code {proc.returncode} without a result (see {log_path})"}
     record["wall_s"] = time.perf_counter() - start
+    record.update(host.result())
     return record
 
 
@@ -242,7 +284,7 @@ def _from_progress(prelim: dict[str, Any], windows: dict[int, dict[str, float]],
                    args: argparse.Namespace) -> dict[str, Any]:
     """The raytrain path's record from its rank-0 progress lines (windows after warmup)."""
     timed = [w for step, w in sorted(windows.items()) if step > args.warmup_steps]
-    tokens_per_step = args.micro_batch * args.grad_accum * args.num_gpus * args.seq_len
+    tokens_per_step = prelim["ds_config"]["train_batch_size"] * args.seq_len
     step_time = sum(tokens_per_step / w["tokens_per_s"] for w in timed) / len(timed)
     tokens_per_s = tokens_per_step / step_time
     fpt = prelim["flops_per_token"]
@@ -285,29 +327,6 @@ def _kill_group(proc) -> None:
             proc.wait()
 
 
-def markdown_table(records: list[dict[str, Any]]) -> str:
-    def num(v, fmt, suffix=""):
-        return "" if v is None else format(v, fmt) + suffix
-
-    def pct(v):
-        return "" if v is None else f"{100 * v:.1f}%"
-
-    head = ("| variant | path | status | params | mb x gas | tokens/s | MFU | peak mem GiB | data wait | "
-            "step s | fwd s | bwd s | opt s | comm s |")
-    rows = [head, "|" + " --- |" * (head.count("|") - 1)]
-    for r in records:
-        s = r.get("settings", {})
-        status = r["status"] if r["status"] == "ok" else f"{r['status']}: {r.get('error', '')[:80]}"
-        params = r.get("num_params")
-        rows.append("| " + " | ".join([
-            str(r.get("label", "")), r["path"], status.replace("|", "/").replace("\n", " "),
-            num(params and params / 1e9, ".2f", "B"), f"{s.get('micro_batch', '')} x {s.get('grad_accum', '')}",
-            num(r.get("tokens_per_s"), ",.0f"), pct(r.get("mfu")), num(r.get("peak_mem_gib"), ".1f"),
-            pct(r.get("data_wait_frac")), num(r.get("step_time_s"), ".3f"), num(r.get("forward_s"), ".3f"),
-            num(r.get("backward_s"), ".3f"), num(r.get("optimizer_s"), ".3f"), num(r.get("comm_s"), ".3f")]) + " |")
-    return "\n".join(rows) + "\n"
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
@@ -318,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = {k: getattr(args, k) for k in ("hidden_size", "num_layers", "num_heads", "num_kv_heads",
                                               "intermediate_size", "vocab_size", "seq_len", "micro_batch",
                                               "grad_accum", "num_gpus", "offload", "liger", "overrides",
-                                              "steps", "warmup_steps", "window", "peak_tflops")}
+                                              "steps", "warmup_steps", "window", "peak_tflops",
+                                              "gpu_memory_fraction", "float8")}
     info = versions()
     records = []
     stamp = time.strftime("%Y%m%d-%H%M%S")

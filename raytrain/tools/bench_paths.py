@@ -22,30 +22,81 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import raytrain
+from raytrain import hardware
 from raytrain.config import RunConfig, load_config
 from raytrain.deepspeed_config import DeepSpeedFacts
 from raytrain.model import config_from_facts
+from raytrain.planning.estimate import estimate
+from raytrain.planning.memory import GIB, estimate_memory, fits
 from raytrain.planning.resolve import resolve_run
+from raytrain.planning.table import option_label as describe_setting
+from raytrain.planning.throughput import predict
 from raytrain.run_spec import ClusterShape, ResolvedRun
 from raytrain.worker.engine import build_engine, build_optimizer, train_step
 from raytrain.worker.kernels import apply_liger
 from raytrain.worker.metrics import StepMeter, TrainMetrics, flops_per_token
 
 
-def resolve(overrides: list[str], num_gpus: int, use_gpu: bool) -> ResolvedRun:
-    """The run as raytrain resolves it for a world of `num_gpus` (every path gets this DeepSpeed dict)."""
+def this_target(num_gpus: int, use_gpu: bool) -> hardware.Target:
+    """This machine as the driver sees a one-node cluster of it (raytrain.driver.cluster.cluster_target)."""
+    here = hardware.this_machine()
+    return hardware.Target(here.gpu_memory_bytes if use_gpu else None, here.host_memory_bytes,
+                           num_gpus if use_gpu else None)
+
+
+def resolve(overrides: list[str], num_gpus: int, use_gpu: bool, target: hardware.Target | None = None) -> ResolvedRun:
+    """The run as raytrain resolves it for a world of `num_gpus` on this machine (every path gets this
+    DeepSpeed dict; "auto" settings are chosen for this machine's GPU memory and RAM, as the driver
+    chooses them on a one-node cluster of it). `target`: another machine (predictions made elsewhere)."""
     cfg = load_config(None, overrides)
-    return resolve_run(cfg, ClusterShape(num_workers=num_gpus, use_gpu=use_gpu, gpus_per_node=num_gpus if use_gpu else None))
+    shape = ClusterShape(num_workers=num_gpus, use_gpu=use_gpu, gpus_per_node=num_gpus if use_gpu else None)
+    return resolve_run(cfg, shape, target=target or this_target(num_gpus, use_gpu))
+
+
+def predicted(resolved: ResolvedRun, param_groups: int | None = None,
+              target: hardware.Target | None = None) -> dict[str, Any]:
+    """What the planner predicts for the resolved run on this machine (or `target`): GPU and host peaks
+    (the memory model), tokens/s and MFU per GPU (the throughput model), to compare with what the path
+    measures. param_groups: 1 to model an optimizer with one param group (the issue's plain runs)."""
+    import dataclasses
+
+    target = target or this_target(resolved.cluster.num_workers, resolved.cluster.use_gpu)
+    plan = estimate_memory(resolved, target)
+    facts = plan.facts if param_groups is None else dataclasses.replace(plan.facts,
+                                                                        raytrain_optimizer=param_groups == 2)
+    option = estimate(facts, plan.configured.setting)
+    cfg = resolved.config
+    out = {"gpu_peak_gib": option.worker_bytes / GIB if resolved.cluster.use_gpu else None,
+           "host_gib": option.host_bytes_per_node / GIB, "setting": describe_setting(option),
+           "fits": fits(option, plan.gpu_memory_bytes, plan.host_memory_bytes, resolved.cluster.use_gpu)}
+    if resolved.cluster.use_gpu:
+        p = predict(facts, option, grad_accum=resolved.deepspeed.gradient_accumulation_steps,
+                    cpus_per_worker=cfg.scaling.cpus_per_worker, peak_flops=cfg.training.peak_tflops_per_gpu * 1e12)
+        out.update(tokens_per_s=p.tokens_per_s * resolved.cluster.num_workers, mfu=p.mfu, step_time_s=p.step_time_s)
+    return out
 
 
 def run_deepspeed(args: argparse.Namespace, resolved: ResolvedRun) -> dict[str, Any]:
     """raytrain.worker's setup and step without Ray: zero.Init, deepspeed.initialize, synthetic tokens."""
     device = _device()
     _init_single_process_group(device)
-    engine, _, _ = build_engine(resolved, device)  # exactly the worker's setup (Liger from model.liger_kernel)
+    # A Ray worker's OpenMP threads (CPU Adam's) are its scaling.cpus_per_worker (Ray sets OMP_NUM_THREADS).
+    torch.set_num_threads(max(1, int(resolved.config.scaling.cpus_per_worker)))
+    transform = float8_linears if args.float8 else None
+    # exactly the worker's setup (Liger from model.liger_kernel; the GPU cap from scaling.gpu_memory_fraction)
+    engine, _, _ = build_engine(resolved, device, transform=transform)
     out = _measure(args, resolved, engine, device)
     out.update(compiled=engine.is_compiled)
     return out
+
+
+def float8_linears(model):
+    """torchao's float8 training (dynamic tensorwise scaling) for every nn.Linear but lm_head (whose
+    weight Liger's fused loss reads directly). Float8Linear.from_float keeps the same weight Parameter,
+    so ZeRO-3's partitioned parameter and its hooks carry over (issue 14 SPEC section 4)."""
+    from torchao.float8 import convert_to_float8_training
+
+    return convert_to_float8_training(model, module_filter_fn=lambda module, fqn: fqn != "lm_head")
 
 
 class _TorchEngine:
@@ -81,6 +132,8 @@ def run_torch(args: argparse.Namespace, resolved: ResolvedRun) -> dict[str, Any]
     cfg = resolved.config
     device = _device()
     _init_single_process_group(device)  # for the window's all-reduce, as in the worker
+    if device.type == "cuda" and cfg.scaling.gpu_memory_fraction is not None:
+        torch.cuda.set_per_process_memory_fraction(cfg.scaling.gpu_memory_fraction, device)
     torch.manual_seed(cfg.training.seed)
     apply_liger(cfg.model.liger_kernel)
     model = AutoModelForCausalLM.from_config(config_from_facts(resolved.model, cfg.model), dtype=torch.float32,

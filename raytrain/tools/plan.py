@@ -16,7 +16,8 @@ import sys
 from raytrain.config import ConfigError, load_config
 from raytrain.console import say
 from raytrain.driver.run import plan_memory
-from raytrain.planning.memory import DoesNotFit, format_plan
+from raytrain.planning.memory import DoesNotFit
+from raytrain.planning.table import format_plan
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -43,12 +44,16 @@ def main(argv: list[str] | None = None) -> int:
                            host_memory_gib=args.host_memory_gib, gpus_per_node=args.gpus_per_node)
     except DoesNotFit as e:
         say(format_plan(e.plan))
+        for line in e.plan.notes:
+            say(f"raytrain: plan: {line}")
         say(f"raytrain: does not fit: {e}", err=True)
         return 1
     except ConfigError as e:
         say(f"raytrain: error: {e}", err=True)
         return 2
     say(format_plan(plan))
+    for line in plan.notes:  # what the planner chose for "auto" settings (the table shows that setting)
+        say(f"raytrain: plan: {line}")
     return 0
 
 

@@ -25,34 +25,55 @@ from raytrain.worker.kernels import apply_liger
 from raytrain.worker.ops import ensure_built, fix_cuda_arch_list, required_ops
 
 
-def build_engine(spec: ResolvedRun, device: torch.device, ds_config: dict[str, Any] | None = None):
+def build_engine(spec: ResolvedRun, device: torch.device, ds_config: dict[str, Any] | None = None,
+                 transform=None):
     """(engine, scheduler, transformers config): DeepSpeed on the process group that already exists
     (Ray Train's), the model created under zero.Init, optimizer and LR schedule.
 
     `ds_config`: the dict to initialise with when it differs from the spec's (a universal-checkpoint
-    load adds `checkpoint.load_universal`); default the spec's resolved one.
+    load adds `checkpoint.load_universal`); default the spec's resolved one. `transform`: model ->
+    model between zero.Init and deepspeed.initialize (the benchmark's float8 conversion).
     """
     deepspeed = import_deepspeed(device)
     ds_config = spec.ds_config if ds_config is None else ds_config
+    cfg = spec.config
     if device.type == "cuda":
         fix_cuda_arch_list(log=emit)
+        if cfg.scaling.gpu_memory_fraction is not None:
+            # The cap the driver planned against: torch's caching allocator refuses to grow past it.
+            torch.cuda.set_per_process_memory_fraction(cfg.scaling.gpu_memory_fraction, device)
     ensure_built(required_ops(spec.deepspeed), log=emit)
     # torch.distributed is already initialised by Ray Train: DeepSpeed's comm wraps that process
     # group (it must exist before zero.Init, which reads the world size from it).
     deepspeed.init_distributed(dist_backend=torch.distributed.get_backend(), auto_mpi_discovery=False)
-    cfg = spec.config
     torch.manual_seed(cfg.training.seed)  # same init on every rank before zero.Init partitions it
     apply_liger(cfg.model.liger_kernel)  # patches the model classes: before they are built
     hf_config = config_from_facts(spec.model, cfg.model)
     model = build_model(cfg.model, hf_config, ds_config)
+    if transform is not None:
+        model = transform(model)
     optimizer, scheduler = build_optimizer(model, cfg.training, spec.deepspeed, device)
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                                    config=ds_config, dist_init_required=False)
+    if compat.share_backup_optimizer_param_groups(engine.optimizer) and torch.distributed.get_rank() == 0:
+        emit("raytrain: note: offload_optimizer.ratio < 1: the GPU side's AdamW now follows the LR schedule "
+             "(a DeepSpeed 0.19.8 bug left its first param group at the initial LR; raytrain.compat)")
     if cfg.model.compile:
         # Through the engine, not torch.compile(model): DeepSpeed keeps its ZeRO-3 hooks out of the
         # graphs (or, with compile.deepcompile, replaces them with its own compiled schedule).
         engine.compile()
     return engine, scheduler, hf_config
+
+
+def after_checkpoint_load(engine) -> None:
+    """Call after engine.load_checkpoint. torch's Optimizer.load_state_dict replaces the CPU optimizer's
+    param-group dicts, so with `offload_optimizer.ratio < 1` the GPU side's AdamW would again miss the
+    LR schedule (raytrain.compat.share_backup_optimizer_param_groups): share them again. DeepSpeed 0.19.8
+    also never saves that AdamW's state (stage3.py's state_dict holds the CPU optimizer's only): the Adam
+    moments of the parameters kept on the GPU restart from zero at every resume. Said once, on rank 0."""
+    if compat.share_backup_optimizer_param_groups(engine.optimizer) and torch.distributed.get_rank() == 0:
+        emit("raytrain: note: resumed with offload_optimizer.ratio < 1: DeepSpeed 0.19.8 does not checkpoint the "
+             "Adam moments of the parameters it keeps on the GPU; they restart from zero (upstream limitation)")
 
 
 def train_step(engine, batches: Iterator[dict[str, Any]], grad_accum: int, device: torch.device,
@@ -108,7 +129,11 @@ def build_optimizer(model, training: TrainingConfig, facts: DeepSpeedFacts, devi
             # the only optimizer it accepts there (JIT-compiled once, ~50 s, cached in TORCH_EXTENSIONS_DIR).
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-            optimizer = DeepSpeedCPUAdam(groups, adamw_mode=True, **kwargs)
+            # bf16.bf16_optimizer_states: DeepSpeed asserts that the CPU Adam keeps its moments in the
+            # parameters' (bf16) dtype, which only this constructor flag does (it builds its own CPU Adam
+            # that way for a JSON optimizer; raytrain builds this one).
+            optimizer = DeepSpeedCPUAdam(groups, adamw_mode=True,
+                                         fp32_optimizer_states=not facts.bf16_optimizer_states, **kwargs)
         else:
             # torch's fused AdamW on GPU: no JIT build (DeepSpeed's FusedAdam compiles for minutes).
             optimizer = torch.optim.AdamW(groups, fused=device.type == "cuda", **kwargs)

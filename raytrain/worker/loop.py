@@ -27,7 +27,7 @@ from raytrain.checkpoint.shards import Checkpointer, Rank, restore, resume_point
 from raytrain.console import emit, format_progress
 from raytrain.data.ingest import MicroBatches
 from raytrain.run_spec import RunSpec
-from raytrain.worker.engine import build_engine, train_step
+from raytrain.worker.engine import after_checkpoint_load, build_engine, train_step
 from raytrain.worker.evaluation import Evaluator, eval_batches
 from raytrain.worker.metrics import StepMeter, TrainMetrics, flops_per_token
 from raytrain.worker.tracking import Tracker
@@ -92,6 +92,8 @@ def train_loop_per_worker(spec_dict: dict[str, Any]) -> None:
         ds_config = {**ds_config, "checkpoint": {**ds_config.get("checkpoint", {}), "load_universal": True}}
     engine, scheduler, _ = build_engine(spec, device, ds_config)
     start_step, history, data_state = restore(engine, resume, seed=cfg.training.seed, rank=rank.world)
+    if resume is not None:
+        after_checkpoint_load(engine)  # the LR workaround again: loading replaced the optimizer's param groups
     facts = spec.deepspeed
     if rank.world == 0:
         emit(f"raytrain: {spec.model.num_parameters:,} parameters, world size {rank.world_size}, "

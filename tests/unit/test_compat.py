@@ -65,3 +65,18 @@ def test_deepspeed_compatible_ops_has_the_shm_comm_entry():
         assert deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] is False
     finally:
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = before
+
+
+def test_deepspeed_builds_the_gpu_side_optimizer_with_a_copy_of_group_0():
+    """The bug compat.share_backup_optimizer_param_groups works around (DeepSpeed 0.19.8, stage3.py:313-326):
+    group 0's hyper-parameters are copied into a new AdamW, groups 1+ are the CPU optimizer's dicts. When
+    this construction changes (upstream fixed it, or moved it), re-check the workaround."""
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+
+    source = inspect.getsource(DeepSpeedZeroOptimizer_Stage3.__init__)
+    assert "self.backup_optimizer = torch.optim.AdamW([backup_gpu_param]," in source
+    assert 'lr=self.optimizer.param_groups[0]["lr"],' in source
+    assert "self.backup_optimizer.add_param_group(self.optimizer.param_groups[i])" in source
+    step = inspect.getsource(DeepSpeedZeroOptimizer_Stage3._optimizer_step)
+    assert "self.backup_optimizer.param_groups[param_group_id]['params'] = [fp32_param]" in step
+    # The workaround itself runs on a real DeepSpeed optimizer in tests/unit/worker/test_engine_offload.py.

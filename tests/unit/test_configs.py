@@ -8,8 +8,10 @@ import shlex
 import pytest
 
 from raytrain.config import load_config
+from raytrain.hardware import Target
 from raytrain.planning.resolve import resolve_run, shape_from_config
 from raytrain.tools.plan import main as plan_main
+from raytrain.tools.plan import parse_args as plan_parse_args
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
@@ -42,7 +44,7 @@ def in_repo_root(monkeypatch):
 def test_the_library_is_complete():
     names = {p.name for p in CONFIGS}
     assert {"default-cpu.yaml", "seed-8gpu.yaml", "llama-1b-1gpu.yaml", "llama-8b-8gpu.yaml",
-            "llama-70b-ib.yaml"} <= names
+            "llama-70b-ib.yaml", "llama-13b-1gpu.yaml"} <= names
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
@@ -53,12 +55,20 @@ def test_config_opens_with_its_command_and_hardware(path):
     assert plan_args(path)[:2] == ["--config", f"configs/{path.name}"]
 
 
+def stated_target(path: pathlib.Path) -> Target:
+    """The hardware the file's `# Plan:` line states (what its "auto" settings are chosen for)."""
+    args = plan_parse_args(plan_args(path))
+    gib = 1024**3
+    return Target(args.gpu_memory_gib and int(args.gpu_memory_gib * gib),
+                  args.host_memory_gib and int(args.host_memory_gib * gib), args.gpus_per_node)
+
+
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_config_resolves_for_its_cluster_shape_with_the_batch_identity(path):
     cfg = load_config(str(path))
     assert cfg.scaling.num_workers is not None and cfg.scaling.use_gpu is not None, \
         "a shipped config states its cluster shape (scaling.num_workers, scaling.use_gpu)"
-    resolved = resolve_run(cfg, shape_from_config(cfg))
+    resolved = resolve_run(cfg, shape_from_config(cfg), target=stated_target(path))
     ds = resolved.ds_config
     world = resolved.cluster.num_workers
     assert world == cfg.scaling.num_workers

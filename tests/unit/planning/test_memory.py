@@ -1,4 +1,5 @@
-"""raytrain.planning.memory: hand-computed model-state and activation bytes, fit refusals, the command line."""
+"""raytrain.planning.memory / estimate / activations: hand-computed model-state and activation bytes, fit
+refusals, the command line."""
 
 import json
 import os
@@ -11,7 +12,9 @@ import pytest
 from raytrain.config import ConfigError, load_config
 from raytrain.hardware import Target
 from raytrain.model import load_model_config, param_stats
-from raytrain.planning.memory import GIB, activation_bytes, check_fits, estimate_memory, format_plan
+from raytrain.planning.activations import activation_bytes
+from raytrain.planning.memory import GIB, check_fits, estimate_memory
+from raytrain.planning.table import format_plan
 from raytrain.planning.resolve import resolve_run
 from raytrain.run_spec import ClusterShape
 
@@ -49,19 +52,25 @@ def test_7b_on_8_gpus_model_states_by_hand(llama7b_stats):
     # no offload: bf16 params 2 + bf16 grads 2 + fp32 master 4 + Adam m, v 8 = 16 bytes per parameter on the GPU
     assert plan.model_states["none"] == (16 * n + persistent + bucket, 0)
     assert plan.model_states["none"][0] / GIB == pytest.approx(12.65, abs=0.01)
-    # optimizer offload: bf16 params stay; bf16 grads 2 + master 4 + Adam 8 + fp32 grads 4 = 18 bytes in host RAM
-    assert plan.model_states["optimizer"] == (2 * n + persistent + bucket, 18 * n)
-    # parameters too: 20 bytes per parameter in host RAM
-    assert plan.model_states["param+optimizer"] == (persistent + bucket, 20 * n)
+    # optimizer offload: bf16 params stay; in host RAM bf16 grads 2 (pinned: 1.68 GB -> a 2 GiB block) + master 4
+    # + Adam 8 + fp32 grads 4, pinned per sub-group: the decayed weights' 842.3M (3.37 GB -> 4 GiB) and the
+    # norms' 33,280 (133 KB -> 256 KiB). DeepSpeed pins by default (pin_memory absent = true).
+    assert plan.model_states["optimizer"] == (2 * n + persistent + bucket, 2**31 + 12 * n + 2**32 + 2**18)
+    # parameters too: only the persistent ones stay on the GPU; the rest are pinned on the host
+    resident, host = plan.model_states["param+optimizer"]
+    assert resident == persistent + bucket and host > plan.model_states["optimizer"][1] + 2 * n
     by_option = {(o.offload, o.gradient_checkpointing): o for o in plan.options}
     none = by_option[("none", False)]
     items = dict(none.breakdown)
     assert items["gathered layer + prefetch"] == 2 * (32000 * 4096 + 10_000_000)
     assert items["full gradients of a layer"] == 2 * 32000 * 4096
+    sub_group = n - (2 * 32 + 1) * 4096 // 8  # the decayed weights' sub-group (< sub_group_size 1e9)
+    assert items["step: gradients of one sub-group, master dtype"] == 4 * sub_group
+    assert items["step: flatten / Adam temporaries"] == 2 * sub_group  # the bf16 flatten before the cast
     assert none.worker_bytes == 16 * n + persistent + bucket + max(
         items["gathered layer + prefetch"] + items["full gradients of a layer"] + plan.activations[False],
-        items["step: fp32 gradient copy"] + items["step: flatten / Adam temporaries"])
-    assert by_option[("optimizer", False)].host_bytes_per_node == 8 * (18 * n + 4 * GIB)
+        6 * sub_group)
+    assert by_option[("optimizer", False)].host_bytes_per_node == 8 * (plan.model_states["optimizer"][1] + 4 * GIB)
 
 
 def test_7b_agrees_with_deepspeeds_own_estimator(llama7b_stats):
@@ -91,6 +100,8 @@ def test_activation_formula_by_hand():
     assert activation_bytes(cfg, 2, 16, 2, checkpointing=False, liger_kernel="loss") == 32 * (6864 - 1200)
     assert activation_bytes(cfg, 2, 16, 2, checkpointing=False, liger_kernel="all") == 32 * (
         2 * (2 * 256 + 528 + 768) + 256)
+    # GPU SDPA: o_proj reads a view of the attention output, one copy fewer (2 bytes x 64 per token and layer)
+    assert activation_bytes(cfg, 2, 16, 2, checkpointing=False, sdpa_out_copies=1) == 32 * (6864 - 2 * 2 * 64)
 
 
 def test_refusal_names_optimizer_offload_when_that_fits(llama7b_stats):
@@ -126,9 +137,13 @@ def test_pinned_offload_buffers_round_up_to_powers_of_two(llama7b_stats):
     plan = plan_7b(llama7b_stats, zero={"offload_optimizer": {"device": "cpu", "pin_memory": True}})
     items = dict(plan.configured.breakdown)
     n = 6_738_415_616 // 8
-    assert items["gradient partition"] == 2**31 > 2 * n  # 1.68 GB of bf16 gradients in a 2 GiB pinned block
-    assert items["fp32 gradients"] == 2**32  # one sub-group (n < sub_group_size 1e9) of fp32 gradients
+    # 1.68 GB of bf16 gradients in a 2 GiB pinned block
+    assert items["gradient accumulation buffer, all parameters (pinned)"] == 2**31 > 2 * n
+    # one sub-group per param group (each < sub_group_size 1e9): the weights' 3.37 GB and the norms' 133 KB
+    assert items["gradient buffers, CPU sub-groups (pinned each)"] == 2**32 + 2**18
     assert plan.configured.offload == "optimizer"
+    unpinned = plan_7b(llama7b_stats, zero={"offload_optimizer": {"device": "cpu", "pin_memory": False}})
+    assert dict(unpinned.configured.breakdown)["gradient accumulation buffer, all parameters (pinned)"] == 2 * n
 
 
 def test_hpz_adds_a_secondary_parameter_copy(llama7b_stats):

@@ -123,8 +123,35 @@ def test_raytrain_record_from_worker_progress_lines():
     windows = {}
     for line in lines:
         bench.add_window(windows, line)
-    r = bench._from_progress({"flops_per_token": 7.71e9, "num_params": 1_100_048_384}, windows, args)
+    r = bench._from_progress({"flops_per_token": 7.71e9, "num_params": 1_100_048_384,
+                              "ds_config": {"train_batch_size": 16}}, windows, args)
     # windows after the 4 warmup steps; tokens/s = tokens / total time (harmonic mean of the windows)
     assert r["tokens_per_s"] == pytest.approx(2 / (1 / 50_000 + 1 / 40_000))
     assert r["mfu"] == pytest.approx(r["tokens_per_s"] * 7.71e9 / 989e12)
     assert r["data_wait_frac"] == pytest.approx(0.001) and r["peak_mem_gib"] == 87.30
+
+
+def test_deepspeed_path_records_peaks_and_the_planners_prediction(cli_run):
+    """Every record carries what the planner predicted for its setting and the host's used memory
+    sampled while the path ran (docs/plan-accuracy.md compares them with the measured peaks)."""
+    p, out = cli_run
+    [record] = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert record["predicted"]["host_gib"] > 0 and record["predicted"]["gpu_peak_gib"] is None  # CPU run
+    assert record["predicted"]["setting"] == "no offload" and record["predicted"]["fits"] is True
+    assert record["host_sample_s"] == 2.0 and record["host_used_peak_gib"] >= record["host_used_start_gib"] > 0
+    assert record["plan"] == []  # nothing was "auto"
+    assert "| 2 x 2 |" in (out / "results.md").read_text()  # the batch that ran, from the resolved dict
+
+
+def test_auto_micro_batch_and_offload_the_gpu_cap_reach_every_path():
+    args = bench.parse_args(["--micro-batch", "auto", "--offload", "auto", "--gpu-memory-fraction", "0.171",
+                             "--grad-accum", "4"])
+    overrides = bench.overrides_for(args, use_gpu=True)
+    assert "training.micro_batch_size_per_gpu=auto" in overrides and "scaling.gpu_memory_fraction=0.171" in overrides
+    ds = json.loads(next(o for o in overrides if o.startswith("deepspeed=")).removeprefix("deepspeed="))
+    assert ds["zero_optimization"]["offload_optimizer"] == "auto" and ds["zero_optimization"]["sub_group_size"] == "auto"
+    assert bench.default_label(args) == "mbauto gas4 offload-auto gpu-fraction0.171"
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--gpu-memory-fraction", "1.5"])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--micro-batch", "many"])

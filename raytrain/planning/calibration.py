@@ -1,0 +1,85 @@
+"""The measurements the planner is calibrated on and checked against: one H200, DeepSpeed 0.19.8.
+
+Each row is a run as `python -m raytrain.tools.bench` arguments (so a test rebuilds its exact
+resolved config with the bench's own resolution) and what was measured: tokens/s, the GPU peak
+(`torch.cuda.max_memory_allocated`) and, where sampled, the host's used memory. The constants of
+raytrain.planning.throughput name the row they come from; tests/unit/planning/test_calibration.py
+checks the memory model against every row (GPU and host peaks within 10%), and docs/plan-accuracy.md
+records the comparison.
+
+Hardware of every row: 1 x NVIDIA H200 (143,771 MiB), 16 cores, 125 GiB RAM; torch 2.11 (CUDA 13),
+DeepSpeed 0.19.8, transformers 5.17, liger-kernel 0.8.5; seq 2048, bf16, SDPA (cuDNN flash).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The ZeRO-3 buckets and thresholds of docs/benchmarks.md ("ZeRO tuned", gpu_x1.sh's $Z).
+Z = ("--set deepspeed.zero_optimization.reduce_bucket_size=500000000 "
+     "--set deepspeed.zero_optimization.stage3_prefetch_bucket_size=200000000 "
+     "--set deepspeed.zero_optimization.stage3_param_persistence_threshold=10000000")
+SHAPE_7B = "--hidden-size 4096 --num-layers 32 --num-heads 32 --num-kv-heads 8 --intermediate-size 14336"
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    source: str
+    bench_args: str
+    """The run as raytrain.tools.bench arguments (the path: `path`)."""
+    tokens_per_s: float
+    gpu_peak_gib: float | None
+    host_used_gib: float | None = None
+    """The host's used memory (free), peak during the run, minus nothing: it includes the OS (~2 GiB)."""
+    path: str = "deepspeed"
+    param_groups: int = 2
+    """Optimizer param groups of the run: raytrain's bench makes 2; the issue's plain runs made 1
+    (their ratio 0.5 and 0.25 rows have identical peaks, which only one group's sub-groups give)."""
+    cpus: int = 14
+    """OpenMP threads of DeepSpeed's CPU Adam (scaling.cpus_per_worker on the raytrain path)."""
+    optimizer_s: float | None = None
+    """The optimizer step's share of a step (CUDA events), where the row records it."""
+
+
+ISSUE = "issue 14's table (plain DeepSpeed, 2026-12-01)"
+BENCH = "docs/benchmarks.md"
+ROWS = (
+    Row("1b-mb24-ga4", ISSUE, f"--micro-batch 24 --grad-accum 4 --liger all {Z}", 74_255, 78.3, param_groups=1),
+    Row("1b-mb24-ga4-offload", ISSUE, f"--micro-batch 24 --grad-accum 4 --liger all {Z} --offload", 52_843, 64.0,
+        param_groups=1),
+    Row("1b-mb24-ga4-ratio0.5", ISSUE, f"--micro-batch 24 --grad-accum 4 --liger all {Z} --offload "
+        "--set deepspeed.zero_optimization.offload_optimizer.ratio=0.5", 69_963, 79.0, param_groups=1),
+    Row("1b-mb24-ga4-ratio0.25", ISSUE, f"--micro-batch 24 --grad-accum 4 --liger all {Z} --offload "
+        "--set deepspeed.zero_optimization.offload_optimizer.ratio=0.25", 70_173, 79.0, param_groups=1),
+    Row("7b-mb2-ga8-ckpt", ISSUE, f"{SHAPE_7B} --micro-batch 2 --grad-accum 8 --liger all {Z} "
+        "--set model.gradient_checkpointing=true", 5_999, 117.3, param_groups=1),
+    # "host 105 GB" in the issue: read as GB (10^9); as GiB the model's error is +1% instead of +4%.
+    Row("7b-mb4-ga16-ratio0.6", ISSUE, f"{SHAPE_7B} --micro-batch 4 --grad-accum 16 --liger all {Z} --offload "
+        "--set deepspeed.zero_optimization.offload_optimizer.ratio=0.6", 7_030, 79.5, host_used_gib=105e9 / 2**30,
+        param_groups=1),
+    Row("1b-mb24-ga8", ISSUE, f"--micro-batch 24 --grad-accum 8 --liger all {Z}", 76_721, 78.3, param_groups=1),
+    Row("1b-mb24-ga16", ISSUE, f"--micro-batch 24 --grad-accum 16 --liger all {Z}", 77_557, 78.3, param_groups=1),
+    Row("1b-mb16", BENCH, "--micro-batch 16", 50_654, 87.2),
+    Row("1b-mb16-liger", BENCH, "--micro-batch 16 --liger all", 58_411, 57.2),
+    Row("1b-mb24-liger-zero", BENCH, f"--micro-batch 24 --liger all {Z}", 73_122, 78.5, optimizer_s=0.041),
+    Row("1b-mb24-loss-zero", BENCH, f"--micro-batch 24 --liger loss {Z}", 54_532, 107.4),
+    Row("1b-mb32-liger-zero", BENCH, f"--micro-batch 32 --liger all {Z}", 73_074, 98.7),
+    # "0.79 s per optimizer step on 16 threads": the bench's plain path then used torch's default threads
+    Row("1b-mb24x4-offload-bench", BENCH, f"--micro-batch 24 --grad-accum 4 --liger all {Z} --offload", 56_941, 64.1,
+        cpus=16),
+    Row("1b-mb24x4-raytrain", BENCH, f"--micro-batch 24 --grad-accum 4 --liger all {Z} "
+        "--set scaling.cpus_per_worker=14", 74_924, 78.5, path="raytrain"),
+    Row("1b-mb24x4-offload-raytrain-14cpu", BENCH, f"--micro-batch 24 --grad-accum 4 --liger all {Z} --offload "
+        "--set scaling.cpus_per_worker=14", 50_698, 64.1, path="raytrain"),
+    Row("1b-mb24x4-offload-raytrain-1cpu", BENCH, f"--micro-batch 24 --grad-accum 4 --liger all {Z} --offload "
+        "--set scaling.cpus_per_worker=1", 26_379, 64.1, path="raytrain", cpus=1),
+    Row("8.1b-mb1-ckpt", BENCH, f"--micro-batch 1 --hidden-size 4096 --num-heads 32 --num-kv-heads 8 "
+        f"--intermediate-size 14336 --num-layers 36 --liger all {Z} --set model.gradient_checkpointing=true",
+        2_072, 127.7, optimizer_s=0.204),
+    # offload-max: `free -m` used, sampled every 5 s, peaked at 128,395 MiB (the host's OOM edge).
+    Row("6.74b-mb1-ckpt-offload", BENCH, "--micro-batch 1 --hidden-size 4096 --num-layers 32 --num-heads 32 "
+        f"--num-kv-heads 32 --intermediate-size 11008 --liger all {Z} --set model.gradient_checkpointing=true "
+        "--offload", 315, 16.3, host_used_gib=128_395 / 1024, cpus=16),
+)
+BY_ID = {row.id: row for row in ROWS}

@@ -1,0 +1,352 @@
+"""The planner's choice for "auto" settings: the fastest predicted setting that fits, and why.
+
+Start at `resolve_auto` (called by raytrain.planning.resolve.resolve_run, so the real run, `--dry-run`
+and `python -m raytrain.tools.plan` make the same choice). The keys it may choose, each only when
+the user wrote "auto" there (every value the user wrote wins):
+
+- `training.micro_batch_size_per_gpu: auto` (the DeepSpeed JSON's train_micro_batch_size_per_gpu
+  then "auto" or absent, as Hugging Face's "auto" fills it from the trainer);
+- `model.gradient_checkpointing: auto`;
+- `deepspeed.zero_optimization.offload_optimizer: auto` (none, or the CPU with a ratio), or
+  `offload_optimizer.ratio: auto` under a section that names the device;
+- `deepspeed.zero_optimization.sub_group_size: auto` (with the ratio: the split is by sub-group);
+- `deepspeed.zero_optimization.offload_param: auto` (only when nothing else fits).
+
+It enumerates these settings, keeps those whose peaks (raytrain.planning.estimate) fit the GPU
+and the host with the fit check's margins, ranks them by predicted tokens/s
+(raytrain.planning.throughput) and, among those within TIE of the best, takes the smallest
+micro-batch (the shortest step: past the GPU's saturation a larger one mostly amortises the
+optimizer step) and, for it, the setting that leaves the most headroom on its tighter limit. bf16
+optimizer states are never chosen: they cost accuracy; when only they would make a run fit, the error
+says so. On CPU (no throughput model there) it takes the largest
+micro-batch that fits, without checkpointing where possible.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, replace
+from typing import Any
+
+from raytrain.config import ConfigError, RunConfig
+from raytrain.deepspeed_config import load_deepspeed, resolve_deepspeed
+from raytrain.hardware import Target
+from raytrain.model import param_stats
+from raytrain.planning import zero_layout
+from raytrain.planning.estimate import Estimate, MemoryFacts, Setting, configured_setting, estimate, memory_facts
+from raytrain.planning.memory import GPU_RESERVE_FRACTION, HOST_RESERVE_FRACTION, capped_gpu_memory, fits, gib
+from raytrain.planning.throughput import Prediction, predict
+from raytrain.run_spec import ClusterShape
+
+AUTO = "auto"
+MAX_MICRO_BATCH = 128
+# Predictions closer than this are a tie (the model's spread against the calibration rows is a
+# few percent): the tie goes to the setting with the lowest GPU peak, i.e. the most headroom.
+TIE = 0.01
+_Z = "deepspeed.zero_optimization."
+
+
+@dataclass(frozen=True)
+class AutoKeys:
+    """Which settings the user left to the planner."""
+
+    micro_batch: bool = False
+    checkpointing: bool = False
+    offload_optimizer: str = ""
+    """"" (as written), "auto" (none or the CPU) or "ratio" (the device is written, the ratio is not)."""
+    sub_group_size: bool = False
+    offload_param: bool = False
+
+    def __bool__(self) -> bool:
+        return any(dataclasses.astuple(self))
+
+    def names(self) -> list[str]:
+        return [name for name, on in (
+            ("training.micro_batch_size_per_gpu", self.micro_batch),
+            ("model.gradient_checkpointing", self.checkpointing),
+            (f"{_Z}offload_optimizer" + (".ratio" if self.offload_optimizer == "ratio" else ""),
+             self.offload_optimizer),
+            (f"{_Z}sub_group_size", self.sub_group_size), (f"{_Z}offload_param", self.offload_param)) if on]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    estimate: Estimate
+    prediction: Prediction | None
+    grad_accum: int
+
+    @property
+    def setting(self) -> Setting:
+        return self.estimate.setting
+
+
+@dataclass(frozen=True)
+class Choice:
+    best: Candidate
+    runner_up: Candidate | None
+    num_fit: int
+    lines: tuple[str, ...]
+
+
+def find_autos(cfg: RunConfig, ds: dict[str, Any]) -> AutoKeys:
+    """The "auto" settings of a config, each checked for what it can be (one-line errors)."""
+    mb = cfg.training.micro_batch_size_per_gpu
+    _only_auto(mb, "training.micro_batch_size_per_gpu", "a positive integer")
+    _only_auto(cfg.model.gradient_checkpointing, "model.gradient_checkpointing", "true, false")
+    zero = ds.get("zero_optimization") if isinstance(ds.get("zero_optimization"), dict) else {}
+    opt = zero.get("offload_optimizer")
+    offload = "auto" if opt == AUTO else "ratio" if isinstance(opt, dict) and opt.get("ratio") == AUTO else ""
+    if offload == "ratio" and str(opt.get("device", "none")).lower() != "cpu":
+        raise ConfigError(f"{_Z}offload_optimizer.ratio=auto needs offload_optimizer.device=cpu (the ratio splits the "
+                          f"optimizer between the GPU and the CPU), got device {opt.get('device', 'none')!r}")
+    autos = AutoKeys(micro_batch=mb == AUTO, checkpointing=cfg.model.gradient_checkpointing == AUTO,
+                     offload_optimizer=offload, sub_group_size=zero.get("sub_group_size") == AUTO,
+                     offload_param=zero.get("offload_param") == AUTO)
+    if autos.micro_batch:
+        given = {k: ds.get(k) for k in ("train_micro_batch_size_per_gpu", "train_batch_size",
+                                        "gradient_accumulation_steps")}
+        if isinstance(given["train_micro_batch_size_per_gpu"], int):
+            raise ConfigError(f"training.micro_batch_size_per_gpu=auto but deepspeed.train_micro_batch_size_per_gpu="
+                              f"{given['train_micro_batch_size_per_gpu']} sets it: drop one of them")
+        if isinstance(given["train_batch_size"], int) and (
+                isinstance(given["gradient_accumulation_steps"], int) or cfg.training.gradient_accumulation_steps):
+            raise ConfigError("training.micro_batch_size_per_gpu=auto but deepspeed.train_batch_size and the gradient "
+                              "accumulation steps fix the micro-batch: make train_batch_size \"auto\" or leave the "
+                              "accumulation steps free")
+    return autos
+
+
+def _only_auto(value: Any, key: str, what: str) -> None:
+    if isinstance(value, str) and value != AUTO:
+        raise ConfigError(f"{key} must be {what} or \"auto\" (the planner chooses), got {value!r}")
+
+
+def resolve_auto(cfg: RunConfig, shape: ClusterShape, hf_config,
+                 target: Target | None) -> tuple[RunConfig, Choice | None]:
+    """`cfg` with its "auto" settings chosen for `shape` and `target` (unchanged when it has none)."""
+    ds_raw = load_deepspeed(cfg.deepspeed)
+    autos = find_autos(cfg, ds_raw)
+    if not autos:
+        return cfg, None
+    target = target or Target()
+    gpu_mem = capped_gpu_memory(target.gpu_memory_bytes, cfg.scaling.gpu_memory_fraction)
+    if shape.use_gpu and gpu_mem is None:
+        raise ConfigError(f"{', '.join(autos.names())}=auto needs the GPU memory of the target, which is unknown here: "
+                          f"plan with python -m raytrain.tools.plan --gpu-memory-gib N (or run on the cluster), "
+                          f"or set the values")
+    template = _placeholders(cfg, ds_raw, autos)
+    ds_t = resolve_deepspeed(template.deepspeed, template.training, world_size=shape.num_workers, use_gpu=shape.use_gpu,
+                             hidden_size=hf_config.hidden_size, gpus_per_node=shape.gpus_per_node)
+    _check_offload_optimizer(autos, ds_t)
+    per_node = min(target.gpus_per_node or shape.gpus_per_node or (8 if shape.use_gpu else shape.num_workers),
+                   shape.num_workers)
+    facts = memory_facts(ds_t, template, use_gpu=shape.use_gpu, world_size=shape.num_workers,
+                         workers_per_node=per_node, stats=param_stats(hf_config, cfg.model.trust_remote_code),
+                         hf_config=hf_config)
+    if autos.offload_optimizer == "auto":
+        facts = replace(facts, pin_memory=True)  # what the chosen section will say
+    grad_accum = _grad_accum_rule(ds_raw, cfg, shape.num_workers)
+    base = configured_setting(ds_t, template.model.gradient_checkpointing is True)
+    search = dict(cfg=cfg, autos=autos, base=base, grad_accum=grad_accum, gpu_mem=gpu_mem,
+                  host_mem=target.host_memory_bytes)
+    choice = _search(facts, **search)
+    if choice is None:
+        raise ConfigError(_nothing_fits(facts, **search))
+    return apply(cfg, ds_raw, autos, choice.best.setting), choice
+
+
+def _placeholders(cfg: RunConfig, ds_raw: dict[str, Any], autos: AutoKeys) -> RunConfig:
+    """The config with a concrete stand-in for every "auto" setting, so the rest resolves as usual."""
+    return apply(cfg, ds_raw, autos, Setting(micro_batch=1, gradient_checkpointing=False,
+                                             offload_optimizer=autos.offload_optimizer == "ratio"))
+
+
+def apply(cfg: RunConfig, ds_raw: dict[str, Any], autos: AutoKeys, s: Setting) -> RunConfig:
+    """`cfg` with the "auto" settings replaced by `s`'s values (nothing else is touched)."""
+    ds = copy.deepcopy(ds_raw)
+    training, model = cfg.training, cfg.model
+    if autos.micro_batch:
+        training = replace(training, micro_batch_size_per_gpu=s.micro_batch)
+        ds["train_micro_batch_size_per_gpu"] = s.micro_batch
+    if autos.checkpointing:
+        model = replace(model, gradient_checkpointing=s.gradient_checkpointing)
+    zero = ds.get("zero_optimization")
+    if autos.offload_optimizer == "auto":
+        zero["offload_optimizer"] = ({"device": "cpu", "pin_memory": True, "ratio": s.ratio}
+                                     if s.offload_optimizer else {"device": "none"})
+    elif autos.offload_optimizer == "ratio":
+        zero["offload_optimizer"]["ratio"] = s.ratio
+    if autos.sub_group_size:
+        zero["sub_group_size"] = s.sub_group_size
+    if autos.offload_param:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True} if s.offload_param else {"device": "none"}
+    return replace(cfg, training=training, model=model, deepspeed=ds)
+
+
+def _check_offload_optimizer(autos: AutoKeys, ds: dict[str, Any]) -> None:
+    if not (autos.offload_optimizer or autos.offload_param):
+        return
+    stage = int(ds["zero_optimization"].get("stage", 0))
+    key = f"{_Z}" + ("offload_param" if not autos.offload_optimizer else
+                     "offload_optimizer.ratio" if autos.offload_optimizer == "ratio" else "offload_optimizer")
+    if stage == 0 or (stage < 3 and (autos.offload_optimizer == "ratio" or autos.offload_param)):
+        raise ConfigError(f"{key}=auto needs ZeRO stage 3 (zero_optimization.stage is {stage}): set stage 3 or write "
+                          f"the offload setting yourself")
+    opt = ds.get("optimizer") or {}
+    kind = str(opt.get("type", "")).lower()
+    if opt and (kind not in ("adam", "adamw") or (opt.get("params") or {}).get("torch_adam")):
+        torch_adam = " with torch_adam" if kind in ("adam", "adamw") else ""
+        raise ConfigError(f"{key}=auto plans DeepSpeed's CPU Adam for the host side, but the DeepSpeed JSON's "
+                          f"optimizer is {opt.get('type')!r}{torch_adam}: write the offload setting yourself, or "
+                          f"drop the optimizer section (raytrain's AdamW)")
+
+
+def _grad_accum_rule(ds_raw: dict[str, Any], cfg: RunConfig, world: int):
+    """Gradient accumulation as a function of the micro-batch (None: that micro-batch is not allowed)."""
+    tbs, gas = ds_raw.get("train_batch_size"), ds_raw.get("gradient_accumulation_steps")
+    fixed = gas if isinstance(gas, int) else cfg.training.gradient_accumulation_steps
+    if isinstance(tbs, int) and not fixed:
+        return lambda mb: tbs // (mb * world) if tbs % (mb * world) == 0 else None
+    return lambda mb: fixed or 1
+
+
+def _micro_batches(cfg: RunConfig, autos: AutoKeys, base: Setting, grad_accum, world: int) -> list[int]:
+    if not autos.micro_batch:
+        return [base.micro_batch]
+    per_worker = (cfg.data.num_shards // world) if cfg.data.num_shards else 1
+    return [mb for mb in range(1, MAX_MICRO_BATCH + 1) if mb % per_worker == 0 and grad_accum(mb)]
+
+
+def _structures(f: MemoryFacts, autos: AutoKeys, base: Setting, with_param_offload: bool) -> list[Setting]:
+    """The non-micro-batch part of every candidate (micro_batch=1); `base`: the settings as written."""
+    ckpts = (False, True) if autos.checkpointing else (base.gradient_checkpointing,)
+    sgs_list = zero_layout.SUB_GROUP_SIZES if autos.sub_group_size else (base.sub_group_size,)
+    out = []
+    for sgs in sgs_list:
+        offloads = [(base.offload_optimizer, base.ratio)]
+        if autos.offload_optimizer and f.use_gpu:
+            num = len(f.sub_groups(sgs))
+            offloads = [(True, zero_layout.ratio_for(num, k)) for k in range(num)] if f.stage == 3 else [(True, 1.0)]
+            # bf16 master weights with fp32 moments need optimizer offload (DeepSpeed asserts otherwise)
+            needs_offload = f.bf16_master and not f.bf16_states
+            if autos.offload_optimizer == "auto" and not with_param_offload and not needs_offload:
+                offloads.insert(0, (False, 1.0))
+        for opt, ratio in offloads:
+            for ckpt in ckpts:
+                param = with_param_offload or (base.offload_param and not autos.offload_param)
+                out.append(replace(base, micro_batch=1, gradient_checkpointing=ckpt, offload_optimizer=opt, ratio=ratio,
+                                   sub_group_size=sgs, offload_param=param))
+    return list(dict.fromkeys(out))
+
+
+def _search(f: MemoryFacts, *, cfg, autos, base, grad_accum, gpu_mem, host_mem) -> Choice | None:
+    mbs = _micro_batches(cfg, autos, base, grad_accum, f.world_size)
+    cand = _candidates(f, autos, base, mbs, grad_accum, cfg, gpu_mem, host_mem, with_param_offload=False)
+    if not cand and autos.offload_param and f.use_gpu:
+        cand = _candidates(f, autos, base, mbs, grad_accum, cfg, gpu_mem, host_mem, with_param_offload=True)
+    if not cand:
+        return None
+    if not f.use_gpu:
+        best = max(cand, key=lambda c: (not c.setting.gradient_checkpointing, c.setting.micro_batch))
+        return Choice(best=best, runner_up=None, num_fit=len(cand), lines=(_line_cpu(best, autos),))
+    top = max(c.prediction.tokens_per_s for c in cand)
+    usage = lambda c: max(c.estimate.worker_bytes / gpu_mem, c.estimate.host_bytes_per_node / host_mem  # noqa: E731
+                          if host_mem else 0.0)
+    best = min((c for c in cand if c.prediction.tokens_per_s >= top * (1 - TIE)),
+               key=lambda c: (c.setting.micro_batch, usage(c), -c.prediction.tokens_per_s))
+    kind = lambda c: (c.setting.offload, c.setting.gradient_checkpointing)  # noqa: E731
+    others = [c for c in cand if kind(c) != kind(best)]
+    runner_up = max(others, key=lambda c: c.prediction.tokens_per_s) if others else None
+    return Choice(best=best, runner_up=runner_up, num_fit=len(cand),
+                  lines=_lines(f, best, runner_up, autos, len(cand), gpu_mem, host_mem))
+
+
+def _candidates(f, autos, base, mbs, grad_accum, cfg, gpu_mem, host_mem, *, with_param_offload) -> list[Candidate]:
+    """Every (structure, micro-batch) that fits, with its prediction (estimates only where needed)."""
+    out = []
+    peak = cfg.training.peak_tflops_per_gpu * 1e12
+    subs_by_size = {}
+    for s0 in _structures(f, autos, base, with_param_offload):
+        subs = subs_by_size.setdefault(s0.sub_group_size, f.sub_groups(s0.sub_group_size))
+        def fit(mb: int, s0=s0, subs=subs) -> bool:
+            return fits(estimate(f, replace(s0, micro_batch=mb), subs), gpu_mem, host_mem, f.use_gpu)
+
+        lo, hi = 0, len(mbs)  # memory grows with the micro-batch: the fitting ones are a prefix of mbs
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (mid + 1, hi) if fit(mbs[mid]) else (lo, mid)
+        for mb in mbs[:lo]:
+            e = estimate(f, replace(s0, micro_batch=mb), subs)
+            pred = predict(f, e, grad_accum=grad_accum(mb), cpus_per_worker=cfg.scaling.cpus_per_worker,
+                           peak_flops=peak) if f.use_gpu else None
+            out.append(Candidate(estimate=e, prediction=pred, grad_accum=grad_accum(mb)))
+    return out
+
+
+def describe(c: Candidate) -> str:
+    s, e = c.setting, c.estimate
+    parts = [f"micro-batch {s.micro_batch}" + (f" x {c.grad_accum} accumulation" if c.grad_accum > 1 else "")]
+    if s.offload_optimizer and s.ratio < 1:
+        parts.append(f"optimizer offload ratio {s.ratio:g} (sub_group_size {_count_e(s.sub_group_size)}: states of "
+                     f"{_count(e.params_on_host)} of {_count(e.params_on_host + e.params_on_gpu)} params on the host)")
+    elif s.offload_optimizer:
+        parts.append("full optimizer offload")
+    else:
+        parts.append("no offload")
+    if s.offload_param:
+        parts.append("parameter offload")
+    parts.append("checkpointing" if s.gradient_checkpointing else "no checkpointing")
+    return ", ".join(parts)
+
+
+def _count_e(n: int) -> str:
+    return f"{n:.0e}".replace("e+0", "e").replace("e+", "e")
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+
+def _lines(f, best: Candidate, runner_up: Candidate | None, autos: AutoKeys, num_fit: int,
+           gpu_mem, host_mem) -> tuple[str, ...]:
+    p, e = best.prediction, best.estimate
+    usable_gpu = gpu_mem * (1 - GPU_RESERVE_FRACTION)
+    host = (f"host {gib(e.host_bytes_per_node)}" + (f" of {gib(host_mem * (1 - HOST_RESERVE_FRACTION))} usable"
+                                                   if host_mem else ""))
+    first = (f"chose {describe(best)}: {p.tokens_per_s:,.0f} tokens/s per GPU predicted ({p.mfu:.1%} MFU), "
+             f"GPU peak {gib(e.worker_bytes)} of {gib(usable_gpu)} usable, {host}")
+    second = (f"runner-up {describe(runner_up)}: {runner_up.prediction.tokens_per_s:,.0f} tokens/s"
+              if runner_up else "no other kind of setting fits")
+    second += (f"; {num_fit} settings of {', '.join(autos.names())} fit; ranked by raytrain/planning/throughput.py "
+               f"(calibrated on one H200)")
+    return first, second
+
+
+def _line_cpu(best: Candidate, autos: AutoKeys) -> str:
+    e = best.estimate
+    return (f"chose {describe(best)} for {', '.join(autos.names())}: the largest micro-batch that fits host RAM "
+            f"({gib(e.host_bytes_per_node)} per node; on CPU there is no throughput model)")
+
+
+def _nothing_fits(f: MemoryFacts, *, cfg, autos, base, grad_accum, gpu_mem, host_mem) -> str:
+    names = ", ".join(autos.names())
+    mb = min(_micro_batches(cfg, autos, base, grad_accum, f.world_size) or [base.micro_batch])
+    usable = lambda e: max(e.worker_bytes / (gpu_mem * (1 - GPU_RESERVE_FRACTION)) if gpu_mem else 0.0,  # noqa: E731
+                           e.host_bytes_per_node / (host_mem * (1 - HOST_RESERVE_FRACTION)) if host_mem else 0.0)
+    smallest = min((estimate(f, replace(s, micro_batch=mb))
+                    for s in _structures(f, autos, base, autos.offload_param and f.use_gpu)), key=usable)
+    need = (f"the closest, {describe(Candidate(smallest, None, grad_accum(mb) or 1))}, needs "
+            f"{gib(smallest.worker_bytes)} per GPU and {gib(smallest.host_bytes_per_node)} host RAM per node "
+            f"({gib((gpu_mem or 0) * (1 - GPU_RESERVE_FRACTION))} and "
+            f"{gib((host_mem or 0) * (1 - HOST_RESERVE_FRACTION))} usable)")
+    hint = "add GPUs with scaling.num_workers, or lower data.seq_len"
+    if f.use_gpu and not f.bf16_states and f.precision == "bf16":
+        bf16 = replace(f, bf16_master=True, bf16_states=True)
+        choice = _search(bf16, cfg=cfg, autos=autos, base=base, grad_accum=grad_accum, gpu_mem=gpu_mem,
+                         host_mem=host_mem)
+        if choice is not None:
+            master = "" if f.bf16_master else "deepspeed.bf16.bf16_master_weights_and_grads=true "
+            hint = (f"with bf16 optimizer states ({master}deepspeed.bf16.bf16_optimizer_states=true: they cost "
+                    f"accuracy, so raytrain never picks them itself) {describe(choice.best)} fits")
+    return f"no setting of {names} fits: {need}; {hint}"
