@@ -92,7 +92,7 @@ offload)
   ;;
 checks)  # fp16 (the seed's precision) with and without optimizer offload, and bf16, on the worker's own
   # engine: flags on, losses finite and falling (benchmarks/gpu_checks.py; CPU tests cannot run fp16)
-  timeout "${CHECKS_S:-300}" python benchmarks/gpu_checks.py fp16 fp16-offload bf16 > "$W/checks.log" 2>&1
+  timeout "${CHECKS_S:-300}" python benchmarks/gpu_checks.py ${GPU_CHECKS:-fp16 fp16-offload bf16} > "$W/checks.log" 2>&1
   echo "checks: rc=$?" >> "$W/status.txt"
   grep '^GPU_CHECK' "$W/checks.log" | cut -c11- > "$W/checks.jsonl"; cat "$W/checks.jsonl"
   ;;
