@@ -13,6 +13,9 @@
 # Issue 14 (the planner; docs/plan-accuracy.md has each variant's predictions, in order of value):
 # plan13b:   configs/llama-13b-1gpu.yaml trains 10 steps through raytrain.main (~6 min); then plain
 #            DeepSpeed at the same planner-chosen settings if the budget is left (~4 min more).
+# plan13b-twin: the same 13B settings on the bench's plain-DeepSpeed and raytrain paths (~8 min).
+# main1b:    configs/llama-1b-1gpu.yaml through raytrain.main for 16 steps (~3 min).
+# convert1b: a 4-step 1.1B run's checkpoint through DeepSpeed's ds_to_universal, timed (elastic resizes run it).
 # plan7b:    the 7.24B shape with micro-batch, checkpointing and offload "auto", deepspeed + raytrain (~4.5 min).
 # plan1b:    1.1B with the GPU capped at 24 GiB (the full optimizer states plus the shipped micro-batch
 #            cannot fit), "auto", deepspeed + raytrain, then the uncapped no-offload reference at GA 4
@@ -24,7 +27,7 @@
 # Every bench record carries the planner's prediction ("predicted"), the GPU peak (max_memory_allocated)
 # and the host's used memory sampled every 2 s; host_used_mib.txt samples the whole part the same way.
 set -u
-part=${1:?reader, offload, compile, compile-noliger, checks, offload-max, plan13b, plan7b, plan1b, fp16 or mfu62}
+part=${1:?reader, offload, compile, compile-noliger, checks, offload-max, plan13b, plan13b-twin, plan7b, plan1b, fp16, mfu62, main1b or convert1b}
 OUT=${OUT:-/tmp/out}; W=/tmp/bench_$part; mkdir -p "$OUT" "$W"
 END=$(( $(date +%s) + ${BUDGET_S:-560} ))
 export TORCH_EXTENSIONS_DIR=/tmp/torch_ext
@@ -41,7 +44,7 @@ S13=(--hidden-size 5120 --num-layers 40 --num-heads 40 --num-kv-heads 40 --inter
 BF16_STATES=(--set deepspeed.bf16.bf16_master_weights_and_grads=true --set deepspeed.bf16.bf16_optimizer_states=true)
 # 24 GiB and 84 GiB of the H200's 143,771 MiB (torch.cuda.set_per_process_memory_fraction and the planner)
 CAP24=0.171; CAP84=0.598
-case $part in plan*|fp16|mfu62)
+case $part in plan*|fp16|mfu62|main1b|convert1b)
   (while true; do free -m | awk 'NR==2{print $3}'; sleep 2; done) > "$W/host_used_mib.txt" & hostmem=$!
   { python -c 'import torch; print("torch", torch.__version__)'; nproc; free -g | head -2; ulimit -l
     strings "$(python -c 'import torch, os; print(os.path.dirname(torch.__file__))')/lib/libc10.so" \
@@ -121,6 +124,30 @@ plan13b)  # the shipped 13B config, 10 steps; stopped after step 10 (its final c
   variant 13b-deepspeed 240 --paths deepspeed "${S13[@]}" "${AUTO[@]}" "${BF16_STATES[@]}" "${Z[@]}" \
     --grad-accum 1 --steps 2 --warmup-steps 2 --window 2 --no-profile
   ;;
+plan13b-twin)  # 13B at the planner's settings on both bench paths (the part plan13b's budget left no room for)
+  T13=(--paths deepspeed "${S13[@]}" "${AUTO[@]}" "${BF16_STATES[@]}" "${Z[@]}" --grad-accum 1 --steps 4 --warmup-steps 2 --window 2 --no-profile)
+  variant 13b-deepspeed 280 "${T13[@]}"
+  variant 13b-raytrain 300 "${T13[@]}" --paths raytrain
+  ;;
+main1b)  # the shipped 1.1B config through python -m raytrain.main, as a user runs it (after the merges of issues 12-15)
+  t0=$(date +%s)
+  timeout $(( END - $(date +%s) - 10 )) python -m raytrain.main --config configs/llama-1b-1gpu.yaml training.max_steps=16 \
+    training.log_every_n_steps=2 checkpoint.every_n_steps=1000 checkpoint.storage_path=/tmp/runs1b data.progress_every_s=0 \
+    > "$W/1b-main.log" 2>&1; echo "1b raytrain.main rc=$? in $(( $(date +%s) - t0 ))s, $(wc -l < "$W/1b-main.log") lines" >> "$W/status.txt"
+  grep -E "raytrain:|step [0-9]+/16 " "$W/1b-main.log" | tail -16 >> "$W/status.txt"
+  grep -c "falling back to serialize as pickled" "$W/1b-main.log" | sed 's/^/pickled-fallback lines: /' >> "$W/status.txt"
+  ;;
+convert1b)  # DeepSpeed's universal conversion (what an elastic resize runs) of a real 1.1B checkpoint on the GPU host
+  timeout $(( END - $(date +%s) - 200 )) python -m raytrain.main --config configs/llama-1b-1gpu.yaml training.max_steps=4 \
+    training.log_every_n_steps=2 checkpoint.storage_path=/tmp/runs1bc checkpoint.name=c data.progress_every_s=0 \
+    > "$W/1b-main.log" 2>&1; echo "1b raytrain.main rc=$?" >> "$W/status.txt"
+  ck=/tmp/runs1bc/c/checkpoint_step_00000004; tag=$(python -c "from raytrain.checkpoint import layout; print(layout.tag_for(4))")
+  echo "checkpoint bytes $(du -sb "$ck/$tag" | cut -f1)" >> "$W/status.txt"
+  t0=$(date +%s.%N)
+  timeout $(( END - $(date +%s) - 5 )) python -m deepspeed.checkpoint.ds_to_universal --input_folder "$ck/$tag" \
+    --output_folder /tmp/univ1b > "$W/convert.log" 2>&1
+  echo "ds_to_universal rc=$? in $(python -c "print(round($(date +%s.%N) - $t0, 1))") s (nproc $(nproc)), universal bytes $(du -sb /tmp/univ1b | cut -f1)" >> "$W/status.txt"
+  ;;
 plan7b)
   variant 7b-auto 420 --paths deepspeed,raytrain "${S7[@]}" "${AUTO[@]}" "${Z[@]}" --grad-accum 2 \
     --steps 2 --warmup-steps 1 --window 1 --no-profile
@@ -143,7 +170,8 @@ fp16)  # the seed JSON's precision and offload at the shipped batch; bf16 the sa
   ;;
 mfu62)  # levers for 62% MFU at the shipped setting (issue 14 SPEC section 4); accumulation does not count
   B=(--paths deepspeed "${GAS4[@]}" "${Z[@]}")
-  variant 1b-base 120 "${B[@]}"
+  # the base on both paths: issue 13's re-measure of raytrain against plain DeepSpeed after the layout
+  variant 1b-base 170 --paths deepspeed,raytrain "${GAS4[@]}" "${Z[@]}" --set scaling.cpus_per_worker=14
   variant 1b-stage2 110 "${B[@]}" --no-profile --set deepspeed.zero_optimization.stage=2
   variant 1b-persistent 110 "${B[@]}" --no-profile --set deepspeed.zero_optimization.stage3_param_persistence_threshold=100000000
   if python -c 'import torchao' 2>/dev/null; then variant 1b-float8 140 "${B[@]}" --no-profile --float8

@@ -47,6 +47,13 @@ GPU_RESERVE_FRACTION = 0.10
 # nodes, the CUDA and NCCL libraries. The CPU figure is the measured RSS after imports
 # (docs/plan-accuracy.md); the GPU figure is a round allowance for the CUDA libraries on top.
 HOST_RESERVE_PER_GPU_WORKER = 4 * GIB
+# A GPU worker that offloads nothing still holds ~2 bytes per parameter of its partition on the host,
+# on top of a smaller base: fitted on the two measured rows (1.1B: 4.7 GiB, 7.24B: 16.2 GiB of host
+# used, docs/plan-accuracy.md), not yet attributed (host-side copies while zero.Init builds and
+# partitions the model are the likeliest) and measured at world size 1 only. With offload the rows
+# match without it (DeepSpeed's own host buffers take that place). Used as max(4 GiB reserve, this).
+HOST_BASE_WITHOUT_OFFLOAD = int(2.64 * GIB)
+HOST_BYTES_PER_PARAM_WITHOUT_OFFLOAD = 2
 HOST_RESERVE_PER_CPU_WORKER = 1 * GIB
 # On CPU, glibc keeps freed blocks below its adaptive mmap threshold (up to 32 MiB: most activation
 # tensors) in the heap, so a worker's peak RSS runs above its live tensors: +15% to +32% measured.
@@ -286,6 +293,9 @@ def estimate(f: MemoryFacts, s: Setting, subs: list[int] | None = None) -> Estim
     if f.use_gpu:
         per_worker = device
         host_per_worker = host_states + HOST_RESERVE_PER_GPU_WORKER
+        if not opt_off and not par_off:
+            host_per_worker = max(host_per_worker, host_states + HOST_BASE_WITHOUT_OFFLOAD +
+                                  HOST_BYTES_PER_PARAM_WITHOUT_OFFLOAD * n)
     else:
         # On CPU the "device" is host RAM: everything a worker holds is on its node.
         per_worker = device + host_states
