@@ -11,10 +11,18 @@ a CPU worker must set DS_ACCELERATOR=cpu first (raytrain.worker.engine.import_de
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from ray.data._internal.iterator.stream_split_iterator import StreamSplitDataIterator
 from ray.train.torch.config import _TorchBackend
+from ray.train.v2._internal.execution.controller.state import RunningState, SchedulingState
+from ray.train.v2._internal.execution.scaling_policy import (
+    AUTOSCALING_REQUESTS_GET_TIMEOUT_S,
+    ElasticScalingPolicy,
+    NoopDecision,
+)
+from ray.train.v2._internal.execution.callback import ControllerCallback
 
 CHECKED = {"ray": "2.60.0", "deepspeed": "0.19.8", "torch": "2.13.0"}
 """The versions every entry below was checked against (torch: 2.11 on the GPU image too)."""
@@ -45,6 +53,36 @@ def split_coordinator(split: StreamSplitDataIterator):
     return split._coord_actor
 
 
+class OnControllerStart(ControllerCallback):
+    """Hands the Ray Train controller of a run to `tell(controller)`, in the controller's process,
+    as it starts: raytrain's counter holds it to stop the run (`abort_train_run`).
+
+    ControllerCallback (ray/train/v2/_internal/execution/callback.py, ray 2.60.0, a DeveloperAPI)
+    in RunConfig(callbacks=...): Ray Train calls `after_controller_start` in the controller and
+    passes callbacks that are not UserCallbacks on as they are ("custom workarounds built on top of
+    internal callbacks", api/data_parallel_trainer.py). The public UserCallback has no start hook,
+    and nothing public returns the controller's handle.
+    """
+
+    def __init__(self, tell):
+        self._tell = tell
+
+    def after_controller_start(self, train_run_context) -> None:
+        import ray
+
+        self._tell(ray.get_runtime_context().current_actor)
+
+
+def abort_train_run(controller):
+    """Stop a Ray Train run now, as Ctrl-C on its driver does: TrainController.abort (ray/train/v2/
+    _internal/execution/controller/controller.py, ray 2.60.0; what DataParallelTrainer's SIGINT
+    handler calls) kills the worker group, marks the run aborted and ends the controller, so the
+    driver's trainer.fit() raises RayActorError. Never retried, unlike an error raised by a worker
+    (FailureConfig.max_failures counts those). Returns at once: the ObjectRef of the call, which
+    raises RayActorError when got (the controller ends itself)."""
+    return controller.abort.remote()
+
+
 def quiet_ray_train_report_log() -> None:
     """Ray Train V2 logs each ray.train.report at INFO from every rank, the whole metrics dict and
     checkpoint in one long line, burying raytrain's progress line. It is that module's only INFO
@@ -53,6 +91,16 @@ def quiet_ray_train_report_log() -> None:
     from ray.train.v2._internal.execution import context
 
     logging.getLogger(context.__file__).setLevel(logging.WARNING)
+
+
+def dashboard_dependency_error() -> str | None:
+    """Why Ray's dashboard cannot start in this environment (a minimal `ray` without `ray[default]`'s
+    packages), or None. ray.init(include_dashboard=True) raises a bare Exception for it, after it
+    has started part of the cluster. ray/_private/utils.py, Ray 2.60."""
+    from ray._private.utils import get_dashboard_dependency_error
+
+    error = get_dashboard_dependency_error()
+    return None if error is None else str(error)
 
 
 def torch_extension_build_dir(op_name: str) -> Path:
@@ -76,6 +124,145 @@ def disable_deepspeed_op(name: str) -> None:
     deepspeed.ops.__compatible_ops__[name] = False
 
 
+# ---------------------------------------------------------------------------------------------
+# Ray Train V2's elastic mode (ray 2.60.0). No public API chooses the scaling policy or reads the
+# cluster the way raytrain's replacement timeout needs (raytrain.driver.elastic says why).
+
+
+class ElasticPolicyBase(ElasticScalingPolicy):
+    """Ray's ElasticScalingPolicy (ray/train/v2/_internal/execution/scaling_policy/elastic.py), with
+    what raytrain's policy (raytrain.driver.elastic) uses of it by name, in one place. A subclass
+    overrides `make_decision_for_non_running_worker_group` (Ray's hook, called by the controller
+    while no group runs: start, restart, reschedule) with the helpers below, and `group_started`.
+    Ray's running-group decision (a resize every elastic_resize_monitor_interval_s) is kept.
+    """
+
+    # Ray's own throttle of reservation queries (elastic.py: GET_RESERVED_RESOURCES_INTERVAL_S = 1)
+    RESERVATION_INTERVAL_S = 1.0
+
+    def group_started(self, num_workers: int) -> None:
+        """A worker group of `num_workers` has started running."""
+
+    def placeable_workers(self) -> int | None:
+        """Workers the cluster can hold now (capped at the maximum), or None when the
+        coordinator could not be asked (then decide nothing this round)."""
+        reserved = self._get_reserved_resources()
+        return None if reserved is None else self._count_possible_workers(reserved)
+
+    def request_resources(self) -> None:
+        """Renew the request for max workers with the AutoscalingCoordinator (and the autoscaler)."""
+        self._maybe_send_resource_request()
+
+    def start_group(self, num_workers: int):
+        return self._get_resize_decision(num_workers)
+
+    def no_decision(self):
+        return NoopDecision()
+
+    # -- overrides of Ray's private methods ------------------------------------------------
+
+    def _get_reserved_resources(self):
+        """Ray's reservation query (elastic.py:257-287), with recompute=True: the coordinator
+        re-reads the cluster first instead of answering from its last tick (every 20 s,
+        default_autoscaling_coordinator.py TICK_INTERVAL_S). Without it a node lost a moment ago
+        still counts (the group is retried at the old size and waits for a placement group that
+        cannot be placed), and a node that joined is seen up to 20 s late. Both paths use it:
+        the non-running decisions and the running group's grow check."""
+        import time
+
+        import ray
+
+        now = time.monotonic()
+        if now - getattr(self, "_raytrain_reserved_at", float("-inf")) < self.RESERVATION_INTERVAL_S:
+            return self._latest_reserved_resources
+        try:
+            reserved = ray.get(self._autoscaling_coordinator.get_reserved_resources.remote(
+                self._requester_id, recompute=True), timeout=AUTOSCALING_REQUESTS_GET_TIMEOUT_S)
+        except Exception:  # noqa: BLE001  (Ray's own handling: log, decide nothing this round)
+            logging.getLogger("ray.train").warning("raytrain: could not read the cluster's reserved resources",
+                                                  exc_info=True)
+            reserved = None
+        self._raytrain_reserved_at, self._latest_reserved_resources = time.monotonic(), reserved
+        return reserved
+
+    def after_controller_state_update(self, previous_state, current_state) -> None:
+        """ControllerCallback hook (ray/train/v2/_internal/execution/callback.py); the policy is
+        the controller's first callback (controller.py:169-175). Scheduling -> Running: a group
+        of the scheduled size started."""
+        if isinstance(previous_state, SchedulingState) and isinstance(current_state, RunningState):
+            self.group_started(previous_state.scaling_decision.num_workers)
+
+
+def install_scaling_policy(factory) -> Callable[[], None]:
+    """Make TorchTrainer.fit in this process build its scaling policy with `factory(scaling_config)`
+    (None from the factory: Ray's own). Ray looks `create_scaling_policy` up in the trainer's module
+    at fit() time (ray/train/v2/api/data_parallel_trainer.py:58 imports it, :182 calls it), and the
+    policy object is pickled to the controller actor. Returns the undo."""
+    import ray.train.v2.api.data_parallel_trainer as trainer_module
+
+    stock = trainer_module.create_scaling_policy
+
+    def create(scaling_config):
+        return factory(scaling_config) or stock(scaling_config)
+
+    trainer_module.create_scaling_policy = create
+
+    def undo() -> None:
+        trainer_module.create_scaling_policy = stock
+
+    return undo
+
+
+# Ray Train's environment variable for how long a worker group's placement group may stay pending
+# (ray/train/v2/_internal/constants.py:45-46, default 60 s; read by WorkerGroup in the controller,
+# worker_group.py:296-305, and propagated from the driver by get_env_vars_to_propagate). A public
+# knob, but undocumented: raytrain's replacement timeout is built on it.
+WORKER_GROUP_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+
+
+# ---------------------------------------------------------------------------------------------
+# DeepSpeed's universal checkpoint load and per-group optimizer settings (deepspeed 0.19.8).
+
+
+def zero_basic_optimizer(engine):
+    """The torch optimizer a ZeRO engine wraps (DeepSpeedZeroOptimizer_Stage3.optimizer, stage3.py),
+    whose param_groups hold the hyperparameters the step reads."""
+    return engine.optimizer.optimizer
+
+
+# Keys a universal load must not bring back from the snapshot: the parameters (ZeRO's flat
+# partitions, swapped in per step) and what the LR schedule drives.
+_SCHEDULED_KEYS = ("params", "lr", "initial_lr")
+
+
+def param_group_settings(engine) -> list[dict]:
+    """Each optimizer group's settings but its parameters and scheduled LR (a snapshot)."""
+    return [{k: v for k, v in g.items() if k not in _SCHEDULED_KEYS} for g in zero_basic_optimizer(engine).param_groups]
+
+
+def repair_universal_load(engine, settings: list[dict]) -> None:
+    """Undo two things DeepSpeed's universal load (load_hp_checkpoint_state_from_checkpoint_dir_stage3,
+    stage3.py:3653-3691) does to the optimizer, both of which change the training from its first step:
+
+    - it gives every param group group 0's hyperparameters ("Generally, the hyperparameters of
+      each parameter should be the same", :3684-3691), so raytrain's no-decay group (biases,
+      norms) would start decaying: `settings`, the snapshot taken before the load, is put back;
+    - it hands every sub-group the same `step` tensor (`state[fp32_param]['step'] = state_step`,
+      :3680), and torch's Adam increments it in place, once per sub-group per step: every group but
+      the first then bias-corrects with a wrong step count (measured: the norms' update 5% off after
+      one step, the loss 1e-3 off a fixed-size run after ten). Each sub-group gets its own copy.
+    """
+    optimizer = zero_basic_optimizer(engine)
+    groups = optimizer.param_groups
+    if len(groups) != len(settings):
+        raise RuntimeError(f"the optimizer has {len(groups)} param groups after the universal load, "
+                           f"{len(settings)} before")
+    for group, saved in zip(groups, settings):
+        group.update(saved)
+    for state in optimizer.state.values():
+        step = state.get("step")
+        if hasattr(step, "clone"):
+            state["step"] = step.clone()
 def share_backup_optimizer_param_groups(zero_optimizer) -> bool:
     """Make the GPU side of a partial optimizer offload follow the LR schedule; True if there was one.
 
@@ -101,3 +288,52 @@ def share_backup_optimizer_param_groups(zero_optimizer) -> bool:
             group.setdefault(key, value)
         backup.param_groups[i] = group  # its params list is DeepSpeed's (empty between steps), not the dummy's
     return True
+
+
+def parse_deepspeed_config(param_dict, world_size: int):
+    """DeepSpeed's own parsing and checks of a config dict, for `world_size` ranks, on the driver.
+
+    DeepSpeedConfig (deepspeed/runtime/config.py, 0.19.8) takes no world size: its __init__ asks
+    deepspeed.comm, and without a process group (the driver has none) falls back to 1, so its batch
+    assertion would check train_batch_size against one rank. This builds the object as __init__
+    does after that point, in the same order: _reject_removed_config_keys, _initialize_params (every
+    section's parsing: the pydantic models of zero_optimization, bf16, fp16, compile, ...),
+    _configure_train_batch_size (DeepSpeed's batch rule and assertion) and _do_sanity_check.
+    `param_dict` may be any dict subclass (raytrain.planning.deepspeed_check records the reads).
+    Costs the deepspeed import (~2 s, once per process) and a few milliseconds.
+    """
+    deepspeed_config = import_deepspeed_quietly().runtime.config
+    config = deepspeed_config.DeepSpeedConfig.__new__(deepspeed_config.DeepSpeedConfig)
+    config._param_dict = param_dict
+    config.global_rank, config.world_size = 0, world_size
+    deepspeed_config._reject_removed_config_keys(param_dict)
+    config._initialize_params(param_dict)
+    config._configure_train_batch_size()
+    config._do_sanity_check()
+    return config
+
+
+def import_deepspeed_quietly():
+    """`import deepspeed` on the driver without its accelerator guess on stdout.
+
+    Importing deepspeed picks an accelerator and, on a machine without a GPU (a laptop planning a
+    GPU cluster), logs "Setting accelerator to CPU. If you have GPU ..." through its "DeepSpeed"
+    logger, whose handler writes to stdout (deepspeed/utils/logging.py, accelerator/
+    real_accelerator.py, 0.19.8): that line would land in `--dry-run`'s JSON. The driver only
+    parses configs with it; the workers pick their own accelerator. Other messages pass."""
+    import sys
+
+    if "deepspeed" in sys.modules:
+        return sys.modules["deepspeed"]
+
+    def not_the_guess(record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Setting accelerator to CPU")
+
+    logger = logging.getLogger("DeepSpeed")  # the object deepspeed's LoggerFactory configures
+    logger.addFilter(not_the_guess)
+    try:
+        import deepspeed
+        import deepspeed.runtime.config  # noqa: F401
+    finally:
+        logger.removeFilter(not_the_guess)
+    return deepspeed

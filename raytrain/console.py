@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import re
 import sys
@@ -26,6 +27,41 @@ def say(line: str, err: bool = False) -> None:
     stream = sys.stderr if err else sys.stdout
     stream.write(line + "\n")
     stream.flush()
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with raytrain's error line for the command lines: one line on stderr,
+    `raytrain: error: <what> (see <prog> --help)`, exit code 2. argparse's own prints the usage
+    block first, so a mistake in a flag read as several lines unlike every other mistake.
+    Abbreviated flags are refused: argparse would take `--gpu-mem` as `--gpu-memory-gib` silently."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        say(f"raytrain: error: {message} (see {self.prog} --help)", err=True)
+        raise SystemExit(2)
+
+
+def flag_number(kind: type, *, minimum: float | None = None, above: float | None = None):
+    """An argparse `type` for a number with its range: `flag_number(float, above=0)` refuses -5 with
+    "must be > 0, got -5" (argparse then names the flag)."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {'an integer' if kind is int else 'a number'}, "
+                                             f"got {text!r}") from None
+        out_of_range = (minimum is not None and value < minimum) or (above is not None and value <= above)
+        if value != value or value in (float("inf"), float("-inf")) or out_of_range:
+            bound = f">= {minimum:g}" if minimum is not None else f"> {above:g}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse's "invalid <name> value" wording, if it ever shows
+    return parse
 
 
 def emit(line: str) -> None:

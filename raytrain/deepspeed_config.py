@@ -1,14 +1,17 @@
-"""Resolve the user's DeepSpeed JSON for a cluster shape: "auto" values, batch arithmetic, checks.
+"""Resolve the user's DeepSpeed JSON for a cluster shape: "auto" values and the batch arithmetic.
 
 The user's file is used unchanged except that "auto" values are filled (as Hugging Face's
-integration does) and the batch triple is completed by DeepSpeed's own rule. DeepSpeed itself
-silently drops "auto" inside sub-configs and falls back to its defaults, so no "auto" ever reaches
-it: any that raytrain cannot resolve is an error naming the key.
+integration does), `gradient_clipping` is filled from `training.gradient_clipping` when absent
+too (DeepSpeed's own default would be no clipping), and the batch triple is completed by
+DeepSpeed's own rule. DeepSpeed itself silently drops "auto" inside sub-configs and falls back to
+its defaults, so no "auto" ever reaches it: any that raytrain cannot resolve is an error naming the
+key. The resolved dict is then checked by DeepSpeed's own models (raytrain.planning.deepspeed_check).
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -32,10 +35,12 @@ def resolve_deepspeed(raw: dict[str, Any] | str, training: TrainingConfig, *, wo
     ds = load_deepspeed(raw)
     _resolve_batch(ds, training, world_size)
     _resolve_precision(ds, training, use_gpu)
+    # Documented: used when the JSON leaves gradient_clipping "auto" *or absent*.
+    ds.setdefault("gradient_clipping", AUTO)
     _fill(ds, "gradient_clipping", training.gradient_clipping)
-    zero = ds.setdefault("zero_optimization", {})
-    if not isinstance(zero, dict):
-        raise ConfigError("deepspeed.zero_optimization must be a mapping, for example {\"stage\": 3}")
+    if ds.get("zero_optimization") is None:
+        ds["zero_optimization"] = {}
+    zero = _section(ds, "zero_optimization", '{"stage": 3}')
     # Hugging Face's formulas: buckets sized to a layer's hidden x hidden matrix; parameters smaller
     # than 10 x hidden stay resident (gathering them costs more latency than their memory).
     _fill(zero, "reduce_bucket_size", hidden_size * hidden_size, "zero_optimization.")
@@ -43,7 +48,6 @@ def resolve_deepspeed(raw: dict[str, Any] | str, training: TrainingConfig, *, wo
     _fill(zero, "stage3_param_persistence_threshold", 10 * hidden_size, "zero_optimization.")
     _resolve_hpz(zero, world_size, use_gpu, gpus_per_node)
     _resolve_optimizer(ds, training)
-    _check(ds, world_size, gpus_per_node)
     leftover = _find_auto(ds)
     if leftover:
         raise ConfigError(f"deepspeed.{leftover} is \"auto\" but raytrain has no value for it: set a number there")
@@ -101,6 +105,18 @@ class DeepSpeedFacts:
 
 
 # ---------------------------------------------------------------------------------------------
+
+
+def _section(parent: dict[str, Any], key: str, example: str, prefix: str = "") -> dict[str, Any]:
+    """A section of the JSON raytrain reads to resolve it ({} when absent); anything but a mapping
+    is an error here, before DeepSpeed's own check, which would hit the same value later."""
+    value = parent.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"deepspeed.{prefix}{key} must be a mapping (a JSON object, for example {example}), "
+                          f"got {type(value).__name__} {json.dumps(value, default=str)}")
+    return value
 
 
 def _fill(section: dict[str, Any], key: str, value: Any, prefix: str = "") -> None:
@@ -170,14 +186,12 @@ def _resolve_batch(ds: dict[str, Any], training: TrainingConfig, world_size: int
 
 def _resolve_precision(ds: dict[str, Any], training: TrainingConfig, use_gpu: bool) -> None:
     wanted = training.precision or ("bf16" if use_gpu else "fp32")
-    if wanted not in ("fp32", "bf16", "fp16"):
-        raise ConfigError(f"training.precision must be fp32, bf16 or fp16, got {wanted!r}")
     for name in ("bf16", "fp16"):
-        section = ds.get(name)
-        if isinstance(section, dict) and section.get("enabled") == AUTO:
+        section = _section(ds, name, '{"enabled": true}')
+        if section.get("enabled") == AUTO:
             section["enabled"] = wanted == name
-    bf16 = ds.get("bf16", {}).get("enabled") is True
-    fp16 = ds.get("fp16", {}).get("enabled") is True
+    bf16 = _section(ds, "bf16", "").get("enabled") is True
+    fp16 = _section(ds, "fp16", "").get("enabled") is True
     if bf16 and fp16:
         raise ConfigError("deepspeed.fp16.enabled and deepspeed.bf16.enabled are both true: enable one of them")
     if fp16 and not use_gpu:
@@ -195,39 +209,20 @@ def _resolve_hpz(zero: dict[str, Any], world_size: int, use_gpu: bool, gpus_per_
 
 
 def _resolve_optimizer(ds: dict[str, Any], training: TrainingConfig) -> None:
-    opt = ds.get("optimizer")
-    if isinstance(opt, dict) and isinstance(opt.get("params"), dict):
-        p = opt["params"]
+    opt = _section(ds, "optimizer", '{"type": "AdamW", "params": {"lr": "auto"}}')
+    if opt.get("params") is not None:
+        p = _section(opt, "params", '{"lr": "auto"}', "optimizer.")
         _fill(p, "lr", training.learning_rate, "optimizer.params.")
         _fill(p, "betas", list(training.adam_betas), "optimizer.params.")
         _fill(p, "eps", training.adam_epsilon, "optimizer.params.")
         _fill(p, "weight_decay", training.weight_decay, "optimizer.params.")
-    sched = ds.get("scheduler")
-    if isinstance(sched, dict) and isinstance(sched.get("params"), dict):
-        p = sched["params"]
+    sched = _section(ds, "scheduler", '{"type": "WarmupLR", "params": {}}')
+    if sched.get("params") is not None:
+        p = _section(sched, "params", '{"warmup_num_steps": "auto"}', "scheduler.")
         _fill(p, "warmup_num_steps", training.warmup_steps, "scheduler.params.")
         _fill(p, "total_num_steps", training.max_steps, "scheduler.params.")
         _fill(p, "warmup_max_lr", training.learning_rate, "scheduler.params.")
         _fill(p, "warmup_min_lr", 0.0, "scheduler.params.")
-
-
-def _check(ds: dict[str, Any], world_size: int, gpus_per_node: int | None) -> None:
-    zero = ds["zero_optimization"]
-    stage = zero.get("stage", 0)
-    if stage not in (0, 1, 2, 3):
-        raise ConfigError(f"deepspeed.zero_optimization.stage must be 0-3, got {stage!r} (raytrain is built for 3)")
-    if str((zero.get("offload_param") or {}).get("device", "none")).lower() != "none" and stage != 3:
-        raise ConfigError(f"deepspeed.zero_optimization.offload_param needs stage 3 (stage is {stage}): "
-                          f"set zero_optimization.stage=3 or remove offload_param")
-    for which in ("offload_optimizer", "offload_param"):
-        section = zero.get(which) or {}
-        if str(section.get("device", "none")).lower() == "nvme" and not section.get("nvme_path"):
-            raise ConfigError(f"deepspeed.zero_optimization.{which}.device is nvme but nvme_path is missing: "
-                              f"set zero_optimization.{which}.nvme_path to a local NVMe directory")
-    hpz = zero.get("zero_hpz_partition_size")
-    if hpz is not None and hpz > 1 and world_size % hpz:
-        raise ConfigError(f"deepspeed.zero_optimization.zero_hpz_partition_size={hpz} does not divide world size "
-                          f"{world_size}: use the GPUs per node ({gpus_per_node or '?'}) or a divisor of {world_size}")
 
 
 def _find_auto(node: Any, path: str = "") -> str | None:

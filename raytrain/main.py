@@ -2,24 +2,29 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 from raytrain.config import ConfigError, load_config
-from raytrain.console import say
+from raytrain.console import ArgumentParser, flag_number, say
 from raytrain.driver.run import dry_run, fit
+from raytrain.driver.watch import Interrupted
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+def parse_args(argv: list[str] | None = None):
+    parser = ArgumentParser(
         prog="python -m raytrain.main",
         description="Train a causal LM with DeepSpeed ZeRO-3 on a Ray cluster. "
                     "Precedence: KEY=VALUE > --config FILE > defaults.")
     parser.add_argument("--config", help="YAML run config (sections: model, data, training, scaling, "
                                          "checkpoint, cluster, network, deepspeed)")
     parser.add_argument("--dry-run", action="store_true",
-                        help="resolve and validate for the requested cluster shape, print the run as JSON, exit")
+                        help="every check that needs no Ray (config, DeepSpeed JSON, paths, addresses, the data's "
+                             "first records, memory) for the requested cluster shape; print the run as JSON, exit")
+    dry = parser.add_argument_group("memory target of --dry-run (default: this machine), as for raytrain.tools.plan")
+    dry.add_argument("--gpu-memory-gib", type=flag_number(float, above=0), help="memory of one GPU of the target")
+    dry.add_argument("--host-memory-gib", type=flag_number(float, above=0), help="host RAM of one node of the target")
+    dry.add_argument("--gpus-per-node", type=flag_number(int, minimum=1), help="GPUs (workers) per node of the target")
     parser.add_argument("--resume-from", metavar="PATH",
                         help="start from this checkpoint directory (same as checkpoint.resume_from=PATH)")
     parser.add_argument("--fresh", action="store_true",
@@ -27,26 +32,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="dotted overrides, e.g. training.max_steps=20 deepspeed=ds_config.json")
     # intermixed: KEY=VALUE overrides may come before and after the flags (`--resume-from X a.b=1`)
-    return parser.parse_intermixed_args(argv)
+    args = parser.parse_intermixed_args(argv)
+    sizes = [f for f in ("gpu_memory_gib", "host_memory_gib", "gpus_per_node") if getattr(args, f) is not None]
+    if sizes and not args.dry_run:
+        parser.error(f"--{sizes[0].replace('_', '-')} states the target of --dry-run; a real run measures its "
+                     f"cluster: add --dry-run or drop it")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = parse_args(argv)
+    except SystemExit as e:  # --help, or a mistake in a flag (already reported in one line)
+        return int(e.code or 0)
     overrides = list(args.overrides)
     if args.resume_from:
         overrides.append(f"checkpoint.resume_from={args.resume_from}")
     try:
         cfg = load_config(args.config, overrides)
         if args.dry_run:
-            resolved, notes = dry_run(cfg)
-            for note in notes:  # stdout stays the JSON plan
-                say(f"raytrain: {note}" if note.startswith("plan: ") else f"raytrain: note: {note}", err=True)
+            resolved, notes = dry_run(cfg, gpu_memory_gib=args.gpu_memory_gib, host_memory_gib=args.host_memory_gib,
+                                      gpus_per_node=args.gpus_per_node)
+            for note in notes:
+                say(f"raytrain: {note}", err=True)  # stdout stays the JSON plan
             say(json.dumps(resolved.to_dict(), indent=2))
             return 0
-        result = fit(cfg, fresh=args.fresh)
-    except ConfigError as e:
+        result = fit(cfg, fresh=args.fresh, argv=argv)
+    except ConfigError as e:  # bad input, also a bad record found in the data while training
         say(f"raytrain: error: {e}", err=True)
         return 2
+    except Interrupted as e:  # Ctrl-C: the run is stopped (its workers and controller are gone)
+        say(f"raytrain: {e}", err=True)
+        return 130
+    except KeyboardInterrupt:  # Ctrl-C before training started
+        say("raytrain: interrupted before training started", err=True)
+        return 130
     loss = result.metrics.get("loss")
     say(f"raytrain: done at step {result.metrics.get('step')}, loss {loss:.4f}" if loss is not None else "raytrain: done")
     say(f"raytrain: checkpoint {result.checkpoint_path}")

@@ -7,8 +7,10 @@ under `deepspeed.zero.Init`, so each rank only ever holds its partition.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,23 +31,71 @@ BUILTIN_LLAMA: dict[str, Any] = {
 BYTE_EOS = "<|endoftext|>"
 
 
+# What save_pretrained writes as weights (safetensors, or the older pickle format), sharded or not.
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def model_source(cfg: ModelConfig) -> str:
+    """Where the run's initial weights come from, in words (the driver prints it once per run)."""
+    if cfg.name_or_path is None:
+        return "random init of the built-in tiny Llama (model.name_or_path=DIR trains your own)"
+    if cfg.pretrained:
+        return f"weights from {cfg.name_or_path} (model.pretrained=true)"
+    return f"random init from {cfg.name_or_path}'s config (model.pretrained=true loads its weights)"
+
+
 def load_model_config(cfg: ModelConfig):
-    """The transformers config of the model to train, with `cfg.config` overrides applied."""
+    """The transformers config of the model to train, with `cfg.config` overrides applied.
+
+    An override key the config does not have is refused with its closest field (transformers'
+    configs take unknown keyword arguments as new attributes, so `hiden_size` would be ignored);
+    a value the config's own validation refuses is one line naming the key."""
     from transformers import AutoConfig, LlamaConfig
 
     if cfg.name_or_path is None:
-        return LlamaConfig(**{**BUILTIN_LLAMA, **cfg.config})
+        if cfg.pretrained:
+            raise ConfigError("model.pretrained=true loads the weights of model.name_or_path, which is not set: "
+                              "set model.name_or_path to a model directory or hub id")
+        _check_override_keys(LlamaConfig(**BUILTIN_LLAMA), cfg.config)
+        return _validated(lambda: LlamaConfig(**{**BUILTIN_LLAMA, **cfg.config}), cfg.config)
+    if cfg.pretrained and os.path.isdir(cfg.name_or_path) and not any(
+            os.path.isfile(os.path.join(cfg.name_or_path, f)) for f in WEIGHT_FILES):
+        raise ConfigError(f"model.pretrained=true but {cfg.name_or_path} holds no weights ({', '.join(WEIGHT_FILES)}): "
+                          f"give a directory written by save_pretrained, or drop model.pretrained to train from "
+                          f"random init")
     try:
         hf_config = AutoConfig.from_pretrained(cfg.name_or_path, trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"model.name_or_path={cfg.name_or_path!r}: cannot load its config ({first}); "
                           f"give a local directory with config.json or a Hugging Face hub id") from None
+    _check_override_keys(hf_config, cfg.config)
     for key, value in cfg.config.items():
-        if not hasattr(hf_config, key):
-            raise ConfigError(f"model.config.{key}: {type(hf_config).__name__} has no such field")
-        setattr(hf_config, key, value)
+        _validated(lambda: setattr(hf_config, key, value), {key: value})
     return hf_config
+
+
+def _check_override_keys(hf_config, overrides: dict[str, Any]) -> None:
+    known = sorted(set(hf_config.to_dict()) | set(getattr(hf_config, "attribute_map", {}) or {}))
+    for key in overrides:
+        if not hasattr(hf_config, key):
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"; did you mean model.config.{close[0]}?" if close else ""
+            raise ConfigError(f"model.config.{key}: {type(hf_config).__name__} has no such field{hint}")
+
+
+def _validated(build, overrides: dict[str, Any]):
+    """Run `build`, turning transformers' own config validation (huggingface_hub's strict
+    dataclasses: a type per field, architecture checks) into one line naming the keys."""
+    try:
+        return build()
+    except Exception as e:  # StrictDataclass*Error (huggingface_hub), ValueError, TypeError
+        if not (type(e).__name__.startswith("StrictDataclass") or isinstance(e, (TypeError, ValueError))):
+            raise
+        lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+        reason = lines[-1] if lines else type(e).__name__
+        keys = ", ".join(f"model.config.{k}={v!r}" for k, v in overrides.items())
+        raise ConfigError(f"{keys or 'model.config'}: the model's config refuses it ({reason})") from None
 
 
 @functools.lru_cache(maxsize=4)

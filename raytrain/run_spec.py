@@ -26,11 +26,23 @@ class ClusterShape:
     """What the run is placed on."""
 
     num_workers: int
+    """The run's number of workers; for an elastic run the range's maximum."""
     use_gpu: bool
     gpus_per_node: int | None = None
     """GPUs of one node (None: unknown, e.g. planning without a cluster)."""
     cpus_total: float | None = None
     """Logical CPUs of the live cluster (None when planning without one)."""
+    min_workers: int | None = None
+    """An elastic run's minimum (scaling.num_workers=[min, max]); None: a fixed number of workers."""
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_workers is not None
+
+    @property
+    def world_sizes(self) -> range:
+        """Every number of workers the run may have."""
+        return range(self.num_workers if self.min_workers is None else self.min_workers, self.num_workers + 1)
 
 
 @dataclass(frozen=True)
@@ -65,12 +77,13 @@ class DataFacts:
 
 
 @dataclass(frozen=True)
-class UniversalCopy:
-    """DeepSpeed's universal form of a checkpoint written by another number of workers (raytrain.checkpoint.reshard)."""
+class WorldSizePlan:
+    """One world size of an elastic run: the DeepSpeed dict resolved for it and its facts. The
+    global batch and the micro-batch are the same at every size; the accumulation follows."""
 
-    step: int
-    path: str
-    from_world: int
+    world_size: int
+    ds_config: dict[str, Any]
+    deepspeed: DeepSpeedFacts
 
 
 @dataclass(frozen=True)
@@ -83,9 +96,24 @@ class ResolvedRun:
     model: ModelFacts
     deepspeed: DeepSpeedFacts
     data: DataFacts
+    world_sizes: tuple[WorldSizePlan, ...] = ()
+    """Elastic runs: the plan for every size of the range, resolved and checked on the driver (a
+    worker group takes its own with `at_world_size`); empty for a fixed number of workers. The
+    fields above are those of the range's maximum."""
     plan: tuple[str, ...] = ()
     """What the planner chose for the config's "auto" settings, and why (raytrain.planning.choose): the
     `raytrain: plan:` lines the driver prints. Empty when nothing was "auto"."""
+
+    def at_world_size(self, world_size: int):
+        """This run as a group of `world_size` workers runs it: its DeepSpeed dict, facts and size."""
+        if not self.cluster.elastic and world_size == self.cluster.num_workers:
+            return self
+        plan = next((p for p in self.world_sizes if p.world_size == world_size), None)
+        if plan is None:
+            raise ValueError(f"world size {world_size} is not one this run was resolved for "
+                             f"({list(self.cluster.world_sizes)})")
+        return dataclasses.replace(self, config=self.config.with_deepspeed(plan.ds_config), deepspeed=plan.deepspeed,
+                                   cluster=dataclasses.replace(self.cluster, num_workers=world_size, min_workers=None))
 
     @property
     def ds_config(self) -> dict[str, Any]:
@@ -111,13 +139,15 @@ class RunSpec(ResolvedRun):
     """Absolute local path or URI of the storage the run directory lives in."""
     resume_from: str | None = None
     """checkpoint.resume_from: where a new run starts (the run's own latest checkpoint wins after a restart)."""
-    universal: UniversalCopy | None = None
+    counter: str | None = None
+    """The run's counter actor (raytrain.data.progress) in this session: rank 0 tells it each step
+    it reached, which the driver names when Ctrl-C stops the run. None: none (tests)."""
 
     @classmethod
     def place(cls, resolved: ResolvedRun, *, run_name: str, storage_path: str, resume_from: str | None,
-              universal: UniversalCopy | None) -> "RunSpec":
+              counter: str | None = None) -> "RunSpec":
         return cls(**{f.name: getattr(resolved, f.name) for f in dataclasses.fields(ResolvedRun)},
-                   run_name=run_name, storage_path=storage_path, resume_from=resume_from, universal=universal)
+                   run_name=run_name, storage_path=storage_path, resume_from=resume_from, counter=counter)
 
     @property
     def run_uri(self) -> str:
@@ -130,13 +160,16 @@ class RunSpec(ResolvedRun):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunSpec":
-        universal = data.get("universal")
+        sizes = tuple(WorldSizePlan(world_size=p["world_size"], ds_config=p["ds_config"],
+                                    deepspeed=DeepSpeedFacts(**p["deepspeed"])) for p in data.get("world_sizes", ()))
         return cls(config=RunConfig.from_dict(data["config"]), cluster=ClusterShape(**data["cluster"]),
                    model=ModelFacts(**data["model"]), deepspeed=DeepSpeedFacts(**data["deepspeed"]),
-                   data=DataFacts(**data["data"]), plan=tuple(data.get("plan", ())),
+                   data=DataFacts(**data["data"]), world_sizes=sizes, plan=tuple(data.get("plan", ())),
                    run_name=data["run_name"], storage_path=data["storage_path"],
-                   resume_from=data.get("resume_from"), universal=UniversalCopy(**universal) if universal else None)
+                   resume_from=data.get("resume_from"), counter=data.get("counter"))
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
     return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value

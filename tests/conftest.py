@@ -20,7 +20,7 @@ RAY_PORT = int(os.environ.get("RAYTRAIN_TEST_RAY_PORT", "6390"))
 DASHBOARD_PORT = int(os.environ.get("RAYTRAIN_TEST_DASHBOARD_PORT", "8290"))
 # The job agent's HTTP port (`ray job submit` goes through it), off Ray's fixed default 52365 so it
 # never collides with another cluster on the machine ("No available agent to submit job").
-AGENT_PORT = 52400 + RAY_PORT - 6390
+AGENT_PORT = int(os.environ.get("RAYTRAIN_TEST_AGENT_PORT", 52400 + (RAY_PORT - 6390) % 10000))  # a valid port for any RAY_PORT
 RAY_BIN = os.path.join(os.path.dirname(sys.executable), "ray")
 
 

@@ -1,92 +1,149 @@
-"""Resume on a different number of workers: DeepSpeed's universal checkpoint conversion (driver side).
+"""Resume on another number of workers: DeepSpeed's universal checkpoint conversion, in the workers.
 
 A ZeRO-3 checkpoint holds one model/optimizer partition per rank, so it loads only on the world
-size that wrote it. When a run resumes on another number of workers (2 -> 3, 8 GPUs -> 16), the
-driver converts the checkpoint it will resume from with DeepSpeed's `ds_to_universal` (one file
-per parameter: fp32 weights and both Adam moments, whole) and stores the result next to the run:
+size that wrote it. A worker group of another size converts it when it starts, whatever brought
+it there: an elastic resize (scaling.num_workers: [min, max]), or a run resumed on another number
+of workers (--resume-from, or the same run name submitted with another scaling.num_workers).
+Rank 0 runs DeepSpeed's `ds_to_universal` (one file per parameter: fp32 weights and both Adam
+moments, whole) in a child process while every rank builds its engine, and stores the result
+next to the run:
 
     <storage>/<run>/universal/checkpoint_step_00000080/
         step_00000080_universal/   DeepSpeed's universal tag (what `load_universal` reads)
         latest_universal
         raytrain.json              copied last: marks the conversion complete
 
-The workers load it with DeepSpeed's `checkpoint.load_universal` (raytrain.checkpoint.shards.resume_point),
-which re-partitions every tensor for the new world. The data position needs no conversion: it is
-per data shard (raytrain.data.ingest), and data.num_shards must be divisible by both world sizes.
+The other ranks wait for that marker (a file, not a collective: a conversion of a large model
+outlasts the process group's timeout), then every rank loads it with DeepSpeed's
+`checkpoint.load_universal` (raytrain.checkpoint.shards.restore), which re-partitions every tensor
+for the new world size. A universal copy fits any world size: a later group of yet another size
+reuses it. Only the copy of the checkpoint being resumed is useful (Ray Train hands out the
+latest); older copies are removed once a new one is complete.
 
-Cost: the conversion reads the whole checkpoint and writes about as much again (fp32 weights +
-moments), on the driver's machine, once per (checkpoint, new world size); a second resume from
-the same checkpoint reuses it. Needs local disk for one copy (a cloud checkpoint is downloaded).
+Why in the workers and not on the driver: the driver process takes no part between the
+restarts of an elastic run (Ray Train's controller decides them), the controller's own hooks run
+inside its event loop on the often small head node, and the workers sit on the nodes with the
+memory, disk and storage bandwidth, where Ray Train already delivers the checkpoint. One path then
+serves every resize.
+
+Cost (docs/benchmarks.md): the conversion reads the checkpoint and writes ~1.5x its size (~10 s
+per GB on 2 CPU cores, CPU-bound), once per (checkpoint, change of size); the group's other work
+waits on it. Local disk on rank 0's node for one copy (a cloud checkpoint is downloaded first).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import pyarrow.fs
-import ray.train
 
-from raytrain.checkpoint.layout import METADATA, UNIVERSAL_DIR, exists, filesystem, latest_checkpoint, read_metadata, tag_for
-from raytrain.config import ConfigError
-from raytrain.console import say
-from raytrain.run_spec import UniversalCopy
+from raytrain.checkpoint.layout import METADATA, UNIVERSAL_DIR, exists, filesystem, tag_for
+
+# The converter dies with the worker that started it (PR_SET_PDEATHSIG): a worker group shut down
+# mid-conversion (a node lost, a resize) must not leave a converter writing into the run directory.
+# (Its functions must live in their module, not in __main__: its process pools pickle them.)
+_CONVERTER = """import ctypes, os, signal, sys
+ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv.pop(1)):
+    sys.exit("raytrain: the worker that started this conversion is gone")
+from deepspeed.checkpoint import ds_to_universal
+ds_to_universal.main(ds_to_universal.parse_arguments())
+"""
 
 
 def written_by(meta: dict) -> tuple[int, int]:
-    """(world size, data shards) of the run that wrote a checkpoint (its raytrain.json)."""
+    """(world size, data shards) of the run that wrote a checkpoint (its raytrain.json). The world
+    size is the group's own (an elastic run's varies); older checkpoints have only the spec's."""
     spec = meta["spec"]
-    world = spec["cluster"]["num_workers"]
+    world = meta.get("world_size") or spec["cluster"]["num_workers"]
     return world, spec["config"]["data"].get("num_shards") or world
 
 
-def prepare(run_uri: str, resume_from: str | None, num_workers: int, num_shards: int | None) -> UniversalCopy | None:
-    """The universal copy the workers need, or None when the run starts fresh or resumes on the
-    world size that wrote its checkpoint. What Ray Train will hand the workers decides: the run's
-    latest reported checkpoint, else `resume_from`."""
-    checkpoint = latest_checkpoint(run_uri) or (ray.train.Checkpoint(resume_from) if resume_from else None)
-    if checkpoint is None:
-        return None
-    meta = read_metadata(checkpoint)
-    old_world, old_shards = written_by(meta)
-    if old_world == num_workers:
-        return None
-    uri = checkpoint.path
-    new_shards = num_shards or num_workers
-    if old_shards != new_shards:
-        where = f"data.num_shards={meta['spec']['config']['data'].get('num_shards')}"
-        raise ConfigError(f"checkpoint {uri} was written by {old_world} workers with {where} ({old_shards} data "
-                          f"shards), and this run has {num_workers} workers and {new_shards} shards: resuming on "
-                          f"another number of workers needs the same data.num_shards, divisible by both "
-                          f"(start runs with e.g. data.num_shards=48 to allow it), else resume on {old_world} workers")
-    target = f"{run_uri}/{UNIVERSAL_DIR}/{os.path.basename(uri.rstrip('/'))}"
-    if not exists(f"{target}/{METADATA}"):
-        _convert(checkpoint, target, meta["step"])
-    say(f"raytrain: resuming step {meta['step']} on {num_workers} workers (written by {old_world}): "
-        f"DeepSpeed universal checkpoint {target}")
-    return UniversalCopy(step=meta["step"], path=target, from_world=old_world)
+def universal_uri(run_uri: str, checkpoint_uri: str) -> str:
+    """Where the universal copy of a checkpoint lives in this run. Named after the checkpoint's
+    directory: a checkpoint the run resumed from elsewhere (--resume-from) never shares a step
+    with the run's own, which all come after it."""
+    return f"{run_uri.rstrip('/')}/{UNIVERSAL_DIR}/{os.path.basename(checkpoint_uri.rstrip('/'))}"
 
 
-def _convert(checkpoint, target: str, step: int) -> None:
-    start = time.perf_counter()
-    tag = tag_for(step)
-    with checkpoint.as_directory() as src, tempfile.TemporaryDirectory(prefix="raytrain-universal-") as tmp:
-        say(f"raytrain: converting {checkpoint.path} to DeepSpeed's universal checkpoint (once per checkpoint)")
-        out = os.path.join(tmp, f"{tag}_universal")
-        # A subprocess: the conversion's worker pools and memory end with it.
-        proc = subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
-                               "--input_folder", os.path.join(src, tag), "--output_folder", out],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"DeepSpeed's ds_to_universal failed on {checkpoint.path}:\n{proc.stdout[-3000:]}\n"
-                               f"{proc.stderr[-3000:]}")
-        fs, path = filesystem(target)
+def is_complete(target: str) -> bool:
+    return exists(f"{target}/{METADATA}")
+
+
+class Conversion:
+    """Rank 0's conversion of one checkpoint into `target`: `start` launches it in the background,
+    `finish` waits for it, stores the result and writes the marker last. A context manager: the
+    checkpoint's local copy and the scratch directory live until it exits."""
+
+    def __init__(self, checkpoint, step: int, target: str):
+        self.checkpoint, self.step, self.target = checkpoint, step, target
+        self._stack = contextlib.ExitStack()
+        self._proc: subprocess.Popen | None = None
+        self._started = 0.0
+
+    def __enter__(self) -> "Conversion":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        self._stack.close()
+
+    def start(self) -> None:
+        self._started = time.perf_counter()
+        self._src = self._stack.enter_context(self.checkpoint.as_directory())
+        self._tmp = self._stack.enter_context(tempfile.TemporaryDirectory(prefix="raytrain-universal-"))
+        self._log = self._stack.enter_context(open(os.path.join(self._tmp, "convert.log"), "w+"))
+        tag = tag_for(self.step)
+        out = os.path.join(self._tmp, "out", f"{tag}_universal")
+        self._proc = subprocess.Popen([sys.executable, "-c", _CONVERTER, str(os.getpid()), "--input_folder",
+                                       os.path.join(self._src, tag), "--output_folder", out],
+                                      stdout=self._log, stderr=subprocess.STDOUT)
+        # when the converter itself ended (it runs beside the engine build: finish() comes later)
+        self._waiter = threading.Thread(target=self._wait, daemon=True)
+        self._waiter.start()
+
+    def _wait(self) -> None:
+        self._proc.wait()
+        self._ended = time.perf_counter()
+
+    def finish(self) -> tuple[float, float, float]:
+        """Wait for the converter and store its output; returns (GiB written, seconds the converter
+        ran, seconds from its start to the copy stored)."""
+        self._waiter.join()
+        if self._proc.returncode != 0:
+            self._log.seek(0)
+            raise RuntimeError(f"DeepSpeed's ds_to_universal failed on {self.checkpoint.path}:\n"
+                               f"{self._log.read()[-4000:]}")
+        out = os.path.join(self._tmp, "out")
+        fs, path = filesystem(self.target)
         fs.create_dir(path, recursive=True)
-        pyarrow.fs.copy_files(tmp, path, destination_filesystem=fs)
-        # last: a conversion cut short has no raytrain.json and is redone next time
-        pyarrow.fs.copy_files(os.path.join(src, METADATA), f"{path}/{METADATA}", destination_filesystem=fs)
-        size = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(tmp) for f in files)
-    say(f"raytrain: universal checkpoint written: {size / 2**30:.3f} GiB in {time.perf_counter() - start:.1f} s")
+        pyarrow.fs.copy_files(out, path, destination_filesystem=fs)
+        # last: a conversion cut short has no raytrain.json and is redone by the next group
+        pyarrow.fs.copy_files(os.path.join(self._src, METADATA), f"{path}/{METADATA}", destination_filesystem=fs)
+        size = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(out) for f in files)
+        return size / 2**30, self._ended - self._started, time.perf_counter() - self._started
+
+
+def wait_until_complete(target: str, poll_s: float = 0.5) -> None:
+    """Until rank 0's conversion into `target` is complete. No timeout of its own: if rank 0
+    fails, Ray Train ends the whole worker group."""
+    while not is_complete(target):
+        time.sleep(poll_s)
+
+
+def prune(run_uri: str, keep: str) -> None:
+    """Remove the run's universal copies other than `keep` (Ray Train only ever hands out the
+    latest checkpoint, so the older copies are dead weight of 1.5x a checkpoint each)."""
+    fs, root = filesystem(f"{run_uri.rstrip('/')}/{UNIVERSAL_DIR}")
+    keep_name = os.path.basename(keep.rstrip("/"))
+    for info in fs.get_file_info(pyarrow.fs.FileSelector(root, allow_not_found=True)):
+        if info.type == pyarrow.fs.FileType.Directory and info.base_name != keep_name:
+            fs.delete_dir(info.path)

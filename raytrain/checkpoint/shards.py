@@ -21,8 +21,9 @@ import numpy as np
 import torch
 import transformers
 
+from raytrain import compat
 from raytrain.checkpoint.layout import METADATA, read_metadata, tag_for
-from raytrain.checkpoint.reshard import written_by
+from raytrain.checkpoint.reshard import universal_uri, written_by
 from raytrain.console import emit
 from raytrain.network.backend import applied_env
 from raytrain.run_spec import RunSpec
@@ -88,8 +89,9 @@ class Checkpointer:
                 json.dump(applied_env(), f, indent=2, sort_keys=True)
         if self.rank.world == 0:
             with open(os.path.join(local, METADATA), "w") as f:
-                json.dump({"step": step, "metrics": metrics, "history": history, "spec": self._spec_dict}, f,
-                          indent=2, default=str)
+                # world_size: this group's, which an elastic run's spec alone does not say
+                json.dump({"step": step, "world_size": self.rank.world_size, "metrics": metrics, "history": history,
+                           "spec": self._spec_dict}, f, indent=2, default=str)
 
 
 def _dir_bytes(path: str) -> int:
@@ -101,17 +103,21 @@ class ResumePoint:
     """The checkpoint a worker continues from."""
 
     checkpoint: Any  # ray.train.Checkpoint
-    universal: bool
-    """True: DeepSpeed's universal form of a checkpoint written by another number of workers."""
+    step: int
+    written_by: int
+    """The world size that wrote it."""
+    universal: str | None = None
+    """Where its universal copy lives (raytrain.checkpoint.reshard) when another world size wrote
+    it; None: loaded as written."""
 
 
 def resume_point(spec: RunSpec, latest, world_size: int) -> ResumePoint | None:
-    """Which checkpoint to load, or None to start from scratch.
+    """Which checkpoint to load, or None to start from scratch (reads only its raytrain.json).
 
     `latest`: Ray Train's latest reported checkpoint of this run (ray.train.get_checkpoint()), which
-    wins (a restart after a failure, or the same run name submitted again); else
+    wins (a restart after a failure, a resize, or the same run name submitted again); else
     checkpoint.resume_from (--resume-from PATH). One written by another number of workers is
-    loaded from the universal copy the driver made of it (spec.universal, raytrain.checkpoint.reshard).
+    loaded from its universal copy, which the group makes at its start if it does not exist yet.
     """
     from ray.train import Checkpoint  # a plain class: no Ray cluster needed
 
@@ -120,27 +126,30 @@ def resume_point(spec: RunSpec, latest, world_size: int) -> ResumePoint | None:
         return None
     meta = read_metadata(checkpoint)
     old_world, _ = written_by(meta)
-    if old_world == world_size:
-        return ResumePoint(checkpoint, universal=False)
-    if spec.universal is None or spec.universal.step != meta["step"]:
-        have = "none" if spec.universal is None else f"one of step {spec.universal.step}"
-        raise RuntimeError(f"checkpoint {checkpoint.path} (step {meta['step']}) was written by {old_world} workers, "
-                           f"this run has {world_size}, and the driver prepared no universal copy of it ({have})")
-    return ResumePoint(Checkpoint(spec.universal.path), universal=True)
+    universal = None if old_world == world_size else universal_uri(spec.run_uri, checkpoint.path)
+    return ResumePoint(checkpoint, step=meta["step"], written_by=old_world, universal=universal)
 
 
 def restore(engine, resume: ResumePoint | None, seed: int, rank: int) -> tuple[int, list[dict[str, Any]], dict[str, Any]]:
-    """Load `resume` into the engine; return (step, metrics history, data position). (0, [], {}) for none."""
+    """Load `resume` into the engine; return (step, metrics history, data position). (0, [], {}) for none.
+
+    A universal copy must be complete (raytrain.checkpoint.reshard) and the engine built with
+    checkpoint.load_universal."""
     if resume is None:
         return 0, [], {}
-    with resume.checkpoint.as_directory() as path:
+    from ray.train import Checkpoint
+
+    source = Checkpoint(resume.universal) if resume.universal else resume.checkpoint
+    settings = compat.param_group_settings(engine) if resume.universal else None
+    with source.as_directory() as path:
         _, client_state = engine.load_checkpoint(path)  # reads the `latest` (or `latest_universal`) tag; full unpickling
         with open(os.path.join(path, METADATA)) as f:
             history = json.load(f)["history"]
     if client_state is None:
-        raise RuntimeError(f"checkpoint {resume.checkpoint.path} could not be loaded by DeepSpeed")
+        raise RuntimeError(f"checkpoint {source.path} could not be loaded by DeepSpeed")
     step = int(client_state["raytrain_step"])
     if resume.universal:
+        compat.repair_universal_load(engine, settings)  # DeepSpeed's: group 0's settings, one shared step
         # Every rank got rank 0's client state; per-rank RNG streams of another world size have no
         # counterpart here, so each rank starts a fresh one (only dropout, if any, draws from it).
         transformers.set_seed(seed * 1_000_003 + step * 1009 + rank)

@@ -2,17 +2,27 @@
 
 Driver side, `ShardedIngest` (Ray Train's DataConfig): Ray Data splits the training dataset into
 `data.num_shards` streams with `streaming_split(num_shards, equal=True)`, each holding the same
-number of rows per epoch, and hands worker r the shards r, r + W, r + 2W, ... (W workers).
+number of rows per epoch, and hands worker r the shards r, r + W, r + 2W, ... (W workers). It runs
+again at every worker group start (a restart, or an elastic resize): fresh streams, dealt to the
+new ranks.
 
-Worker side, `MicroBatches`: every micro-batch takes micro_batch / s rows from each of the worker's
-s shards, so all shards advance in step. The position is then one pair, (epoch, rows taken from
-each shard in that epoch), the same on every rank and independent of the world size. What a shard
-holds depends only on the block order and num_shards (Ray Data keeps the order, and the split
-ignores locality), and the shuffle below is seeded per shard, so:
+Worker side, `MicroBatches`: every optimizer step takes `step_rows` = train_batch_size / num_shards
+rows from each of the worker's shards (the same number at every world size), concatenates them
+in shard order and cuts them into the step's micro-batches. All shards advance in step, so the
+position is one pair, (epoch, rows taken from each shard in that epoch), the same on every rank
+and independent of the world size; an epoch ends at a step boundary, when a shard has fewer than
+`step_rows` rows left (that tail is dropped). What a shard holds depends only on the block order
+and num_shards (Ray Data keeps the order, and the split ignores locality), and the shuffle below
+is seeded per shard, so:
 
 - a restart (same world size) continues every shard exactly where it stopped;
 - a restart on a different number of workers (num_shards divisible by both) reassigns whole shards
-  to workers and continues each at the same row: no row is skipped or read twice.
+  to workers and continues each at the same row: every step reads the same rows as it would at
+  any other world size (only their grouping into micro-batches differs), none skipped, none twice.
+
+(Cutting epochs per micro-batch instead, as raytrain did before, made the dropped tail
+rows % (micro-batch / shards per worker), which depends on the world size: 2 -> 3 workers then read
+other rows from the first epoch boundary on.)
 
 Cost: resuming re-reads (and re-tokenizes) each shard's consumed prefix of the current epoch,
 because a Ray Data stream cannot seek; earlier epochs are not re-read.
@@ -20,12 +30,14 @@ because a Ray Data stream cannot seek; earlier epochs are not re-read.
 
 from __future__ import annotations
 
+import hashlib
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator
 
 import numpy as np
+import ray.data
 import ray.train
 import torch
 
@@ -48,8 +60,12 @@ class ShardedIngest(ray.train.DataConfig):
     """Ray Train's DataConfig with order preserved and the training set split into fixed shards."""
 
     def __init__(self, num_shards: int | None):
-        options = ray.train.DataConfig.default_ingest_options()
-        options.preserve_order = True  # costs some pipelining slack; buys reproducible batches
+        # Ray Train's default_ingest_options() with preserve_order: built here because that function
+        # passes the deprecated exclude_resources on and so warns in every run (ray 2.60.0).
+        current = ray.data.DataContext.get_current().execution_options
+        options = ray.data.ExecutionOptions(resource_limits=current.resource_limits,
+                                            verbose_progress=current.verbose_progress,
+                                            preserve_order=True)  # costs some pipelining slack; buys reproducible batches
         # Locality-aware splitting hands blocks to whichever shard sits near them, which differs
         # from run to run; without it a shard's rows are a pure function of the block order.
         # Cost: some blocks cross nodes once.
@@ -77,25 +93,38 @@ class ShardedIngest(ray.train.DataConfig):
 class MicroBatches:
     """Endless micro-batches ({"input_ids"[, "position_ids"]} tensors on `device`) from a ShardGroup.
 
-    `position` is (epoch, rows per shard) to start at: what `position()` returned when the
-    checkpoint was taken. An epoch ends for all ranks at once (every shard holds the same rows);
-    each shard's tail of fewer than micro_batch / s rows is dropped (drop_last), so every rank
-    yields the same number of micro-batches and none waits forever in a collective.
+    Each optimizer step reads `step_rows` rows from every shard (train_batch_size / num_shards,
+    the same at every world size) and hands them out as micro-batches of `micro_batch` rows, in
+    shard order. `position` is (epoch, rows per shard) to start at: what `position()` returned
+    when the checkpoint was taken, always at a step boundary. An epoch ends for all ranks at once
+    (every shard holds the same rows), at a step boundary; each shard's tail of fewer than
+    `step_rows` rows is dropped, so every rank yields the same number of steps and none waits
+    forever in a collective.
 
     With `prefetch` > 0 a background thread assembles that many micro-batches ahead (the host
     side: shard reads, shuffle, concatenation, pinning); the training thread only copies to the
-    device. `position()` stays the position after the last micro-batch handed out, never after
-    what was prefetched, so a checkpoint resumes exactly.
+    device. `position()` is the position after the last micro-batch handed out, never after what
+    was prefetched; in the middle of a step it is that of the step's start (a step is resumed
+    whole), so a checkpoint resumes exactly.
+
+    `digests`: also keep an 8-byte digest of every row handed out (computed on the reading side),
+    for `pop_digests` (the data audit of raytrain.worker.samples).
     """
 
-    def __init__(self, group: ShardGroup, micro_batch: int, device, seed: int, shuffle_buffer_size: int,
-                 position: tuple[int, int] = (0, 0), prefetch: int = 0):
-        if micro_batch % len(group.shards):
-            raise ValueError(f"micro-batch {micro_batch} is not divisible by the {len(group.shards)} shards")
+    def __init__(self, group: ShardGroup, micro_batch: int, step_rows: int, device, seed: int,
+                 shuffle_buffer_size: int, position: tuple[int, int] = (0, 0), prefetch: int = 0,
+                 digests: bool = False):
+        rows_per_step = step_rows * len(group.shards)
+        if rows_per_step % micro_batch:
+            raise ValueError(f"a step of {step_rows} rows from each of {len(group.shards)} shards ({rows_per_step}) "
+                             f"is not a whole number of micro-batches of {micro_batch}")
         self.group, self.device, self.seed, self.shuffle_rows = group, device, seed, shuffle_buffer_size
-        self.rows_per_shard = micro_batch // len(group.shards)
+        self.micro_batch, self.step_rows, self._digests = micro_batch, step_rows, digests
         self.epoch, self.rows = position  # of the next micro-batch handed out
-        self._read_epoch, self._read_rows = position  # of the next micro-batch read
+        self._read_epoch, self._read_rows = position  # after the step being read
+        self._step: dict[str, np.ndarray] | None = None  # the step being cut into micro-batches
+        self._step_offset = 0
+        self._handed: list[str] = []
         self._readers: list[_ShardReader] | None = None
         self._queue: queue.Queue | None = None
         self._stop = threading.Event()
@@ -107,6 +136,11 @@ class MicroBatches:
 
     def position(self) -> dict[str, int]:
         return {"epoch": self.epoch, "rows": self.rows}
+
+    def pop_digests(self) -> list[str]:
+        """Digests of the rows handed out since the last call, in order (needs digests=True)."""
+        out, self._handed = self._handed, []
+        return out
 
     def close(self) -> None:
         """Stop reading: end the prefetch thread and let go of the shard streams while Ray is up.
@@ -131,14 +165,16 @@ class MicroBatches:
 
     def __next__(self) -> dict[str, Any]:
         if self._queue is None:
-            host, position = self._read()
+            host, position, digests = self._read()
         else:
             item = self._queue.get()
             if isinstance(item, BaseException):
                 self._queue.put(item)  # every later call raises it too
                 raise item
-            host, position = item
+            host, position, digests = item
         self.epoch, self.rows = position
+        if digests is not None:
+            self._handed.extend(digests)
         # Only the device copy happens here (pinned on GPU: it does not block the host). Any other
         # torch call would release the GIL, and getting it back from the prefetch thread costs up
         # to Python's 5 ms switch interval (a cast to long here: 0.2-7 ms per call; docs/benchmarks.md).
@@ -164,27 +200,42 @@ class MicroBatches:
             except queue.Full:
                 pass
 
-    def _read(self) -> tuple[dict[str, Any], tuple[int, int]]:
-        """The next micro-batch as host tensors, and the position after it."""
+    def _read(self) -> tuple[dict[str, Any], tuple[int, int], list[str] | None]:
+        """The next micro-batch as host tensors, the position after it, and its rows' digests."""
+        if self._step is None:
+            self._step, self._step_offset = self._read_step(), 0
+        part = {k: v[self._step_offset:self._step_offset + self.micro_batch] for k, v in self._step.items()}
+        self._step_offset += self.micro_batch
+        last = self._step_offset >= len(next(iter(self._step.values())))
+        if last:
+            self._step = None
+        digests = [hashlib.blake2b(row.tobytes(), digest_size=8).hexdigest() for row in part["input_ids"]] \
+            if self._digests else None
+        host = {}
+        for key, value in part.items():
+            t = torch.from_numpy(value)
+            host[key] = t.pin_memory() if self.device.type == "cuda" else t
+        # mid-step: the step's start (a checkpoint is only ever taken at a step boundary)
+        rows = self._read_rows if last else self._read_rows - self.step_rows
+        return host, (self._read_epoch, rows), digests
+
+    def _read_step(self) -> dict[str, np.ndarray]:
+        """The next step's rows: step_rows from each shard, concatenated in shard order (int64)."""
         while True:
             if self._readers is None:
                 self._readers = self._start_epoch()
-            parts = [reader.take(self.rows_per_shard) for reader in self._readers]
+            parts = [reader.take(self.step_rows) for reader in self._readers]
             if any(p is None for p in parts):
                 if self._read_rows == 0:
-                    raise RuntimeError(f"the training data yields no micro-batch of {self.rows_per_shard} rows per "
-                                       f"shard (epoch {self._read_epoch}): add data, or lower data.seq_len or the "
-                                       f"micro-batch size")
+                    raise RuntimeError(f"the training data yields no step of {self.step_rows} rows per shard "
+                                       f"(epoch {self._read_epoch}): add data, or lower data.seq_len, "
+                                       f"train_batch_size or data.num_shards")
                 for reader in self._readers:
                     reader.close()
                 self._readers, self._read_epoch, self._read_rows = None, self._read_epoch + 1, 0
                 continue
-            self._read_rows += self.rows_per_shard
-            host = {}
-            for key in parts[0]:
-                t = torch.from_numpy(np.concatenate([p[key] for p in parts]).astype(np.int64, copy=False))
-                host[key] = t.pin_memory() if self.device.type == "cuda" else t
-            return host, (self._read_epoch, self._read_rows)
+            self._read_rows += self.step_rows
+            return {key: np.concatenate([p[key] for p in parts]).astype(np.int64, copy=False) for key in parts[0]}
 
     def _start_epoch(self) -> list[_ShardReader]:
         # Each shard's first read waits at Ray Data's epoch barrier until every shard of every

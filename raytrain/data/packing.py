@@ -17,8 +17,9 @@ import time
 
 import numpy as np
 
-from raytrain.config import ConfigError, ModelConfig
-from raytrain.data.progress import report
+from raytrain.config import ModelConfig
+from raytrain.data.bad_records import BadRecord, BadRecords
+from raytrain.data.progress import report, skipped
 from raytrain.model import load_tokenizer
 
 logger = logging.getLogger("raytrain.data")
@@ -27,8 +28,12 @@ _skipped_in_process = {"total": 0, "unreported": 0, "last_report": 0.0}
 _REPORT_EVERY_S = 30.0
 
 
-def _report_skipped_rows(n: int, batch_size: int) -> None:
-    """Count empty rows; log the first at once, then running totals at most every 30 s."""
+def _report_skipped_rows(n: int, batch_size: int, counter: str | None) -> None:
+    """Count empty rows: to the run's counter (reported once per run), else logged (the first at
+    once, then running totals at most every 30 s)."""
+    if counter is not None:
+        skipped(counter, empty=n)
+        return
     state = _skipped_in_process
     state["total"] += n
     state["unreported"] += n
@@ -43,32 +48,45 @@ def _report_skipped_rows(n: int, batch_size: int) -> None:
 def tokenize_and_pack(batch: dict[str, np.ndarray], *, seq_len: int, model: ModelConfig, text_column: str,
                       pretokenized: bool, position_ids: str = "packed", split: str | None = None,
                       eval_fraction: float = 0.0, vocab_size: int | None = None,
-                      progress: str | None = None) -> dict[str, np.ndarray]:
+                      progress: str | None = None, counter: str | None = None):
     """One Ray Data batch of documents -> blocks of seq_len token ids (see the packing policy above).
 
     `split` "train"/"eval" keeps the documents on that side of `eval_fraction` (by content hash);
-    `vocab_size` (the model's embedding rows) makes any token id beyond it an error, not a crash on GPU;
-    `progress` (the run's counter actor) gets the batch's rows, documents and tokens (EOS included).
+    `vocab_size` (the model's embedding rows) makes any token id beyond it a bad record, not a crash
+    on GPU; `progress` (the run's counter actor, training data only) gets the batch's rows,
+    documents and tokens (EOS included); `counter` (the run's counter actor) the skipped documents
+    and the bad records (raytrain.data.bad_records: without it, a bad record raises).
+
+    Returns a table of n rows with "input_ids" (and "position_ids"), each int32[seq_len], in Ray
+    Data's tensor type, built here rather than by Ray Data from arrays: a batch with fewer than
+    seq_len tokens has zero rows, and Ray Data cannot convert a zero-row 2-D array to its tensor
+    type; it fell back to pickled Python objects ("Failed to convert column 'input_ids' into
+    pyarrow array"), a slow path and a second block type in one dataset.
     """
     tokenizer = load_tokenizer(model)  # cached per Ray worker process
     eos = tokenizer.eos_token_id
+    bad = BadRecords(counter)
     column = "input_ids" if pretokenized else text_column
+    num_rows = len(next(iter(batch.values()))) if batch else 0
     if column not in batch:
-        raise ConfigError(f"data.text_column={column!r} is not a column of the data "
-                          f"(columns: {', '.join(batch)}): set data.text_column")
+        if num_rows:  # (an empty block has no columns at all)
+            _bad_batch(bad, num_rows, f"data.text_column={column!r} is not a column of the data "
+                                      f"(columns: {', '.join(batch)})", "set data.text_column")
+        return _no_blocks(seq_len, position_ids)
     values = batch[column]
     if pretokenized:
         docs = [np.asarray(v, dtype=np.int64) for v in values if v is not None and len(v)]
         keys = [d.tobytes() for d in docs] if split else []
     else:
         docs = [v for v in values.tolist() if v is not None and v != ""]
-        for v in docs:
-            if not isinstance(v, str):
-                raise ConfigError(f"data.text_column={column!r} holds {type(v).__name__} values, not strings: "
-                                  f"set data.text_column to the text column")
+        wrong = [v for v in docs if not isinstance(v, str)]
+        if wrong:
+            _bad_batch(bad, len(wrong), f"data.text_column={column!r} holds {type(wrong[0]).__name__} values, "
+                                        f"not strings", "set data.text_column to the text column")
+            return _no_blocks(seq_len, position_ids)
         keys = [d.encode("utf-8", errors="surrogatepass") for d in docs] if split else []
     if len(docs) < len(values):
-        _report_skipped_rows(len(values) - len(docs), len(values))
+        _report_skipped_rows(len(values) - len(docs), len(values), counter)
     if split:
         keep = _eval_side(keys, eval_fraction) == (split == "eval")
         docs = [d for d, k in zip(docs, keep) if k]
@@ -84,16 +102,45 @@ def tokenize_and_pack(batch: dict[str, np.ndarray], *, seq_len: int, model: Mode
         lengths.append(len(pieces[-1]))
     flat = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
     if vocab_size is not None and flat.size and (flat.max() >= vocab_size or flat.min() < 0):
-        bad = int(flat.max() if flat.max() >= vocab_size else flat.min())
+        worst = int(flat.max() if flat.max() >= vocab_size else flat.min())
+        outside = sum(1 for p in pieces if p.max() >= vocab_size or p.min() < 0)
         fix = ("the data was tokenized with another vocabulary: re-tokenize it with model.tokenizer"
                if pretokenized else "set model.config.vocab_size >= len(tokenizer) or use the model's own tokenizer")
-        raise ConfigError(f"token id {bad} is outside the model's embedding table ({vocab_size} rows): {fix}")
+        _bad_batch(bad, outside, f"token id {worst} is outside the model's embedding table ({vocab_size} rows)", fix)
+        return _no_blocks(seq_len, position_ids)
     report(progress, rows=len(values), documents=len(docs), tokens=int(flat.size))
     n_blocks = len(flat) // seq_len
     out = {"input_ids": flat[: n_blocks * seq_len].reshape(n_blocks, seq_len).astype(np.int32)}
     if position_ids == "per_document":
         out["position_ids"] = document_positions(np.asarray(lengths, np.int64), n_blocks * seq_len, seq_len)
-    return out
+    return _table(out)
+
+
+def _bad_batch(bad: BadRecords, n: int, what: str, fix: str) -> None:
+    """`n` bad documents in one batch of a row source (no file or line to name): the first one
+    reported (or raised, outside a run), the others counted."""
+    bad.found(BadRecord(None, what, fix), more=n - 1)
+    bad.close()
+
+
+def _no_blocks(seq_len: int, position_ids: str):
+    """Zero rows of the output's columns (a batch that yields no block, or a bad one)."""
+    empty = np.zeros((0, seq_len), np.int32)
+    return _table({"input_ids": empty, **({"position_ids": empty} if position_ids == "per_document" else {})})
+
+
+def _table(columns: dict[str, np.ndarray]):
+    """int32[n, seq_len] arrays -> a pyarrow table of Ray Data's tensor type (zero-copy)."""
+    import pyarrow as pa
+    from ray.data.extensions import ArrowTensorArray
+
+    return pa.table({name: ArrowTensorArray.from_numpy(array) for name, array in columns.items()})
+
+
+def block_arrays(table) -> dict[str, np.ndarray]:
+    """tokenize_and_pack's table back as int32[n, seq_len] arrays (tests, the data benchmark)."""
+    return {name: np.concatenate([chunk.to_numpy() for chunk in table.column(name).chunks])
+            for name in table.column_names}
 
 
 def document_positions(lengths: np.ndarray, num_tokens: int, seq_len: int) -> np.ndarray:

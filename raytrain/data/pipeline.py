@@ -29,21 +29,26 @@ def build_datasets(data: DataConfig, model: ModelConfig, seed: int, sources: Sou
     """{"train": ...(, "eval": ...)}: packed rows of {"input_ids": int32[seq_len]} (+ "position_ids").
 
     `vocab_size` (the model's embedding rows) makes a token id beyond it a data error instead of a
-    crash on the GPU; `progress` counts what the training data's tasks read (never the eval data).
+    crash on the GPU; `progress` (the run's counter) counts what the training data's tasks read (never the eval data)
+    and is told every task's skipped documents and bad records.
     """
     # Ray Data's tqdm bars redraw into every log line (and into `ray job logs`) as escape codes;
     # progress is in raytrain's own lines instead (raytrain.data.progress, and data_wait).
-    ray.data.DataContext.get_current().enable_progress_bars = False
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    context.print_on_execution_start = False  # "Starting execution of Dataset ..." and its plan, every epoch
     split = "train" if data.eval_fraction else None
+    counter = progress.name if progress is not None else None
     out = {"train": _build(data, model, seed, sources.train, split, vocab_size,
-                           progress.track(sources.train) if progress is not None else None)}
+                           progress.track(sources.train) if progress is not None else None, counter)}
     if sources.eval is not None:
-        out["eval"] = _build(data, model, seed, sources.eval, "eval" if data.eval_fraction else None, vocab_size, None)
+        out["eval"] = _build(data, model, seed, sources.eval, "eval" if data.eval_fraction else None, vocab_size,
+                             None, counter)
     return out
 
 
 def _build(data: DataConfig, model: ModelConfig, seed: int, source: Source, split: str | None, vocab_size: int,
-           counter: str | None):
+           progress: str | None, counter: str | None):
     if source.format == "builtin":
         ds = ray.data.from_items([{"text": t} for t in builtin_corpus(data.num_builtin_documents, seed)])
     elif source.format in ("text", "json", "hf") and source.hub_id is None:
@@ -52,7 +57,8 @@ def _build(data: DataConfig, model: ModelConfig, seed: int, source: Source, spli
         ds = ray.data.from_items([{"path": f} for f in source.files], override_num_blocks=len(source.files))
         ds = ds.flat_map(read_documents, fn_kwargs={
             "format": source.format, "filesystem": source.filesystem, "text_column": data.text_column,
-            "text_document": data.text_document, "invalid_utf8": data.invalid_utf8, "progress": counter})
+            "text_document": data.text_document, "invalid_utf8": data.invalid_utf8, "progress": progress,
+            "counter": counter})
     elif source.format in ("parquet", "tokenized"):
         ds = ray.data.read_parquet(source.files, filesystem=source.filesystem).select_columns([source.column])
     else:  # a hub dataset, streamed: nothing is downloaded on the driver
@@ -62,6 +68,7 @@ def _build(data: DataConfig, model: ModelConfig, seed: int, source: Source, spli
         ds = ray.data.from_huggingface(hub.select_columns([data.text_column]))
     fn_kwargs = {"seq_len": data.seq_len, "model": model, "text_column": source.column,
                  "pretokenized": source.format == "tokenized", "position_ids": data.position_ids,
-                 "split": split, "eval_fraction": data.eval_fraction, "vocab_size": vocab_size, "progress": counter}
+                 "split": split, "eval_fraction": data.eval_fraction, "vocab_size": vocab_size, "progress": progress,
+                 "counter": counter}
     return ds.map_batches(tokenize_and_pack, fn_kwargs=fn_kwargs, batch_size=data.tokenize_batch_size,
                           batch_format="numpy", concurrency=data.tokenize_concurrency)

@@ -1,7 +1,7 @@
-"""Tokenization progress of a run: how much of the training data is tokenized, at what rate, ETA.
+"""The run's counter: tokenization progress, skipped documents, bad records, the step reached.
 
 Start at `DataProgress`, which the driver builds before the datasets and enters around
-`trainer.fit()`. Three pieces:
+`trainer.fit()`. Its pieces:
 - `Counter`, a named Ray actor (no CPU), one per run, that adds up what the tasks report.
 - the Ray Data tasks report to it fire-and-forget (`report`, `FileReads`): `read_documents` the
   bytes of each file and the documents they held, `tokenize_and_pack` its rows, documents and
@@ -9,6 +9,11 @@ Start at `DataProgress`, which the driver builds before the datasets and enters 
 - a driver thread reads it every `data.progress_every_s` and prints one line, which reaches the
   terminal and `ray job logs`:
   `raytrain: data: pass 1: 1.97 GB of 4.80 GB (41%), 12.5 MB/s, ETA 4m12s; tokenized 1.23M documents, 310M tokens`
+- what the data policies skip (`skipped`: empty documents, invalid UTF-8 decoded as U+FFFD) and
+  the bad records that stop the run (`bad_record`, raytrain.data.bad_records), from the training
+  and the evaluation data, and the step the run reached (rank 0 reports it): the driver prints
+  them once, when the run ends (`RunSummary`). The counter also holds the Ray Train
+  controller of the run, so that the first bad record stops it at once (raytrain.compat).
 
 What "of" counts: input bytes for text/JSON files and save_to_disk directories (file sizes from the
 listing), rows for parquet (from the footers, summed by the thread so the start never waits), the
@@ -27,6 +32,7 @@ import math
 import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from raytrain.config import DataConfig
@@ -39,13 +45,43 @@ REPORT_EVERY_S = 1.0
 """A task sends a long file's bytes at most this often (and when the file ends): actor calls stay few."""
 
 
+SKIPS = {"empty": "empty documents skipped (null, \"\", a missing key, an empty file or id list)",
+         "invalid_utf8": "documents with invalid UTF-8 decoded with U+FFFD replacement characters "
+                         "(data.invalid_utf8=error stops on them instead)"}
+"""What the data policies skip or change, by the name the tasks report them under."""
+
+
+@dataclass
+class RunSummary:
+    """What the counter holds at the end of a run (`Counter.summary`)."""
+
+    bad_record: Any = None
+    """The first bad record (raytrain.data.bad_records.BadRecord) with `more` set, or None."""
+    skipped: dict[str, tuple[int, str | None]] = field(default_factory=dict)
+    """SKIPS key -> (count, where the first one was)."""
+    step: int | None = None
+    """The last step the workers reported to Ray Train in this session (None: none yet)."""
+
+    def skipped_line(self) -> str | None:
+        """`raytrain: data: 12 empty documents skipped (...), the first in FILE; ...`, or None."""
+        parts = [f"{n:,} {SKIPS[kind]}" + (f", the first in {where}" if where else "")
+                 for kind, (n, where) in sorted(self.skipped.items()) if n]
+        return "raytrain: data: " + "; ".join(parts) if parts else None
+
+
 class Counter:
-    """The run's counters (the actor's body): tasks `add`, the driver reads `counts`."""
+    """The run's counters (the actor's body): tasks `add`, `skipped` and report bad records, the
+    controller `watch_run`s, rank 0 tells the step `reached`; the driver reads `counts` and `summary`."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._clock = clock
         self._counts = dict.fromkeys(COUNTS, 0)
         self._first: float | None = None
+        self._skipped: dict[str, tuple[int, str | None]] = {}
+        self._bad = None
+        self._more_bad = 0
+        self._step: int | None = None
+        self._controller = None
 
     def add(self, **counts: int) -> None:
         if self._first is None:
@@ -57,12 +93,79 @@ class Counter:
         """The totals, and elapsed_s since the first report (timed here, so node clocks don't matter)."""
         return {**self._counts, "elapsed_s": 0.0 if self._first is None else self._clock() - self._first}
 
+    def skipped(self, where: str | None = None, **counts: int) -> None:
+        for kind, n in counts.items():
+            total, first = self._skipped.get(kind, (0, None))
+            self._skipped[kind] = (total + n, first or where)
+
+    def bad_record(self, record) -> None:
+        """A task found a bad record: the first one stops the run (the others are counted)."""
+        if self._bad is not None:
+            self._more_bad += 1
+            return
+        self._bad = record
+        if self._controller is not None:
+            from raytrain import compat
+
+            compat.abort_train_run(self._controller)
+
+    def more_bad_records(self, n: int) -> None:
+        self._more_bad += n
+
+    def watch_run(self, controller) -> None:
+        """Ray Train's controller of this run (raytrain.compat): stopped by the first bad record."""
+        self._controller = controller
+        if self._bad is not None:  # found before the controller said where it is
+            from raytrain import compat
+
+            compat.abort_train_run(controller)
+
+    def controller(self):
+        return self._controller
+
+    def reached(self, step: int) -> None:
+        self._step = step
+
+    def summary(self) -> RunSummary:
+        bad = self._bad.with_more(self._more_bad) if self._bad is not None else None
+        return RunSummary(bad_record=bad, skipped=dict(self._skipped), step=self._step)
+
 
 def report(progress: str | None, **counts: int) -> None:
     """Add `counts` to the counter actor named `progress`; nothing when there is none."""
     actor = _counter(progress) if progress else None
     if actor is not None:
         actor.add.remote(**counts)  # fire-and-forget: a reader never waits on the counter
+
+
+def skipped(counter: str | None, where: str | None = None, **counts: int) -> None:
+    """Count documents a data policy skipped or changed (SKIPS keys), fire-and-forget."""
+    actor = _counter(counter) if counter else None
+    if actor is not None and any(counts.values()):
+        actor.skipped.remote(where, **{k: n for k, n in counts.items() if n})
+
+
+def bad_record(counter: str, record) -> None:
+    """Report a task's first bad record, and wait until the counter has it (it stops the run)."""
+    import ray
+
+    actor = _counter(counter)
+    if actor is None:  # the run is gone already
+        raise record
+    ray.get(actor.bad_record.remote(record))
+
+
+def reached(counter: str, step: int) -> None:
+    """Rank 0 reached `step` (fire-and-forget)."""
+    actor = _counter(counter)
+    if actor is not None:
+        actor.reached.remote(step)
+
+
+def more_bad_records(counter: str, n: int) -> None:
+    actor = _counter(counter)
+    if actor is not None:
+        actor.more_bad_records.remote(n)
 
 
 @functools.lru_cache(maxsize=16)
@@ -172,45 +275,57 @@ def input_total(source: Any, num_builtin_documents: int) -> tuple[str, float | N
 
 
 class DataProgress:
-    """The progress of one run's training data: `track` its source in `build_dataset`, then
-    `with progress: trainer.fit()` starts the counter actor and the printing thread, and ends both.
+    """The run's counter, on the driver: `track` the training data's source in `build_datasets` (the
+    progress lines), `name` for every task's skips and bad records; `with progress: trainer.fit()`
+    starts the counter actor (and, with data.progress_every_s, the printing thread) and ends both.
 
-    Evaluation data is not counted: it is re-read at every evaluation and would show up as passes
-    over the training data.
+    Evaluation data is not counted in the progress lines: it is re-read at every evaluation and
+    would show up as passes over the training data (its skips and bad records are counted).
     """
 
     def __init__(self, data: DataConfig, run_name: str):
         self.every_s = data.progress_every_s
         self._num_builtin_documents = data.num_builtin_documents
         # Unique per fit: Ray Data worker processes outlive a run and cache the actor by name.
-        self.name = f"raytrain-data-{run_name}-{uuid.uuid4().hex[:8]}" if self.every_s else None
+        self.name = f"raytrain-data-{run_name}-{uuid.uuid4().hex[:8]}"
         self._source = None
         self._actor = self._thread = None
         self._stop = threading.Event()
 
     def track(self, source: Any) -> str | None:
-        """Count reads of `source`; returns the counter's name for the tasks (None: not counted)."""
+        """Count reads of `source`; returns the counter's name for the tasks (None: progress off)."""
         self._source = source
-        return self.name
+        return self.name if self.every_s else None
 
     def __enter__(self) -> DataProgress:
-        if self.name is None or self._source is None:
-            return self
         import ray
 
         self._actor = ray.remote(num_cpus=0)(Counter).options(name=self.name).remote()
-        self._thread = threading.Thread(target=self._watch, name="raytrain-data-progress", daemon=True)
-        self._thread.start()
+        if self.every_s and self._source is not None:
+            self._thread = threading.Thread(target=self._watch, name="raytrain-data-progress", daemon=True)
+            self._thread.start()
         return self
 
     def __exit__(self, *exc_info) -> None:
-        if self._thread is None:
-            return
         import ray
 
-        self._stop.set()
-        self._thread.join(timeout=10)
-        ray.kill(self._actor)
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=10)
+        if self._actor is not None:
+            ray.kill(self._actor)
+            self._actor = None
+
+    @property
+    def actor(self):
+        """The counter actor (inside the `with` block)."""
+        return self._actor
+
+    def summary(self, timeout_s: float = 60) -> RunSummary:
+        """What the counter holds now (Counter.summary); only inside the `with` block."""
+        import ray
+
+        return ray.get(self._actor.summary.remote(), timeout=timeout_s)
 
     def counts(self, timeout_s: float = 60) -> dict[str, float]:
         """The counter's totals now (Counter.counts); only inside the `with` block."""

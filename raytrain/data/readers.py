@@ -2,7 +2,8 @@
 
 Start at `read_documents`: one file in, its documents out, streamed (a line-per-document file
 never sits in memory whole). What a document is, by format, and the bad-input policy (invalid
-UTF-8, empty documents, malformed JSON) are described in raytrain.data.sources' docstring.
+UTF-8, empty documents, malformed JSON) are described in raytrain.data.sources' docstring; what a
+task does with a bad record, in raytrain.data.bad_records'.
 """
 
 from __future__ import annotations
@@ -12,63 +13,90 @@ import json
 import logging
 from typing import Any, Iterator
 
-from raytrain.config import ConfigError
-from raytrain.data.progress import FileReads
+from raytrain.data.bad_records import BadRecord, BadRecords
+from raytrain.data.progress import FileReads, skipped
 from raytrain.data.sources import BOM, open_text
 
 logger = logging.getLogger("raytrain.data")
 
+
 def read_documents(row: dict[str, Any], *, format: str, filesystem, text_column: str, text_document: str,
-                   invalid_utf8: str, progress: str | None = None) -> Iterator[dict[str, str]]:
+                   invalid_utf8: str, progress: str | None = None,
+                   counter: str | None = None) -> Iterator[dict[str, str]]:
     """One file -> rows of {"text": document}, streamed (a line-per-document file never sits in memory whole).
-    `progress`: the run's counter actor, told how many bytes of the file were read and how many
-    documents they held."""
+
+    `progress`: the run's counter actor (training data only), told how many bytes of the file were
+    read and how many documents they held. `counter`: the run's counter actor, told what the data
+    policies skipped and the bad records (None: skips are logged, a bad record raises)."""
     reads = FileReads(progress)
+    bad = BadRecords(counter)
+    counts: collections.Counter = collections.Counter()
     if format == "hf":
-        documents = _read_arrow_file(row["path"], filesystem, text_column, reads)
+        documents = _read_arrow_file(row["path"], filesystem, text_column, reads, bad, counts)
     else:
-        documents = _read_text_file(row["path"], format, filesystem, text_column, text_document, invalid_utf8, reads)
+        documents = _read_text_file(row["path"], format, filesystem, text_column, text_document, invalid_utf8,
+                                    reads, bad, counts)
     yield from reads.count(documents)
+    bad.close()
+    _report_file(row["path"], counts, counter)
 
 
 def _read_text_file(path: str, format: str, filesystem, text_column: str, text_document: str, invalid_utf8: str,
-                    reads: FileReads) -> Iterator[dict[str, str]]:
-    """A text or JSON file (format "text" or "json"), read as `read_documents` says."""
+                    reads: FileReads, bad: BadRecords, counts: collections.Counter) -> Iterator[dict[str, str]]:
+    """A text or JSON file (format "text" or "json"), read as `read_documents` says. After a bad
+    record the rest of the file is only checked (its bad records counted), not yielded."""
     import pyarrow as pa
 
-    counts: collections.Counter = collections.Counter()
     with open_text(filesystem, path) as stream:  # decompresses .gz/.zst/.br/... by extension
         # Decompressed bytes are not the file's bytes: a compressed file counts whole when it ends.
         compressed = isinstance(stream, pa.CompressedInputStream)
         f = stream if compressed else reads.counting(stream)
         if format == "text" and text_document == "file":
-            text = _decode(f.read().removeprefix(BOM), invalid_utf8, path, counts)
+            text = _checked(bad, _decode, f.read().removeprefix(BOM), invalid_utf8, path, counts)
             if text:
                 yield {"text": text}
-            else:
+            elif text is not None:
                 counts["empty"] += 1
         elif format == "text":
             for lineno, raw in _lines(f, f.read(1 << 20).removeprefix(BOM)):
                 raw = raw.rstrip(b"\r")
                 if raw.strip():  # a blank line separates documents, it is not one
-                    yield {"text": _decode(raw, invalid_utf8, f"{path} line {lineno}", counts)}
+                    text = _checked(bad, _decode, raw, invalid_utf8, f"{path} line {lineno}", counts)
+                    if text is not None and not bad.found_any:
+                        yield {"text": text}
         else:
-            head = f.read(1 << 20).removeprefix(BOM)
-            if head.lstrip().startswith(b"["):  # one JSON array: the whole file is one value
-                records = _parse_json(_decode(head + f.read(), invalid_utf8, path, counts), path, None)
-                items = ((f"{path} record {i + 1}", r) for i, r in enumerate(records))
-            else:
-                items = ((f"{path} line {n}", _parse_json(_decode(raw, invalid_utf8, f"{path} line {n}", counts),
-                                                          path, n))
-                         for n, raw in _lines(f, head) if raw.strip())
-            for where, record in items:
-                if not isinstance(record, dict):
-                    raise ConfigError(f"{where} is a {type(record).__name__}, not a JSON object: "
-                                      f"give one object per line")
-                if _is_document(record.get(text_column), where, text_column, counts):
-                    yield {"text": record[text_column]}
+            for where, record in _json_records(f, path, invalid_utf8, bad, counts):
+                text = _checked(bad, _document_of, record, where, text_column, counts)
+                if text is not None and not bad.found_any:
+                    yield {"text": text}
     reads.close((lambda: filesystem.get_file_info(path).size) if compressed else None)
-    _report_file(path, counts)
+
+
+def _json_records(f, path: str, invalid_utf8: str, bad: BadRecords,
+                  counts: collections.Counter) -> Iterator[tuple[str, Any]]:
+    """(where, record) of a JSON-lines file, or of a file holding one JSON array; bad lines are
+    handed to `bad` and left out."""
+    head = f.read(1 << 20).removeprefix(BOM)
+    if head.lstrip().startswith(b"["):  # one JSON array: the whole file is one value
+        records = _checked(bad, lambda: _parse_json(_decode(head + f.read(), invalid_utf8, path, counts), path))
+        for i, record in enumerate(records or ()):
+            yield f"{path} record {i + 1}", record
+        return
+    for n, raw in _lines(f, head):
+        if raw.strip():
+            where = f"{path} line {n}"
+            record = _checked(bad, lambda: _parse_json(_decode(raw, invalid_utf8, where, counts), where, line=True))
+            if record is not None:
+                yield where, record
+
+
+def _checked(bad: BadRecords, fn, *args):
+    """fn(*args), or None when it finds a bad record (handed to `bad`, which raises outside a run)."""
+    try:
+        return fn(*args)
+    except BadRecord as record:
+        bad.found(record)
+        return None
 
 
 def _lines(f, head: bytes = b"", chunk_bytes: int = 1 << 24) -> Iterator[tuple[int, bytes]]:
@@ -90,54 +118,67 @@ def _decode(raw: bytes, invalid_utf8: str, where: str, counts: collections.Count
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         if invalid_utf8 == "error":
-            raise ConfigError(f"{where}: invalid UTF-8 at byte {e.start}: fix the file, or set data.invalid_utf8="
-                              f"replace to decode such bytes as U+FFFD (counted in the log)") from None
+            raise BadRecord(where, f"invalid UTF-8 at byte {e.start}",
+                            "fix the file, or set data.invalid_utf8=replace to decode such bytes as U+FFFD "
+                            "(counted and reported)") from None
         counts["invalid_utf8"] += 1
         return raw.decode("utf-8", errors="replace")
 
 
-def _parse_json(text: str, path: str, lineno: int | None) -> Any:
-    """One JSON line (lineno given) or a whole file holding one array (lineno None)."""
+def _parse_json(text: str, where: str, line: bool = False) -> Any:
+    """One JSON line (line=True) or a whole file holding one array."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        where = path if lineno is None else f"{path} line {lineno}"
-        raise ConfigError(f"{where} is not valid JSON ({e.msg} at column {e.colno}): fix or remove it") from None
-    if lineno is None and not isinstance(value, list):
-        raise ConfigError(f"{path} starts with '[' but is not a JSON array: give JSON lines or one array")
+        # json's messages that name a position end in " at" ("Unterminated string starting at")
+        detail = f"{e.msg} column {e.colno}" if e.msg.endswith(" at") else f"{e.msg} at column {e.colno}"
+        raise BadRecord(where, f"not valid JSON ({detail})", "fix or remove it") from None
+    if not line and not isinstance(value, list):
+        raise BadRecord(where, "starts with '[' but is not a JSON array", "give JSON lines or one array")
     return value
 
 
-def _read_arrow_file(path: str, filesystem, column: str, reads: FileReads) -> Iterator[dict[str, str]]:
+def _document_of(record: Any, where: str, text_column: str, counts: collections.Counter) -> str | None:
+    if not isinstance(record, dict):
+        raise BadRecord(where, f"a {type(record).__name__}, not a JSON object", "give one object per line")
+    return _document(record.get(text_column), where, text_column, counts)
+
+
+def _read_arrow_file(path: str, filesystem, column: str, reads: FileReads, bad: BadRecords,
+                     counts: collections.Counter) -> Iterator[dict[str, str]]:
     """One .arrow file of a save_to_disk directory (Arrow IPC stream), one record batch at a time."""
     import pyarrow as pa
 
-    counts = collections.Counter()
+    row = 0
     with filesystem.open_input_file(path) as stream:
         for batch in pa.ipc.open_stream(stream):
             for value in batch.column(batch.schema.get_field_index(column)).to_pylist():
-                if _is_document(value, path, column, counts):
-                    yield {"text": value}
+                row += 1
+                text = _checked(bad, _document, value, f"{path} row {row}", column, counts)
+                if text is not None and not bad.found_any:
+                    yield {"text": text}
             reads.at(stream.tell())
         reads.close(stream.size)  # the IPC stream's end marker is never "read" as a batch
-    _report_file(path, counts)
 
 
-def _is_document(value: Any, where: str, column: str, counts: collections.Counter) -> bool:
-    """True for a non-empty string; empty or missing values are counted (reported per file)."""
+def _document(value: Any, where: str, column: str, counts: collections.Counter) -> str | None:
+    """A non-empty string; None for an empty or missing value (counted as skipped)."""
     if value is None or value == "":
         counts["empty"] += 1
-        return False
+        return None
     if not isinstance(value, str):
-        raise ConfigError(f"{where}: data.text_column={column!r} holds a {type(value).__name__}, "
-                          f"not a string: set data.text_column to the text field")
-    return True
+        raise BadRecord(where, f"data.text_column={column!r} holds a {type(value).__name__}, not a string",
+                        "set data.text_column to the text field")
+    return value
 
 
-def _report_file(path: str, counts: collections.Counter) -> None:
+def _report_file(path: str, counts: collections.Counter, counter: str | None) -> None:
+    """A file's skipped and changed documents: to the run's counter (reported once per run), or logged."""
+    if counter is not None:
+        skipped(counter, path, empty=counts["empty"], invalid_utf8=counts["invalid_utf8"])
+        return
     if counts["invalid_utf8"]:
         logger.warning("raytrain data: %s: %d documents had invalid UTF-8, decoded with U+FFFD replacement "
                        "characters (data.invalid_utf8=error stops on it instead)", path, counts["invalid_utf8"])
     if counts["empty"]:
         logger.warning("raytrain data: %s: skipped %d empty documents", path, counts["empty"])
-

@@ -2,7 +2,9 @@
 
 Everything that can be known cheaply about a source (the path exists, it holds files of one
 format, the text column is there, it is not empty) is checked here with listings, parquet footers
-and one JSON line, and raises a one-line `ConfigError` naming the key. The `Source` it returns
+and the first records of the first file (a JSON line or an array's first object and its text
+value, the UTF-8 of a text file under data.invalid_utf8=error), and raises a one-line `ConfigError`
+naming the key. `--dry-run` and a real run both run these checks. The `Source` it returns
 tells raytrain.data.pipeline how to read it.
 
 Documents, by source:
@@ -21,13 +23,13 @@ own readers, a local path must be visible on every node that runs tasks (a share
 
 Bad input, at run time (things only reading all the data can tell):
 - invalid UTF-8 in text/JSON files: `data.invalid_utf8="replace"` (default) decodes the bad bytes
-  as U+FFFD and logs one warning per file with the number of documents affected; "error" raises,
-  naming the file and line. Nothing is dropped silently either way.
-- empty documents (null, missing key, "", an empty file or an empty id list) are skipped and
-  counted: one warning per file, or for row sources a warning with running totals (at most one
-  per 30 s per tokenizer process, so a dataset full of nulls doesn't flood the log).
-- malformed JSON, a text value that is not a string, token ids beyond the embedding table: the
-  Ray Data task raises, naming the file and line or the value and the key to change.
+  as U+FFFD; "error" makes each such line (or file) a bad record, naming the file and line.
+- empty documents (null, missing key, "", an empty file or an empty id list) are skipped.
+  What both policies skip or change is counted by the run's counter and reported in one line at
+  the end of the run (raytrain.data.progress); read outside a run, each task logs it instead.
+- malformed JSON, a text value that is not a string, token ids beyond the embedding table: bad
+  records (raytrain.data.bad_records). The first stops the run, never retried: one line naming the
+  file and line or the value, how many more were found, and the key to change; exit code 2.
 """
 
 from __future__ import annotations
@@ -98,8 +100,6 @@ def data_facts(data: DataConfig, sources: Sources) -> DataFacts:
 
 def inspect_source(data: DataConfig, path, key: str = "data.path") -> Source:
     """List and check a source before any worker starts; every problem is a one-line ConfigError."""
-    if data.format != "auto" and data.format not in FORMATS:
-        raise ConfigError(f"data.format must be auto or one of {', '.join(FORMATS)}, got {data.format!r}")
     if path is None:
         return Source("builtin")
     paths = [path] if isinstance(path, str) else list(path)
@@ -117,8 +117,11 @@ def inspect_source(data: DataConfig, path, key: str = "data.path") -> Source:
         return _check_parquet(source, data, key)
     if all(size == 0 for _, size in files):
         raise ConfigError(f"{key}: every file of {', '.join(paths)} is empty: give files with documents in them")
+    first = next(f for f, size in files if size)  # the first file with something in it
     if fmt == "json":
-        _check_json_column(source, data.text_column, key)
+        _check_json_column(source, first, data, key)
+    elif fmt == "text":
+        _check_text_head(source, first, data)
     return source
 
 
@@ -248,24 +251,67 @@ def open_text(filesystem, path: str):
     return filesystem.open_input_stream(path, compression="brotli" if path.endswith(".br") else "detect")
 
 
-def _check_json_column(source: Source, column: str, key: str) -> None:
-    """The first record of the first non-empty file must have `column` (one read of up to 1 MiB)."""
-    with open_text(source.filesystem, source.files[0]) as f:
+def _check_json_column(source: Source, path: str, data: DataConfig, key: str) -> None:
+    """The first record of the first file: valid JSON (a line, or an array's first element), an
+    object with `data.text_column`, holding a string (or null), its bytes UTF-8 under
+    data.invalid_utf8=error. One read of up to 1 MiB; the readers check every later record."""
+    column = data.text_column
+    with open_text(source.filesystem, path) as f:
         head = f.read(1 << 20)
-    line, newline, _ = head.removeprefix(BOM).lstrip().partition(b"\n")
-    if not line or line.startswith(b"[") or (not newline and len(head) == 1 << 20):
-        return  # an empty first file, a JSON array or a huge first line: the reader checks each record
-    try:
-        record = json.loads(line.decode("utf-8", errors="replace"))
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{key}: {source.files[0]} line 1 is not valid JSON ({e.msg}): "
-                          f"give JSON lines (one object per line)") from None
+    body = head.removeprefix(BOM).lstrip()
+    if body.startswith(b"["):  # one JSON array of records
+        where, text = f"{path} (its first record)", _utf8(body[1:], data, path, 1, cut=len(head) == 1 << 20)
+        try:
+            record, _ = json.JSONDecoder().raw_decode(text.lstrip())
+        except json.JSONDecodeError as e:
+            if len(head) == 1 << 20:
+                return  # a first record over 1 MiB: the reader checks it
+            raise ConfigError(f"{key}: {path} is not a valid JSON array ({e.msg} in its first record): "
+                              f"give JSON lines or an array of objects") from None
+    else:
+        line, newline, _ = body.partition(b"\n")
+        if not line or (not newline and len(head) == 1 << 20):
+            return  # an empty first file or a huge first line: the reader checks each record
+        lineno = head.removeprefix(BOM)[:len(head.removeprefix(BOM)) - len(body)].count(b"\n") + 1
+        where = f"{path} line {lineno}"
+        try:
+            record = json.loads(_utf8(line, data, path, lineno))
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{key}: {where} is not valid JSON ({e.msg}): "
+                              f"give JSON lines (one object per line)") from None
     if not isinstance(record, dict):
-        raise ConfigError(f"{key}: {source.files[0]} line 1 is a {type(record).__name__}, not a JSON object: "
+        raise ConfigError(f"{key}: {where} is a {type(record).__name__}, not a JSON object: "
                           f"give JSON lines (one object per line)")
     if column not in record:
-        raise ConfigError(f"data.text_column={column!r} is not a key of the records in {source.files[0]} "
+        raise ConfigError(f"data.text_column={column!r} is not a key of the records in {path} "
                           f"(keys: {', '.join(record)}): set data.text_column")
+    if record[column] is not None and not isinstance(record[column], str):
+        raise ConfigError(f"data.text_column={column!r} holds {type(record[column]).__name__} values in {where}, "
+                          f"not text: set data.text_column to the text key")
+
+
+def _check_text_head(source: Source, path: str, data: DataConfig) -> None:
+    """Under data.invalid_utf8=error, the first MiB of the first file must be UTF-8 (the readers
+    check the rest); under "replace" any bytes are read."""
+    if data.invalid_utf8 != "error":
+        return
+    with open_text(source.filesystem, path) as f:
+        head = f.read(1 << 20)
+    _utf8(head.removeprefix(BOM), data, path, 1, cut=len(head) == 1 << 20)
+
+
+def _utf8(raw: bytes, data: DataConfig, path: str, first_line: int, cut: bool = False) -> str:
+    """`raw` decoded; invalid UTF-8 under data.invalid_utf8=error is the readers' one-line error,
+    found here first. `cut`: raw ends mid-file, so a character split at its end is not an error."""
+    import codecs
+
+    decoder = codecs.getincrementaldecoder("utf-8")("strict" if data.invalid_utf8 == "error" else "replace")
+    try:
+        return decoder.decode(raw, final=not cut)
+    except UnicodeDecodeError as e:
+        line = first_line + raw[:e.start].count(b"\n")
+        raise ConfigError(f"{path} line {line}: invalid UTF-8 at byte {e.start}: fix the file, or set "
+                          f"data.invalid_utf8=replace to read such bytes as U+FFFD") from None
 
 
 def _looks_like_hf(path: str) -> bool:
@@ -307,11 +353,13 @@ def _inspect_hf(data: DataConfig, paths: list[str], key: str) -> Source:
     if state is None:
         raise ConfigError(f"{key}: {path} has no state.json: give a directory written by datasets' save_to_disk")
     files = [f"{root}/{f['filename']}" for f in state.get("_data_files", [])]
-    rows, names = 0, None
+    rows, names, text_type = 0, None, None
     for f in files:  # stream headers only; stops at the first file with a row
         with fs.open_input_file(f) as stream:
             reader = pa.ipc.open_stream(stream)
             names = names or reader.schema.names
+            if text_type is None and data.text_column in reader.schema.names:
+                text_type = reader.schema.field(data.text_column).type
             for batch in reader:
                 rows += batch.num_rows
                 if rows:
@@ -321,6 +369,9 @@ def _inspect_hf(data: DataConfig, paths: list[str], key: str) -> Source:
     if names is not None and data.text_column not in names:
         raise ConfigError(f"data.text_column={data.text_column!r} is not a column of {path} "
                           f"(columns: {', '.join(names)}): set data.text_column")
+    if text_type is not None and not (pa.types.is_string(text_type) or pa.types.is_large_string(text_type)):
+        raise ConfigError(f"data.text_column={data.text_column!r} in {path} holds {text_type}, not strings: "
+                          f"set data.text_column to the text column")
     if not rows:
         raise ConfigError(f"{key}: the dataset at {path} has no rows: give a non-empty dataset")
     return Source("hf", column="text", filesystem=fs, files=files)

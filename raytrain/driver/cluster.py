@@ -1,17 +1,22 @@
 """The Ray cluster a run goes to (driver side): connect, read its shape and memory, check its fabric.
 
 Start at `connect`: `cluster.address`, else RAY_ADDRESS (set under `ray job submit`), else a new
-local cluster sized for the workers plus Ray Data.
+local cluster sized for the workers plus Ray Data (`start_local_cluster`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
-from collections.abc import Sequence
+import signal
+import socket
+import threading
+from collections.abc import Iterator, Sequence
 
 import ray
 
-from raytrain import hardware
+from raytrain import compat, hardware
 from raytrain.config import ClusterConfig, ConfigError, RunConfig, ScalingConfig
 from raytrain.console import say
 from raytrain.network.preflight import run_preflight
@@ -26,14 +31,109 @@ def connect(cluster: ClusterConfig, scaling: ScalingConfig) -> None:
         return
     address = cluster.address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, log_to_driver=True)
+        # logging_level: the driver's own "ray" logger; INFO is "Connecting to existing Ray cluster".
+        ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING)
         return
     # A local cluster needs logical CPUs for the workers *and* for Ray Data's tokenization tasks:
     # with only the workers' share, Ray Data never gets a CPU and the run hangs.
     workers = scaling.num_workers or 2
-    num_cpus = cluster.num_cpus or max(os.cpu_count() or 1, int(workers * scaling.cpus_per_worker) + 2)
-    # address="local": always a new cluster; plain ray.init() would join any other one on this machine.
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+    if isinstance(workers, list):  # an elastic range: room for its maximum (a local cluster never grows)
+        workers = max(workers)
+    start_local_cluster(cluster.num_cpus or max(os.cpu_count() or 1, int(workers * scaling.cpus_per_worker) + 2))
+
+
+def start_local_cluster(num_cpus: int) -> None:
+    """A new Ray cluster on this machine, which stops when this process ends, announced in one line.
+
+    What it is started with, and why (each an environment variable its processes inherit; Ray's
+    own logs keep every line at DEBUG in /tmp/ray/session_*/logs):
+    - the dashboard, on a free port: Ray Train's PlacementGroupCleaner asks Ray's state API,
+      served by the dashboard, every second whether the controller is alive. Without it every
+      answer failed ("Failed to query Ray Train Controller actor state", ~50 lines a run) and its
+      stop timed out at the end of a run that succeeded (a GetTimeoutError traceback).
+    - RAY_API_SERVER_ADDRESS, that dashboard: the state API otherwise finds "the latest cluster on
+      this machine", another user's whenever two clusters run here ("Found multiple active Ray
+      instances"), and would ask it whether this run's controller is alive.
+    - RAY_TRAIN_ENABLE_PREEMPTION_WATCHER=0: nothing preempts the nodes of a local cluster, and
+      creating the watcher logs a core_worker error (ray-project/ray#53727) in every run.
+    - RAY_DATA_LOG_LEVEL=WARNING: Ray Data's INFO lines ("Execution plan of Dataset ...",
+      "execution finished in ...") on the console; its warnings and errors still show.
+    - SIGINT ignored by every process it starts: Ctrl-C in a terminal signals the whole process
+      group. Ray blocks SIGINT in the processes it starts, but the dashboard's module processes
+      unblock it, so Ctrl-C stopped the state API in the middle of the run's abort, which then
+      waited 12 s for Ray Train's PlacementGroupCleaner. Ctrl-C is the driver's alone
+      (raytrain.driver.watch), as Ray means it to be.
+    """
+    missing = compat.dashboard_dependency_error()
+    if missing:  # a minimal ray (no ray[default]): train without the dashboard rather than not at all
+        say(f"raytrain: note: Ray's dashboard cannot start here ({missing}); the local cluster runs without it, "
+            f"so Ray Train's cleaner logs 'Failed to query Ray Train Controller actor state' each second: "
+            f"pip install 'ray[default]' to have it")
+    for attempt in range(2):
+        port = _free_port()
+        env = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", "RAY_DATA_LOG_LEVEL": "WARNING"}
+        if not missing:
+            env["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
+        try:
+            # Ray warns that token authentication is on by default for a new local cluster: said
+            # below in raytrain's own line instead. address="local": always a new cluster; plain
+            # ray.init() would join any other one on this machine.
+            with _environ(env), _level("ray._private.authentication.authentication_token_setup", logging.ERROR), \
+                    _sigint_ignored():
+                context = ray.init(address="local", num_cpus=num_cpus, include_dashboard=not missing,
+                                   dashboard_host="127.0.0.1", dashboard_port=port, log_to_driver=True,
+                                   logging_level=logging.WARNING)
+            break
+        except ValueError as e:  # the free port was taken between the probe and the start
+            if attempt or "already occupied" not in str(e):
+                raise
+    auth = "on" if os.environ.get("RAY_AUTH_MODE", "").lower() == "token" else "off"
+    dashboard = "no dashboard" if missing else f"dashboard http://{context.dashboard_url}"
+    say(f"raytrain: started a local Ray cluster ({num_cpus} CPUs, {dashboard}, "
+        f"token authentication {auth}); it stops when this process ends")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]) -> Iterator[None]:
+    """`values` in os.environ (for the processes started meanwhile); a variable the user set wins."""
+    added = {k: v for k, v in values.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored meanwhile: processes started meanwhile keep ignoring it (an ignored signal
+    stays ignored across exec, and Python then installs no KeyboardInterrupt handler)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers; a notebook's cells run there
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def _level(logger: str, level: int) -> Iterator[None]:
+    log = logging.getLogger(logger)
+    previous = log.level
+    log.setLevel(level)
+    try:
+        yield
+    finally:
+        log.setLevel(previous)
 
 
 def live_shape(cfg: RunConfig) -> ClusterShape:

@@ -2,17 +2,22 @@
 
 - `fit(cfg)`: connect, resolve the run for the live cluster, refuse what cannot fit, place the run
   in storage, build the datasets and the TorchTrainer, train, then summarise (and export).
-- `dry_run(cfg)`: the same resolution for the requested shape, without Ray.
+- `dry_run(cfg)`: the same checks for the requested shape, without Ray (raytrain.driver.checks
+  holds the ones both run: paths, addresses, the config resolved before Ray, memory).
 - `plan_memory(cfg, ...)`: the memory plan against stated sizes, the live cluster or this machine.
 
-Everything that can be wrong with the user's input is checked before a single worker starts; the
-workers (raytrain.worker.loop) receive the `RunSpec` built here, as a plain dict.
+Everything that can be wrong with the user's input is checked before a single worker starts (and
+before `ray.init` when the config states its shape); the workers (raytrain.worker.loop) receive the
+`RunSpec` built here, as a plain dict.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,19 +25,26 @@ import ray.train
 from ray.train.torch import TorchTrainer
 
 from raytrain import hardware
-from raytrain.checkpoint import layout, reshard
+from raytrain.checkpoint import layout
+from raytrain.checkpoint.reshard import written_by
 from raytrain.checkpoint.export import export
+from raytrain.checkpoint.model_files import local_model_files, write_model_files
 from raytrain.config import ConfigError, RunConfig
 from raytrain.console import say
 from raytrain.data.ingest import ShardedIngest
 from raytrain.data.pipeline import build_datasets
 from raytrain.data.progress import DataProgress
 from raytrain.data.sources import inspect_sources
+from raytrain.driver.checks import check_before_ray, check_memory, dry_run_target, resolve_before_ray, tightest
 from raytrain.driver.cluster import check_preflight, cluster_target, connect, live_shape
+from raytrain.driver.elastic import policy_installed
 from raytrain.driver.summary import write_summary
+from raytrain.driver.watch import callbacks as watch_callbacks
+from raytrain.driver.watch import continue_command, run_trainer
+from raytrain.model import model_source
 from raytrain.network.backend import torch_config
-from raytrain.planning.memory import GIB, MemoryPlan, check_fits, estimate_memory
-from raytrain.planning.resolve import advice, resolve_run, shape_from_config
+from raytrain.planning.memory import MemoryPlan, check_fits, estimate_memory
+from raytrain.planning.resolve import advice, resolve_run
 from raytrain.run_spec import ResolvedRun, RunSpec
 from raytrain.worker.loop import train_loop_per_worker
 
@@ -49,15 +61,20 @@ class FitResult:
     spec: RunSpec
 
 
-def fit(cfg: RunConfig, fresh: bool = False) -> FitResult:
+def fit(cfg: RunConfig, fresh: bool = False, argv: Sequence[str] | None = None) -> FitResult:
     """Train `cfg` on the Ray cluster (connecting or starting one) and return the result.
 
     A run whose name already exists in the storage path continues from its latest checkpoint;
-    `fresh=True` sets the old run aside (renamed, nothing deleted) and starts over.
+    `fresh=True` sets the old run aside (renamed, nothing deleted) and starts over. `argv`: the
+    command line the run was started with (`python -m raytrain.main`), for the command that
+    continues it. Raises ConfigError for bad input (a bad record in the data too: raytrain.data.
+    bad_records) and raytrain.driver.watch.Interrupted after Ctrl-C.
     """
+    check_before_ray(cfg)
+    sources = inspect_sources(cfg.data)
+    resolve_before_ray(cfg, sources)  # a bad config stops here, before ray.init
     connect(cfg.cluster, cfg.scaling)
     shape = live_shape(cfg)
-    sources = inspect_sources(cfg.data)
     found = cluster_target(shape.use_gpu)  # None where unknown: not checked
     target = hardware.Target(found.gpu_memory_bytes, found.host_memory_bytes, shape.gpus_per_node or found.gpus_per_node)
     resolved = resolve_run(cfg, shape, sources, target)  # "auto" settings are chosen here, for this cluster
@@ -65,33 +82,53 @@ def fit(cfg: RunConfig, fresh: bool = False) -> FitResult:
         say(f"raytrain: plan: {line}")
     for note in advice(resolved):
         say(f"raytrain: note: {note}")
-    check_fits(estimate_memory(resolved, target))
+    say(f"raytrain: {check_memory(resolved, target)}")
     _check_tracking(cfg)
     if cfg.network.preflight:
         check_preflight(cfg)
-    spec = _place(resolved, fresh)
-    progress = DataProgress(cfg.data, spec.run_name)  # prints the training data's read/tokenize progress
+    spec, progress = _place(resolved, fresh)
+    command = continue_command(argv, spec.run_name)
+    say(f"raytrain: model: {model_source(cfg.model)}")
+    if cfg.checkpoint.name is None:  # a generated name: the same command again starts another run
+        for name, step in unfinished_runs(spec.storage_path, resolved, spec.run_name):
+            say(f"raytrain: note: run {name} in {spec.storage_path} stopped at step {step} of "
+                f"{cfg.training.max_steps} with these settings; to continue it instead: "
+                f"{continue_command(argv, name)}")
+        say(f"raytrain: run {spec.run_name} in {spec.storage_path}; to continue it after a stop: {command}")
+    write_model_files(spec.run_uri, cfg.model, spec.model)  # export reads these, not the originals
     datasets = build_datasets(cfg.data, cfg.model, cfg.training.seed, sources, resolved.model.vocab_size, progress)
-    trainer = _trainer(spec, datasets)
-    with progress:
-        result = trainer.fit()
+    trainer = _trainer(spec, datasets, progress)
+    with progress, policy_installed(spec):
+        result = run_trainer(trainer, progress, spec.run_uri, cfg.training.max_steps, command)
     if result.checkpoint is None:
         raise RuntimeError(f"the run ended without a checkpoint (see the worker logs above): {result.error}")
     meta = layout.read_metadata(result.checkpoint)
     write_summary(meta["history"], meta["metrics"], spec.storage_path, spec.run_name)
     if cfg.checkpoint.export_dir:
-        with result.checkpoint.as_directory() as local:
-            export(local, cfg.checkpoint.export_dir)
+        with result.checkpoint.as_directory() as local, local_model_files(spec.run_uri) as model_dir:
+            export(local, cfg.checkpoint.export_dir, model_dir=model_dir)
     return FitResult(metrics=meta["metrics"], history=meta["history"], checkpoint_path=result.checkpoint.path,
                      run_path=str(result.path), spec=spec)
 
 
-def dry_run(cfg: RunConfig) -> tuple[ResolvedRun, list[str]]:
-    """The run resolved for the requested shape (GPUs counted on this machine; "auto" settings chosen
-    for this machine's GPU memory and RAM), and advice notes (the plan's lines first)."""
-    here = hardware.this_machine()
-    resolved = resolve_run(cfg, shape_from_config(cfg, here.gpus_per_node or 0), target=here)
-    return resolved, [f"plan: {line}" for line in resolved.plan] + advice(resolved)
+def dry_run(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_memory_gib: float | None = None,
+            gpus_per_node: int | None = None) -> tuple[ResolvedRun, list[str]]:
+    """Every check of a real run that needs no Ray, for the requested shape: the run resolved ("auto"
+    settings chosen for the target), and notes for stderr (the plan's lines, advice, then the memory
+    planner's verdict). Writes nothing.
+
+    Memory is planned against the stated sizes, else this machine (its GPUs for a GPU run)."""
+    check_before_ray(cfg)
+    cfg, shape, target = dry_run_target(cfg, gpu_memory_gib=gpu_memory_gib, host_memory_gib=host_memory_gib,
+                                        gpus_per_node=gpus_per_node)
+    resolved = resolve_run(cfg, shape, target=target)
+    notes = [f"plan: {line}" for line in resolved.plan] + [f"note: {note}" for note in advice(resolved)]
+    if target is None:
+        notes.append("memory: not checked: this machine has no GPU to plan a GPU run against; state the "
+                     "target's sizes with --gpu-memory-gib, --host-memory-gib and --gpus-per-node")
+    else:
+        notes.append(check_memory(resolved, target))
+    return resolved, notes
 
 
 def plan_memory(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_memory_gib: float | None = None,
@@ -99,32 +136,20 @@ def plan_memory(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_mem
     """The memory plan of `cfg`, checked against its target (raises planning.memory.DoesNotFit).
 
     The target: the stated sizes (a cluster that may not exist yet; the config gives its shape),
-    else the Ray cluster at cluster.address / RAY_ADDRESS, else this machine.
+    else the Ray cluster at cluster.address / RAY_ADDRESS, else this machine (as for a dry run).
     """
-    for flag, value in (("--gpu-memory-gib", gpu_memory_gib), ("--host-memory-gib", host_memory_gib),
-                        ("--gpus-per-node", gpus_per_node)):
-        if value is not None and value <= 0:
-            raise ConfigError(f"{flag} must be positive, got {value:g}")
-    if any(v is not None for v in (gpu_memory_gib, host_memory_gib, gpus_per_node)):
-        if gpu_memory_gib is not None and cfg.scaling.use_gpu is False:
-            raise ConfigError("--gpu-memory-gib plans a GPU cluster but scaling.use_gpu=false: drop one of them")
-        if gpu_memory_gib is not None and cfg.scaling.use_gpu is None:
-            cfg = cfg.with_overrides(["scaling.use_gpu=true"])
-        shape = shape_from_config(cfg)
-        target = hardware.Target(int(gpu_memory_gib * GIB) if gpu_memory_gib else None,
-                                 int(host_memory_gib * GIB) if host_memory_gib else None, gpus_per_node)
-    elif cfg.cluster.address or os.environ.get("RAY_ADDRESS"):
+    stated = any(v is not None for v in (gpu_memory_gib, host_memory_gib, gpus_per_node))
+    if not stated and (cfg.cluster.address or os.environ.get("RAY_ADDRESS")):
         connect(cfg.cluster, cfg.scaling)
         shape = live_shape(cfg)
         found = cluster_target(shape.use_gpu)
         target = hardware.Target(found.gpu_memory_bytes, found.host_memory_bytes,
                                  shape.gpus_per_node or found.gpus_per_node)
     else:
-        here = hardware.this_machine()
-        shape = shape_from_config(cfg, here.gpus_per_node or 0)
-        target = here if shape.use_gpu else hardware.Target(None, here.host_memory_bytes, None)
+        cfg, shape, target = dry_run_target(cfg, gpu_memory_gib=gpu_memory_gib, host_memory_gib=host_memory_gib,
+                                            gpus_per_node=gpus_per_node)
     resolved = resolve_run(cfg, shape, target=target)
-    plan = estimate_memory(resolved, target)
+    plan = estimate_memory(tightest(resolved), target or hardware.Target())
     plan.notes.extend(resolved.plan)
     check_fits(plan)
     return plan
@@ -148,17 +173,17 @@ def _check_tracking(cfg: RunConfig) -> None:
                           f"server, fix the URI, or unset it") from None
 
 
-def _place(resolved: ResolvedRun, fresh: bool) -> RunSpec:
+def _place(resolved: ResolvedRun, fresh: bool) -> tuple[RunSpec, DataProgress]:
     """The run's name and storage directory, ready (continued, or set aside with fresh=True), and
-    the universal copy of its resume checkpoint when the world size changed: the final RunSpec."""
+    its resume checkpoint checked against the run's shape: the final RunSpec, and the run's counter
+    for this session (progress, skips, bad records, the step reached)."""
     cfg = resolved.config
     name = cfg.checkpoint.name or datetime.datetime.now().strftime("raytrain-%Y%m%d-%H%M%S")
     storage = _storage_path(cfg.checkpoint.storage_path)
     run = layout.run_uri(storage, name)
     resume_from = cfg.checkpoint.resume_from
     has_checkpoint = layout.latest_checkpoint(run) is not None
-    if resume_from:
-        layout.check_is_checkpoint(resume_from, "checkpoint.resume_from")
+    if resume_from:  # (a checkpoint: raytrain.driver.checks.check_before_ray)
         if has_checkpoint and not fresh:
             raise ConfigError(f"checkpoint.resume_from is set but run {name!r} already exists in {storage}, and it "
                               f"would continue from its own latest checkpoint: choose a new checkpoint.name")
@@ -170,27 +195,96 @@ def _place(resolved: ResolvedRun, fresh: bool) -> RunSpec:
     elif has_checkpoint:
         say(f"raytrain: run {name!r} exists in {storage}: continuing from its latest checkpoint "
             f"(pass --fresh to start over; the old run is kept under another name)")
-    # A checkpoint written by another number of workers is converted here, once, before workers start.
-    universal = reshard.prepare(run, resume_from, resolved.cluster.num_workers, cfg.data.num_shards)
-    return RunSpec.place(resolved, run_name=name, storage_path=storage, resume_from=resume_from, universal=universal)
+    check_resume(layout.latest_checkpoint(run) or (ray.train.Checkpoint(resume_from) if resume_from else None),
+                 resolved)
+    progress = DataProgress(cfg.data, name)
+    return RunSpec.place(resolved, run_name=name, storage_path=storage, resume_from=resume_from,
+                         counter=progress.name), progress
 
 
-def _trainer(spec: RunSpec, datasets: dict[str, Any]) -> TorchTrainer:
+def check_resume(checkpoint, resolved: ResolvedRun) -> None:
+    """What Ray Train will hand the workers (the run's latest checkpoint, else resume_from) must
+    have a data position this run can read: the same data shards. Another number of workers is
+    fine: the first group of another size converts the checkpoint (raytrain.checkpoint.reshard)."""
+    if checkpoint is None:
+        return
+    meta = layout.read_metadata(checkpoint)
+    old_world, old_shards = written_by(meta)
+    shape, num_shards = resolved.cluster, resolved.config.data.num_shards
+    new_shards = num_shards or shape.num_workers
+    if old_shards != new_shards:
+        where = f"data.num_shards={meta['spec']['config']['data'].get('num_shards')}"
+        raise ConfigError(f"checkpoint {checkpoint.path} was written by {old_world} workers with {where} ({old_shards} "
+                          f"data shards), and this run has {shape.num_workers} workers and {new_shards} shards: resuming "
+                          f"on another number of workers needs the same data.num_shards, divisible by both (start runs "
+                          f"with e.g. data.num_shards=48 to allow it), else resume on {old_world} workers")
+    if shape.elastic:
+        say(f"raytrain: resuming step {meta['step']} (written by {old_world} workers); a worker group of another "
+            f"size converts it to DeepSpeed's universal checkpoint first")
+    elif old_world != shape.num_workers:
+        say(f"raytrain: resuming step {meta['step']} on {shape.num_workers} workers (written by {old_world}): the "
+            f"workers convert it to DeepSpeed's universal checkpoint first")
+
+
+GENERATED_NAME = re.compile(r"raytrain-\d{8}-\d{6}")
+"""What _place names a run that has no checkpoint.name."""
+
+
+def unfinished_runs(storage: str, resolved: ResolvedRun, this_run: str, look_at: int = 3) -> list[tuple[str, int]]:
+    """(name, step) of the earlier runs in `storage` with generated names and the same settings
+    that stopped before training.max_steps (Ctrl-C, a failure): the `look_at` newest are read, one
+    raytrain.json each. What re-running a command without checkpoint.name says it could continue."""
+    import pyarrow.fs
+
+    fs, path = layout.filesystem(storage)
+    try:
+        infos = fs.get_file_info(pyarrow.fs.FileSelector(path))
+    except OSError:  # storage that cannot be listed: nothing to say
+        return []
+    names = sorted((i.base_name for i in infos if i.type == pyarrow.fs.FileType.Directory
+                    and GENERATED_NAME.fullmatch(i.base_name) and i.base_name != this_run), reverse=True)
+    wanted = _settings(resolved.config.to_dict())
+    found = []
+    for name in names[:look_at]:
+        checkpoint = layout.latest_checkpoint(layout.run_uri(storage, name))
+        if checkpoint is None:
+            continue
+        meta = layout.read_metadata(checkpoint)
+        if meta["step"] < resolved.config.training.max_steps and _settings(meta["spec"]["config"]) == wanted:
+            found.append((name, meta["step"]))
+    return found
+
+
+def _settings(config: dict[str, Any]) -> dict[str, Any]:
+    """A run config without what names and places a run."""
+    checkpoint = {k: v for k, v in config["checkpoint"].items() if k not in ("name", "resume_from")}
+    return json.loads(json.dumps({**config, "checkpoint": checkpoint}))  # as raytrain.json holds it
+
+
+def _trainer(spec: RunSpec, datasets: dict[str, Any], progress: DataProgress) -> TorchTrainer:
     cfg, shape = spec.config, spec.cluster
     resources: dict[str, float] = {"CPU": cfg.scaling.cpus_per_worker}
     if shape.use_gpu:
         resources["GPU"] = 1
+    # Ray Train's elastic mode takes a tuple (a list is refused); its monitor interval is the grow check.
+    elastic = {"num_workers": (shape.min_workers, shape.num_workers),
+               "elastic_resize_monitor_interval_s": cfg.scaling.resize_interval_s} if shape.elastic else {}
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config=spec.to_dict(),
-        scaling_config=ray.train.ScalingConfig(num_workers=shape.num_workers, use_gpu=shape.use_gpu,
+        scaling_config=ray.train.ScalingConfig(**{"num_workers": shape.num_workers, **elastic}, use_gpu=shape.use_gpu,
                                                resources_per_worker=resources,
                                                accelerator_type=cfg.scaling.accelerator_type,
                                                placement_strategy=cfg.scaling.placement_strategy),
         run_config=ray.train.RunConfig(
             name=spec.run_name, storage_path=spec.storage_path,
             failure_config=ray.train.FailureConfig(max_failures=cfg.checkpoint.max_failures),
-            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.num_to_keep)),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.checkpoint.num_to_keep),
+            # Ray Train's INFO lines on the console (resources requested, the worker group's ranks,
+            # "Checkpoint successfully created at", "Setting up process group"): raytrain prints what
+            # they say in its own lines. Warnings and errors still show; the log files keep all.
+            logging_config=ray.train.LoggingConfig(log_level="WARNING"),
+            callbacks=watch_callbacks(progress, cfg.checkpoint.max_failures)),
         datasets=datasets,
         dataset_config=ShardedIngest(cfg.data.num_shards),
         # raytrain's backend sets each node's NCCL/Gloo environment before the process group exists.

@@ -209,6 +209,18 @@ def need_text(use_gpu: bool, per_node: int, option: Estimate) -> str:
     return f"{gib(option.host_bytes_per_node)} host RAM per node ({per_node} workers x {gib(option.worker_bytes)})"
 
 
+def verdict(plan: MemoryPlan) -> str:
+    """The planner's one line for the configured run, once check_fits has passed."""
+    have = have_text(plan.use_gpu, plan.gpu_memory_bytes, plan.host_memory_bytes)
+    unknown = [what for what, known in (("GPU memory", not plan.use_gpu or plan.gpu_memory_bytes is not None),
+                                        ("host RAM", plan.host_memory_bytes is not None)) if not known]
+    need = need_text(plan.use_gpu, plan.workers_per_node, plan.configured)
+    if not have:
+        return f"memory: not checked, the target's {' and '.join(unknown)} unknown; this run needs {need}"
+    return (f"memory: fits: this run needs {need} ({have}"
+            + (f"; {' and '.join(unknown)} unknown, not checked" if unknown else "") + ")")
+
+
 def have_text(use_gpu: bool, gpu_mem: int | None, host_mem: int | None) -> str:
     parts = []
     if use_gpu and gpu_mem is not None:

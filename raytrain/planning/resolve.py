@@ -8,15 +8,21 @@ and for a real run (shape read from the live Ray cluster). Start at `resolve_run
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import functools
 import json
+import math
+from typing import Any
 
 from raytrain.config import ConfigError, RunConfig
 from raytrain.data.sources import Sources, data_facts, inspect_sources
-from raytrain.deepspeed_config import DeepSpeedFacts, resolve_deepspeed
+from raytrain.deepspeed_config import AUTO, DeepSpeedFacts, load_deepspeed, resolve_deepspeed
 from raytrain.hardware import Target
 from raytrain.model import load_model_config, load_tokenizer, param_stats
 from raytrain.planning.choose import resolve_auto
-from raytrain.run_spec import ClusterShape, ModelFacts, ResolvedRun
+from raytrain.planning.deepspeed_check import check_deepspeed
+from raytrain.run_spec import ClusterShape, ModelFacts, ResolvedRun, WorldSizePlan
 
 
 def shape_from_config(cfg: RunConfig, gpus_available: int = 0) -> ClusterShape:
@@ -36,14 +42,17 @@ def shape_from_cluster(cfg: RunConfig, resources: dict[str, float], gpus_per_nod
 def _shape(cfg: RunConfig, gpus: int, gpus_per_node: int | None, cpus_total: float | None,
            no_gpu_message: str) -> ClusterShape:
     use_gpu = cfg.scaling.use_gpu if cfg.scaling.use_gpu is not None else gpus > 0
-    num_workers = cfg.scaling.num_workers
-    if num_workers is None:
+    num_workers, min_workers = cfg.scaling.num_workers, None
+    if isinstance(num_workers, list):
+        min_workers, num_workers = num_workers  # checked where it is declared (raytrain.config_fields.worker_range)
+    elif num_workers is None:
         if use_gpu and gpus == 0:
             raise ConfigError(no_gpu_message)
         num_workers = gpus if use_gpu else 2  # one worker per GPU; 2 on CPU (ZeRO-3 needs >1 to partition)
     if num_workers < 1:
         raise ConfigError(f"scaling.num_workers must be at least 1, got {num_workers}")
-    return ClusterShape(num_workers=num_workers, use_gpu=use_gpu, gpus_per_node=gpus_per_node, cpus_total=cpus_total)
+    return ClusterShape(num_workers=num_workers, use_gpu=use_gpu, gpus_per_node=gpus_per_node, cpus_total=cpus_total,
+                        min_workers=min_workers)
 
 
 def resolve_run(cfg: RunConfig, shape: ClusterShape, sources: Sources | None = None,
@@ -70,12 +79,27 @@ def resolve_run(cfg: RunConfig, shape: ClusterShape, sources: Sources | None = N
                           f"{hf_config.vocab_size}: set model.config.vocab_size >= {len(tokenizer)} or use the "
                           f"model's own tokenizer")
     _check_cpus_for_data(cfg, shape)
+    if cfg.data.sample_log and "://" in cfg.checkpoint.storage_path:
+        raise ConfigError(f"data.sample_log=true appends to files under checkpoint.storage_path="
+                          f"{cfg.checkpoint.storage_path}, which needs a local or shared filesystem: "
+                          f"use one, or set data.sample_log=false")
+    if shape.elastic:  # before resolving at the maximum, which would name that size alone
+        _check_elastic_batch(cfg, shape)
     cfg, choice = resolve_auto(cfg, shape, hf_config, target)
-    ds = resolve_deepspeed(cfg.deepspeed, cfg.training, world_size=shape.num_workers, use_gpu=shape.use_gpu,
-                           hidden_size=hidden, gpus_per_node=shape.gpus_per_node)
-    _check_zero_options(ds)
+    try:
+        ds = resolve_deepspeed(cfg.deepspeed, cfg.training, world_size=shape.num_workers, use_gpu=shape.use_gpu,
+                               hidden_size=hidden, gpus_per_node=shape.gpus_per_node)
+        # raytrain's combination rules first: they name both keys, where DeepSpeed's own assert (run by
+        # check_deepspeed) can only point at the last key it read. Types are check_deepspeed's.
+        _check_zero_options(ds)
+        check_deepspeed(ds, world_size=shape.num_workers, seq_len=cfg.data.seq_len, use_gpu=shape.use_gpu)
+    except ConfigError as e:
+        if not shape.elastic:
+            raise
+        raise ConfigError(f"{_range(shape)}, at world size {shape.num_workers}: {e}") from None
     facts = DeepSpeedFacts.of(ds)
-    check_shards(cfg.data.num_shards, shape.num_workers, facts.micro_batch_per_gpu)
+    check_shards(cfg.data.num_shards, shape, facts.train_batch_size)
+    world_sizes = resolve_world_sizes(cfg, shape, facts, hidden) if shape.elastic else ()
     if (ds.get("compile") or {}).get("deepcompile") and not cfg.model.compile:
         # DeepSpeed reads the flag only inside engine.compile(); without it the run would be eager.
         raise ConfigError("deepspeed.compile.deepcompile=true takes effect only when the model is compiled: "
@@ -87,7 +111,8 @@ def resolve_run(cfg: RunConfig, shape: ClusterShape, sources: Sources | None = N
                        num_parameters=param_stats(hf_config, cfg.model.trust_remote_code).num_params,
                        hf_config=json.loads(hf_config.to_json_string(use_diff=False)))
     return ResolvedRun(config=cfg.with_deepspeed(ds), cluster=shape, model=model, deepspeed=facts,
-                       data=data_facts(cfg.data, sources), plan=choice.lines if choice else ())
+                       data=data_facts(cfg.data, sources), world_sizes=world_sizes,
+                       plan=choice.lines if choice else ())
 
 
 def advice(resolved: ResolvedRun) -> list[str]:
@@ -99,25 +124,106 @@ def advice(resolved: ResolvedRun) -> list[str]:
         notes.append(f"deepspeed.zero_optimization.offload_optimizer runs DeepSpeed's CPU Adam on the worker's "
                      f"scaling.cpus_per_worker={cpus:g} CPU threads: at 1.1B on one H200 that halved tokens/s "
                      f"(1 CPU: 26k, 14 CPUs: 51k; docs/benchmarks.md); raise scaling.cpus_per_worker")
+    shape = resolved.cluster
+    if shape.elastic:
+        sizes = ", ".join(f"{p.world_size} x {p.deepspeed.gradient_accumulation_steps}" for p in resolved.world_sizes)
+        notes.append(f"scaling.num_workers=[{shape.min_workers}, {shape.num_workers}] is elastic (workers x gradient "
+                     f"accumulation: {sizes}); every node lost without notice costs one of checkpoint.max_failures="
+                     f"{resolved.config.checkpoint.max_failures} (a grow costs none): set it to the losses the run "
+                     f"should survive")
     return notes
 
 
-def check_shards(num_shards: int | None, num_workers: int, micro_batch: int) -> None:
-    """Each worker reads num_shards / num_workers data shards and takes the same number of rows
-    from each for every micro-batch (raytrain.data.ingest.MicroBatches)."""
+def check_shards(num_shards: int | None, shape: ClusterShape, train_batch_size: int) -> None:
+    """Each worker reads num_shards / num_workers whole data shards, and every optimizer step takes
+    train_batch_size / num_shards rows from each (raytrain.data.ingest.MicroBatches), at every
+    world size the run may have."""
+    sizes = shape.world_sizes
+    where = f"{_range(shape)}: " if shape.elastic else ""
     if num_shards is None:
+        if shape.elastic:
+            raise ConfigError(f"{where}an elastic run needs data.num_shards, divisible by every world size of the "
+                              f"range (e.g. {_lcm(sizes)}), so that its data position means the same at any size")
         return
-    if num_shards % num_workers:
-        raise ConfigError(f"data.num_shards={num_shards} is not divisible by the {num_workers} workers: choose a "
+    bad = [w for w in sizes if num_shards % w]
+    if bad and not shape.elastic:
+        raise ConfigError(f"data.num_shards={num_shards} is not divisible by the {shape.num_workers} workers: choose a "
                           f"multiple of every worker count the run may use (e.g. 48), or null for one per worker")
-    per_worker = num_shards // num_workers
-    if micro_batch % per_worker:
-        raise ConfigError(f"the micro-batch of {micro_batch} is not divisible by the {per_worker} data shards each of "
-                          f"the {num_workers} workers reads (data.num_shards={num_shards}): set "
-                          f"training.micro_batch_size_per_gpu to a multiple of {per_worker}")
+    if bad:
+        raise ConfigError(f"{where}data.num_shards={num_shards} is not divisible by world size(s) {bad}: use a "
+                          f"multiple of {_lcm(sizes)} shards, or a range without those sizes")
+    if train_batch_size % num_shards:
+        raise ConfigError(f"deepspeed.train_batch_size={train_batch_size} is not divisible by data.num_shards="
+                          f"{num_shards}: every optimizer step takes train_batch_size / num_shards rows from each "
+                          f"data shard; choose a train_batch_size that is a multiple of {num_shards} or fewer shards")
+
+
+def resolve_world_sizes(cfg: RunConfig, shape: ClusterShape, facts: DeepSpeedFacts, hidden: int) -> tuple[WorldSizePlan, ...]:
+    """The DeepSpeed dict for every world size of an elastic range: train_batch_size and the
+    micro-batch as resolved at the maximum, and the gradient accumulation that keeps them."""
+    raw = load_deepspeed(cfg.deepspeed)
+    batch, micro = facts.train_batch_size, facts.micro_batch_per_gpu
+    if not isinstance(raw.get("train_batch_size"), int):
+        how = (f" (train_batch_size is \"auto\": micro-batch x gradient accumulation x the maximum {shape.num_workers} "
+               f"workers; set deepspeed.train_batch_size)")
+    else:
+        how = (f" (the micro-batch was derived at the maximum {shape.num_workers} workers; set "
+               f"training.micro_batch_size_per_gpu, fixed across sizes)")
+    _check_batch_sizes(shape, batch, micro, how)
+    # The per-size dicts are resolved from the user's own with the batch pinned: every other
+    # "auto" (hpZ, buckets, precision) and every check is raytrain's single-size rule at that size.
+    training = dataclasses.replace(cfg.training, micro_batch_size_per_gpu=None, gradient_accumulation_steps=None)
+    plans = []
+    for w in shape.world_sizes:
+        pinned = {**raw, "train_batch_size": batch, "train_micro_batch_size_per_gpu": micro,
+                  "gradient_accumulation_steps": batch // (micro * w)}
+        try:
+            ds = resolve_deepspeed(pinned, training, world_size=w, use_gpu=shape.use_gpu, hidden_size=hidden,
+                                   gpus_per_node=shape.gpus_per_node)
+            _check_zero_options(ds)
+            check_deepspeed(ds, world_size=w, seq_len=cfg.data.seq_len, use_gpu=shape.use_gpu)
+        except ConfigError as e:
+            raise ConfigError(f"{_range(shape)}, at world size {w}: {e}") from None
+        plans.append(WorldSizePlan(world_size=w, ds_config=ds, deepspeed=DeepSpeedFacts.of(ds)))
+    return tuple(plans)
+
+
+def _check_elastic_batch(cfg: RunConfig, shape: ClusterShape) -> None:
+    """An elastic range keeps train_batch_size and the micro-batch; the accumulation follows the
+    world size. Checked for every size at once where the config states both."""
+    raw = load_deepspeed(cfg.deepspeed)
+    accumulation = raw.get("gradient_accumulation_steps")
+    if accumulation not in (None, AUTO) and len(shape.world_sizes) > 1:
+        raise ConfigError(f"{_range(shape)}: deepspeed.gradient_accumulation_steps={accumulation} is fixed, and an "
+                          f"elastic run changes it with the world size to keep train_batch_size: set it to \"auto\" "
+                          f"(or remove it)")
+    batch = raw.get("train_batch_size")
+    micro = raw.get("train_micro_batch_size_per_gpu")
+    micro = cfg.training.micro_batch_size_per_gpu if micro in (None, AUTO) else micro
+    if isinstance(batch, int) and isinstance(micro, int) and batch > 0 and micro > 0:
+        _check_batch_sizes(shape, batch, micro)
+
+
+def _check_batch_sizes(shape: ClusterShape, batch: int, micro: int, how: str = "") -> None:
+    sizes = shape.world_sizes
+    bad = [w for w in sizes if batch % (micro * w)]
+    if bad:
+        raise ConfigError(f"{_range(shape)}: train_batch_size={batch} with micro-batch {micro} needs a whole gradient "
+                          f"accumulation at every world size, and {bad} do(es) not divide {batch // micro}: use a "
+                          f"train_batch_size that is a multiple of {micro * _lcm(sizes)}, or a range without those "
+                          f"sizes{how}")
+
+
+def _range(shape: ClusterShape) -> str:
+    return f"scaling.num_workers=[{shape.world_sizes[0]}, {shape.world_sizes[-1]}]"
+
+
+def _lcm(values) -> int:
+    return functools.reduce(math.lcm, values, 1)
 
 
 def _check_model_options(cfg: RunConfig, hf_config, shape: ClusterShape) -> None:
+    _check_attention(cfg.model.attn_implementation)
     if cfg.model.compile and cfg.model.liger_kernel != "none":
         # Measured on an H200 (torch 2.11, liger-kernel 0.8.5, docs/benchmarks.md): with "all" dynamo fails
         # to trace Liger's SwiGLU kernel; with "loss" the first compiled step hit an illegal memory access.
@@ -130,6 +236,26 @@ def _check_model_options(cfg: RunConfig, hf_config, shape: ClusterShape) -> None
                               f"model is {getattr(hf_config, 'model_type', '?')}: set model.liger_kernel=none")
         if cfg.model.liger_kernel == "all" and not shape.use_gpu:
             raise ConfigError("model.liger_kernel=all needs GPUs (triton kernels): use loss or none on CPU")
+
+
+def _check_attention(name: str) -> None:
+    """model.attn_implementation must be one transformers registers (or a hub kernel, org/repo):
+    otherwise each worker fails in from_config/from_pretrained, retried as a worker failure."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    try:
+        from transformers.integrations.hub_kernels import is_kernel
+    except ImportError:  # older transformers: no hub kernels
+        def is_kernel(_):
+            return False
+
+    known = ["eager", *ALL_ATTENTION_FUNCTIONS.valid_keys()]
+    if name in known or is_kernel(name):
+        return
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    raise ConfigError(f"model.attn_implementation={name!r} is not an attention implementation transformers knows: "
+                      f"{hint}(known: {', '.join(known)}, or a hub kernel such as kernels-community/flash-attn)")
 
 
 def _check_cpus_for_data(cfg: RunConfig, shape: ClusterShape) -> None:
@@ -151,10 +277,14 @@ def _check_cpus_for_data(cfg: RunConfig, shape: ClusterShape) -> None:
 # DeepSpeed would only assert in the workers, or silently get wrong.
 
 
+def _mapping(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}  # a section of the wrong type is check_deepspeed's to name
+
+
 def _check_zero_options(ds: dict) -> None:
-    zero = ds.get("zero_optimization") or {}
-    bf16 = ds.get("bf16") or {}
-    stage = int(zero.get("stage", 0))
+    zero = _mapping(ds.get("zero_optimization"))
+    bf16 = _mapping(ds.get("bf16"))
+    stage = zero.get("stage", 0) if isinstance(zero.get("stage", 0), int) else -1  # a bad stage: check_deepspeed
     if zero.get("zenflow") is not None and stage == 3:  # present (even {}) turns ZenFlow on
         # runtime/zenflow/engine_stage3.py transposes 2-D weights before partitioning, but under
         # zero.Init (how raytrain builds every model) they are already partitioned: nothing is transposed
@@ -164,7 +294,7 @@ def _check_zero_options(ds: dict) -> None:
                           "zero.Init, as raytrain builds them (DeepSpeed 0.19.8 transposes weights that are already "
                           "partitioned: wrong shapes in the first step): remove zenflow, or use offload_optimizer")
     master, states = bf16.get("bf16_master_weights_and_grads") is True, bf16.get("bf16_optimizer_states") is True
-    offloaded = str((zero.get("offload_optimizer") or {}).get("device", "none")).lower() != "none"
+    offloaded = str(_mapping(zero.get("offload_optimizer")).get("device", "none")).lower() != "none"
     if (master or states) and bf16.get("enabled") is not True:
         raise ConfigError("deepspeed.bf16.bf16_master_weights_and_grads / bf16_optimizer_states need bf16.enabled=true "
                           "(training.precision=bf16)")
@@ -177,10 +307,10 @@ def _check_zero_options(ds: dict) -> None:
         raise ConfigError("deepspeed.bf16.bf16_master_weights_and_grads=true with fp32 optimizer states needs "
                           "zero_optimization.offload_optimizer.device=cpu (DeepSpeed's CPU Adam holds them), or "
                           "bf16_optimizer_states=true as well")
-    opt = ds.get("optimizer") or {}
-    ratio = (zero.get("offload_optimizer") or {}).get("ratio", 1.0)
+    opt = _mapping(ds.get("optimizer"))
+    ratio = _mapping(zero.get("offload_optimizer")).get("ratio", 1.0)
     if offloaded and ratio != 1.0 and opt and (str(opt.get("type", "")).lower() not in ("adam", "adamw")
-                                               or (opt.get("params") or {}).get("torch_adam")):
+                                               or _mapping(opt.get("params")).get("torch_adam")):
         raise ConfigError(f"deepspeed.zero_optimization.offload_optimizer.ratio={ratio} needs DeepSpeed's CPU Adam "
                           f"(stage3.py: 'Hybrid Optimizer Only Supports DeepSpeedCPUAdam'), and the DeepSpeed JSON's "
                           f"optimizer is {opt.get('type')!r}: use Adam/AdamW without torch_adam, or drop the ratio")

@@ -131,7 +131,7 @@ def time_in_process(docs: list[str], model, seq_len: int, batch_size: int = 256)
     for i in range(0, len(docs), batch_size):
         batch = {"text": np.array(docs[i:i + batch_size], dtype=object)}
         tokens += tokenize_and_pack(batch, seq_len=seq_len, model=model, text_column="text",
-                                    pretokenized=False)["input_ids"].size
+                                    pretokenized=False).num_rows * seq_len
     return tokens, time.process_time() - start
 
 
@@ -153,7 +153,8 @@ def time_readers(data, model, micro_batch: int, step_ms: float) -> list[tuple[st
                                           prefetch_batches=2))
 
     def raytrain_batches(prefetch):
-        return lambda it: MicroBatches(ShardGroup([it], [0]), micro_batch, torch.device("cpu"), seed=0,
+        # one shard, one micro-batch per optimizer step (step_rows: rows per shard per step)
+        return lambda it: MicroBatches(ShardGroup([it], [0]), micro_batch, micro_batch, torch.device("cpu"), seed=0,
                                        shuffle_buffer_size=0, prefetch=prefetch)
 
     # One epoch's worth of micro-batches (all drop the last partial one); MicroBatches never ends,
@@ -238,7 +239,7 @@ def _run(args, work: str) -> None:
     rows_ids = np.array([np.asarray(r, dtype=np.int64) for r in ids], dtype=object)
     start = time.process_time()
     tokens = sum(tokenize_and_pack({"input_ids": rows_ids[i:i + 256]}, seq_len=args.seq_len, model=bpe,
-                                   text_column="text", pretokenized=True)["input_ids"].size
+                                   text_column="text", pretokenized=True).num_rows * args.seq_len
                  for i in range(0, len(rows_ids), 256))
     in_process.append(("pack pre-tokenized", tokens / (time.process_time() - start)))
     load_after = os.getloadavg()[0]

@@ -10,18 +10,17 @@ cluster at RAY_ADDRESS / cluster.address, else this machine. Exit 0: the configu
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from raytrain.config import ConfigError, load_config
-from raytrain.console import say
+from raytrain.console import ArgumentParser, flag_number, say
 from raytrain.driver.run import plan_memory
 from raytrain.planning.memory import DoesNotFit
 from raytrain.planning.table import format_plan
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+def parse_args(argv: list[str] | None = None):
+    parser = ArgumentParser(
         prog="python -m raytrain.tools.plan",
         description="Print the memory a run needs per GPU and per node (ZeRO-3 model states with and without "
                     "offload, activations with and without checkpointing) and what fits the target. The target "
@@ -29,16 +28,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "RAY_ADDRESS / cluster.address, else this machine. Exit 0: the configured run fits; 1: it "
                     "does not; 2: a configuration error.")
     parser.add_argument("--config", help="YAML run config, as for python -m raytrain.main")
-    parser.add_argument("--gpu-memory-gib", type=float, help="memory of one GPU of the target, e.g. 139.8 (H200)")
-    parser.add_argument("--host-memory-gib", type=float, help="host RAM of one node of the target")
-    parser.add_argument("--gpus-per-node", type=int, help="GPUs (workers) per node of the target")
+    parser.add_argument("--gpu-memory-gib", type=flag_number(float, above=0),
+                        help="memory of one GPU of the target, e.g. 139.8 (H200)")
+    parser.add_argument("--host-memory-gib", type=flag_number(float, above=0), help="host RAM of one node of the target")
+    parser.add_argument("--gpus-per-node", type=flag_number(int, minimum=1), help="GPUs (workers) per node of the target")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="dotted overrides, e.g. scaling.num_workers=16 model.gradient_checkpointing=true")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)  # overrides may come before and after flags
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except SystemExit as e:  # --help, or a mistake in a flag (already reported in one line)
+        return int(e.code or 0)
     try:
         plan = plan_memory(load_config(args.config, args.overrides), gpu_memory_gib=args.gpu_memory_gib,
                            host_memory_gib=args.host_memory_gib, gpus_per_node=args.gpus_per_node)

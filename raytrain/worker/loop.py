@@ -12,6 +12,7 @@ Ray Train, as an argument: tests run the loop without Ray.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from collections.abc import Callable, Iterator
@@ -22,14 +23,17 @@ import ray.train.torch
 import torch
 
 from raytrain import compat
+from raytrain.checkpoint import reshard
 from raytrain.checkpoint.layout import checkpoint_dir_name
-from raytrain.checkpoint.shards import Checkpointer, Rank, restore, resume_point
+from raytrain.checkpoint.shards import Checkpointer, Rank, ResumePoint, restore, resume_point
 from raytrain.console import emit, format_progress
 from raytrain.data.ingest import MicroBatches
+from raytrain.data.progress import reached
 from raytrain.run_spec import RunSpec
-from raytrain.worker.engine import after_checkpoint_load, build_engine, train_step
+from raytrain.worker.engine import after_checkpoint_load, build_engine, import_deepspeed, train_step
 from raytrain.worker.evaluation import Evaluator, eval_batches
 from raytrain.worker.metrics import StepMeter, TrainMetrics, flops_per_token
+from raytrain.worker.samples import SampleLog
 from raytrain.worker.tracking import Tracker
 
 Report = Callable[[dict[str, Any], "str | None", int], None]
@@ -41,16 +45,19 @@ class Trainer:
 
     def __init__(self, *, engine, scheduler, batches: Iterator[dict[str, Any]], grad_accum: int, device,
                  metrics: TrainMetrics, checkpointer: Checkpointer, evaluator: Evaluator | None, tracker: Tracker,
-                 report: Report, start_step: int, max_steps: int, history: list[dict[str, Any]], is_rank0: bool):
+                 report: Report, start_step: int, max_steps: int, history: list[dict[str, Any]], is_rank0: bool,
+                 samples: SampleLog | None = None):
         self.engine, self.scheduler, self.batches, self.grad_accum, self.device = engine, scheduler, batches, grad_accum, device
-        self.metrics, self.checkpointer, self.evaluator, self.tracker, self.report = (
-            metrics, checkpointer, evaluator, tracker, report)
+        self.metrics, self.checkpointer, self.evaluator, self.tracker, self.report, self.samples = (
+            metrics, checkpointer, evaluator, tracker, report, samples)
         self.start_step, self.max_steps, self.history, self.is_rank0 = start_step, max_steps, history, is_rank0
 
     def train(self) -> None:
         for step in range(self.start_step + 1, self.max_steps + 1):
             loss, data_wait = train_step(self.engine, self.batches, self.grad_accum, self.device)
             self.metrics.record(step, loss, data_wait)
+            if self.samples is not None:
+                self.samples.record(step, self.batches)
             last = step == self.max_steps
             save = self.checkpointer.due(step, last)
             evaluate = self.evaluator is not None and self.evaluator.due(step, last)
@@ -76,11 +83,12 @@ class Trainer:
 
 def train_loop_per_worker(spec_dict: dict[str, Any]) -> None:
     """Ray Train's entry point on every worker: `spec_dict` is the driver's `RunSpec.to_dict()`."""
-    spec = RunSpec.from_dict(spec_dict)
-    cfg = spec.config
     ctx = ray.train.get_context()
     rank = Rank(world=ctx.get_world_rank(), world_size=ctx.get_world_size(), local=ctx.get_local_rank(),
                 node=ctx.get_node_rank())
+    # An elastic run's group runs the plan of its own size (the driver resolved and checked them all).
+    spec = RunSpec.from_dict(spec_dict).at_world_size(rank.world_size)
+    cfg = spec.config
     device = ray.train.torch.get_device()  # the device Ray assigned, not a guess from LOCAL_RANK
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -90,15 +98,18 @@ def train_loop_per_worker(spec_dict: dict[str, Any]) -> None:
     if resume is not None and resume.universal:
         # written by another number of workers: DeepSpeed re-partitions its universal form (raytrain.checkpoint.reshard)
         ds_config = {**ds_config, "checkpoint": {**ds_config.get("checkpoint", {}), "load_universal": True}}
-    engine, scheduler, _ = build_engine(spec, device, ds_config)
+    with universal_copy(resume, spec.run_uri, rank, device):  # rank 0 converts while every rank builds
+        engine, scheduler, _ = build_engine(spec, device, ds_config)
     start_step, history, data_state = restore(engine, resume, seed=cfg.training.seed, rank=rank.world)
     if resume is not None:
         after_checkpoint_load(engine)  # the LR workaround again: loading replaced the optimizer's param groups
     facts = spec.deepspeed
     if rank.world == 0:
+        written = f" (a checkpoint written by {resume.written_by} workers)" if resume and resume.universal else ""
         emit(f"raytrain: {spec.model.num_parameters:,} parameters, world size {rank.world_size}, "
              f"batch {facts.train_batch_size} = {facts.micro_batch_per_gpu} x {facts.gradient_accumulation_steps} x "
-             f"{rank.world_size}, seq_len {cfg.data.seq_len}, device {device.type}, starting at step {start_step}")
+             f"{rank.world_size}, seq_len {cfg.data.seq_len}, device {device.type}, starting at step {start_step}"
+             f"{written}")
         emit("raytrain: DeepSpeed config (resolved; saved in every checkpoint's raytrain.json): "
              + json.dumps(ds_config, sort_keys=True))
     meter = StepMeter(
@@ -106,37 +117,78 @@ def train_loop_per_worker(spec_dict: dict[str, Any]) -> None:
         flops_per_token=flops_per_token(spec.model.num_parameters, spec.model.num_hidden_layers,
                                         spec.model.hidden_size, cfg.data.seq_len),
         peak_flops_total=cfg.training.peak_tflops_per_gpu * 1e12 * rank.world_size if device.type == "cuda" else None)
-    batches = MicroBatches(ray.train.get_dataset_shard("train"), facts.micro_batch_per_gpu, device,
-                           seed=cfg.training.seed, shuffle_buffer_size=cfg.data.shuffle_buffer_size,
+    # Rows each shard gives per optimizer step: the same at every world size (raytrain.data.ingest).
+    num_shards = cfg.data.num_shards or rank.world_size
+    batches = MicroBatches(ray.train.get_dataset_shard("train"), facts.micro_batch_per_gpu,
+                           facts.train_batch_size // num_shards, device, seed=cfg.training.seed,
+                           shuffle_buffer_size=cfg.data.shuffle_buffer_size,
                            position=(data_state["epoch"], data_state["rows"]) if start_step else (0, 0),
-                           prefetch=cfg.data.prefetch_batches)
+                           prefetch=cfg.data.prefetch_batches, digests=cfg.data.sample_log)
     evaluator = None
     if spec.data.has_eval:  # Ray Train raises KeyError for a dataset it was not given
         shard = ray.train.get_dataset_shard("eval")
         evaluator = Evaluator(engine, lambda: eval_batches(shard, facts.micro_batch_per_gpu, device), device,
                               cfg.data.eval_every_n_steps, cfg.data.eval_max_batches)
     tracker = Tracker(cfg.tracking, spec.storage_path, spec.run_name, spec_dict, active=rank.world == 0)
+    samples = SampleLog(spec.run_uri, rank.world, rank.world_size) if cfg.data.sample_log else None
     trainer = Trainer(engine=engine, scheduler=scheduler, batches=batches,
                       grad_accum=facts.gradient_accumulation_steps, device=device,
                       metrics=TrainMetrics(meter, cfg.training.log_every_n_steps, device, start_step,
                                            announce=rank.world == 0),
                       checkpointer=Checkpointer(engine, spec, spec_dict, rank), evaluator=evaluator, tracker=tracker,
-                      report=ray_report(cfg.checkpoint.upload_async), start_step=start_step,
-                      max_steps=cfg.training.max_steps, history=history, is_rank0=rank.world == 0)
+                      report=ray_report(cfg.checkpoint.upload_async, spec.counter if rank.world == 0 else None),
+                      start_step=start_step,
+                      max_steps=cfg.training.max_steps, history=history, is_rank0=rank.world == 0, samples=samples)
     try:
         trainer.train()
     finally:
         batches.close()
         tracker.close()
+        if samples is not None:
+            samples.close()
 
 
-def ray_report(upload_async: bool) -> Report:
-    """The loop's `report`: ray.train.report, with this rank's checkpoint directory when one was saved."""
+@contextlib.contextmanager
+def universal_copy(resume: ResumePoint | None, run_uri: str, rank: Rank, device) -> Iterator[None]:
+    """Around the engine build of a group resuming a checkpoint written by another world size:
+    rank 0 converts it into its universal copy in a child process (unless a complete copy exists),
+    the other ranks wait for the copy's marker afterwards (raytrain.checkpoint.reshard)."""
+    if resume is None or resume.universal is None:
+        yield
+        return
+    if rank.world != 0:
+        yield
+        reshard.wait_until_complete(resume.universal)
+        return
+    said = f"raytrain: checkpoint step {resume.step} was written by {resume.written_by} workers, this group has {rank.world_size}"
+    if reshard.is_complete(resume.universal):
+        emit(f"{said}: loading its universal copy {resume.universal} (made by an earlier group)")
+        yield
+        return
+    emit(f"{said}: converting it to DeepSpeed's universal checkpoint {resume.universal} (once per checkpoint)")
+    import_deepspeed(device)  # DS_ACCELERATOR=cpu on CPU before the converter inherits the environment
+    with reshard.Conversion(resume.checkpoint, resume.step, resume.universal) as conversion:
+        conversion.start()
+        yield
+        gib, converting, total = conversion.finish()
+    reshard.prune(run_uri, keep=resume.universal)
+    emit(f"raytrain: universal checkpoint written: {gib:.3f} GiB, converted in {converting:.1f} s (beside the "
+         f"engine build), stored {total:.1f} s after the start")
+
+
+def ray_report(upload_async: bool, counter: str | None = None) -> Report:
+    """The loop's `report`: ray.train.report, with this rank's checkpoint directory when one was saved.
+
+    `counter` (rank 0): the run's counter actor, told the step first: Ray Train's controller takes
+    one report per worker per poll (every 2 s), so it lags the workers, and Ctrl-C names the step
+    the workers reached, not the one the controller last took."""
     # ASYNC: Ray uploads in the background and deletes the directory afterwards, so training goes on
     # while the shards travel to storage; SYNC: report returns once they are there.
     mode = ray.train.CheckpointUploadMode.ASYNC if upload_async else ray.train.CheckpointUploadMode.SYNC
 
     def report(metrics: dict[str, Any], checkpoint: str | None, step: int) -> None:
+        if counter is not None:
+            reached(counter, step)
         if checkpoint is None:
             ray.train.report(metrics)
             return

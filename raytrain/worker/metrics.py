@@ -108,6 +108,7 @@ class TrainMetrics:
         wait = torch.tensor([metrics["data_wait_frac"]], dtype=torch.float64, device=self.device)
         torch.distributed.all_reduce(wait, op=torch.distributed.ReduceOp.MAX)
         metrics["data_wait_frac"] = wait.item()
+        metrics["world_size"] = torch.distributed.get_world_size()  # an elastic run's history shows its sizes
         metrics.update(self._resumed)
         self._resumed = {}
         return metrics

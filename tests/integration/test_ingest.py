@@ -1,7 +1,8 @@
 """The worker's reader on real Ray Data splits (raytrain.data.ingest), without training: the data
-position is that of the last batch handed out (never of what was prefetched), a reader started at a
-position continues exactly there, and an epoch ends for every shard at once, dropping each shard's
-partial tail. The same reader inside real Ray Train workers, across world sizes: test_data_resume.py."""
+position is that of the last batch handed out (never of what was prefetched; the step's start in the
+middle of a step), a reader started at a position continues exactly there, and an epoch ends for
+every shard at once at a step boundary, dropping each shard's partial tail, whatever the micro-batch.
+The same reader inside real Ray Train workers, across world sizes: test_data_resume.py."""
 
 import numpy as np
 import pytest
@@ -19,12 +20,12 @@ def splits(n_shards, rows=40):
     return ds.streaming_split(n_shards, equal=True)
 
 
-def reader(n_shards, position=(0, 0), prefetch=0, micro=4):
+def reader(n_shards, position=(0, 0), prefetch=0, micro=4, step_rows=2, digests=False):
     from raytrain.data.ingest import MicroBatches, ShardGroup
 
     shards = splits(n_shards)
-    return MicroBatches(ShardGroup(shards, list(range(n_shards))), micro, torch.device("cpu"), seed=5,
-                        shuffle_buffer_size=0, position=position, prefetch=prefetch)
+    return MicroBatches(ShardGroup(shards, list(range(n_shards))), micro, step_rows, torch.device("cpu"), seed=5,
+                        shuffle_buffer_size=0, position=position, prefetch=prefetch, digests=digests)
 
 
 def first_ids(batch):
@@ -49,7 +50,7 @@ def test_a_reader_started_at_a_position_continues_exactly_there(ray_cluster):
 
 
 def test_an_epoch_ends_for_every_shard_at_once(ray_cluster):
-    batches = reader(2, micro=6)  # 20 rows per shard, 3 per micro-batch: 6 batches, 2 rows dropped per shard
+    batches = reader(2, micro=6, step_rows=3)  # 20 rows per shard, 3 per step: 6 steps, 2 rows dropped per shard
     for _ in range(6):
         next(batches)
     assert batches.position() == {"epoch": 0, "rows": 18}
@@ -58,6 +59,25 @@ def test_an_epoch_ends_for_every_shard_at_once(ray_cluster):
     batches.close()
 
 
-def test_a_micro_batch_that_does_not_divide_over_the_shards_is_refused(ray_cluster):
-    with pytest.raises(ValueError, match="not divisible by the 3 shards"):
-        reader(3, micro=4)
+def test_a_step_is_cut_into_micro_batches_and_its_tail_does_not_depend_on_them(ray_cluster):
+    # 6 rows per step (3 from each of 2 shards): one micro-batch of 6 (GA 1) or two of 3 (GA 2), a
+    # micro-batch that a reader taking the same rows from each shard per micro-batch could not split.
+    # Both read the same rows in the same order and end the epoch at the same step.
+    whole, cut = reader(2, micro=6, step_rows=3), reader(2, micro=3, step_rows=3, digests=True)
+    rows_whole, rows_cut, positions = [], [], []
+    for _ in range(7):
+        rows_whole += first_ids(next(whole))
+        for _ in range(2):
+            rows_cut += first_ids(next(cut))
+            positions.append(cut.position()["rows"])
+    assert rows_cut == rows_whole and whole.position() == cut.position() == {"epoch": 1, "rows": 3}
+    # in the middle of a step the position is the step's start: a checkpoint there resumes the step whole
+    assert positions[:4] == [0, 3, 3, 6]
+    assert len(cut.pop_digests()) == 42 and cut.pop_digests() == []
+    whole.close()
+    cut.close()
+
+
+def test_a_step_that_is_not_whole_micro_batches_is_refused(ray_cluster):
+    with pytest.raises(ValueError, match="3 shards \\(3\\) is not a whole number of micro-batches of 4"):
+        reader(3, micro=4, step_rows=1)

@@ -286,7 +286,7 @@ VARIANTS: dict[str, Variant] = {
                              ZERO + '.offload_param={"device": "nvme", "nvme_path": "WORK_DIR", "pin_memory": true, '
                              '"buffer_count": 5, "buffer_size": 300000}',
                              'deepspeed.aio={"block_size": 262144, "queue_depth": 8, "single_submit": false, '
-                             '"overlap_events": true, "thread_count": 1}'], observe_offload, needs="async_io"),
+                             '"overlap_events": true, "intra_op_parallelism": 1}'], observe_offload, needs="async_io"),
     "quantized_weights": Variant([f"{ZERO}.zero_quantized_weights=true"], needs="quantizer"),
     "quantized_gradients": Variant([f"{ZERO}.zero_quantized_gradients=true"], needs="quantizer"),
     # Last: hpZ creates DeepSpeed's process-global parameter group, which cannot be created twice.

@@ -22,7 +22,8 @@ def test_dry_run_plans_a_gpu_cluster_without_gpus(tmp_path):
     assert p.returncode == 0, p.stderr
     plan = json.loads(p.stdout)
     assert plan["config"]["deepspeed"]["train_micro_batch_size_per_gpu"] == 16
-    assert plan["cluster"] == {"num_workers": 8, "use_gpu": True, "gpus_per_node": None, "cpus_total": None}
+    assert plan["cluster"] == {"num_workers": 8, "use_gpu": True, "gpus_per_node": None, "cpus_total": None,
+                               "min_workers": None}
     p64 = run_main("--dry-run", "scaling.use_gpu=true", "scaling.num_workers=64")
     assert p64.returncode == 0 and json.loads(p64.stdout)["config"]["deepspeed"]["bf16"]["enabled"] is True
     # the seed's offload with the default 1 CPU per worker runs, with a note naming the key to raise
@@ -35,7 +36,7 @@ def test_dry_run_plans_a_gpu_cluster_without_gpus(tmp_path):
 
 @pytest.mark.parametrize("args, needle", [
     (["training.max_step=3"], "did you mean training.max_steps"),
-    (["training.max_steps=abc"], "training.max_steps must be an integer"),
+    (["training.max_steps=abc"], "training.max_steps must be an integer >= 1"),
     (["--config", "/nonexistent/run.yaml"], "does not exist"),
     (["deepspeed=/nonexistent/ds.json"], "deepspeed: file /nonexistent/ds.json does not exist"),
     (["scaling.use_gpu=true", "scaling.num_workers=6",
@@ -47,8 +48,8 @@ def test_dry_run_plans_a_gpu_cluster_without_gpus(tmp_path):
     (["data.path=/nonexistent/corpus"], "data.path: /nonexistent/corpus does not exist"),
     (["scaling.num_workers=4", "data.num_shards=6"], "data.num_shards=6 is not divisible by the 4 workers"),
     (["scaling.num_workers=2", "data.num_shards=6", "training.micro_batch_size_per_gpu=4"],
-     "set training.micro_batch_size_per_gpu to a multiple of 3"),
-    (["data.num_shards=0"], "data.num_shards must be at least 1"),
+     "deepspeed.train_batch_size=8 is not divisible by data.num_shards=6"),
+    (["data.num_shards=0"], "data.num_shards must be an integer >= 1"),
     (["model.compile=true", "model.liger_kernel=loss"], "model.compile=true does not work with model.liger_kernel=loss"),
     (['deepspeed={"zero_optimization": {"stage": 3}, "compile": {"deepcompile": true}}'],
      "deepcompile=true takes effect only when the model is compiled: set model.compile=true"),

@@ -8,22 +8,34 @@ import pytest
 
 from raytrain.config import load_config
 from raytrain.planning.resolve import resolve_run, shape_from_config
-from raytrain.run_spec import RunSpec, UniversalCopy
+from raytrain.run_spec import RunSpec
+
+
+def place(*overrides):
+    cfg = load_config(None, ["training.max_steps=7", "data.eval_fraction=0.1", "data.num_shards=4", *overrides])
+    return RunSpec.place(resolve_run(cfg, shape_from_config(cfg)), run_name="r", storage_path="/tmp/runs",
+                         resume_from="/tmp/runs/old/checkpoint_step_00000004")
 
 
 @pytest.fixture(scope="module")
 def spec():
-    cfg = load_config(None, ["training.max_steps=7", "data.eval_fraction=0.1", "data.num_shards=4"])
-    resolved = resolve_run(cfg, shape_from_config(cfg))
-    return RunSpec.place(resolved, run_name="r", storage_path="/tmp/runs", resume_from=None,
-                         universal=UniversalCopy(step=4, path="/tmp/runs/r/universal/checkpoint_step_00000004",
-                                                 from_world=4))
+    return place()
 
 
-def test_round_trips_through_json_unchanged(spec):
+@pytest.fixture(scope="module")
+def elastic():
+    # 2 or 3 workers: 6 shards, a global batch of 12 in micro-batches of 2 (accumulation 3 or 2)
+    return place("scaling.num_workers=[2, 3]", "data.num_shards=6", "training.micro_batch_size_per_gpu=2",
+                 "deepspeed.train_batch_size=12")
+
+
+@pytest.mark.parametrize("which", ["spec", "elastic"])
+def test_round_trips_through_json_unchanged(which, request):
+    spec = request.getfixturevalue(which)
     again = RunSpec.from_dict(json.loads(json.dumps(spec.to_dict())))
     assert again == spec
-    assert again.ds_config == spec.ds_config and "auto" not in json.dumps(again.ds_config)
+    assert again.ds_config == spec.ds_config
+    assert "auto" not in json.dumps([again.ds_config, *(p.ds_config for p in again.world_sizes)])
 
 
 def test_carries_every_derived_fact_by_name(spec):
@@ -41,3 +53,22 @@ def test_is_frozen(spec):
         spec.run_name = "other"
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.deepspeed.micro_batch_per_gpu = 1
+
+
+def test_a_fixed_run_is_its_own_plan_at_its_size(spec):
+    assert spec.at_world_size(2) is spec and spec.world_sizes == ()
+    with pytest.raises(ValueError, match="world size 3 is not one this run was resolved for"):
+        spec.at_world_size(3)
+
+
+def test_an_elastic_run_carries_the_plan_of_every_size_and_each_group_takes_its_own(elastic):
+    assert (elastic.cluster.min_workers, elastic.cluster.num_workers) == (2, 3) and elastic.cluster.elastic
+    assert [(p.world_size, p.deepspeed.gradient_accumulation_steps) for p in elastic.world_sizes] == [(2, 3), (3, 2)]
+    two = elastic.at_world_size(2)
+    assert (two.cluster.num_workers, two.cluster.elastic) == (2, False)
+    assert two.ds_config["gradient_accumulation_steps"] == two.deepspeed.gradient_accumulation_steps == 3
+    assert (two.deepspeed.train_batch_size, two.deepspeed.micro_batch_per_gpu) == (12, 2)
+    assert two.run_uri == elastic.run_uri and two.resume_from == elastic.resume_from  # the placement stays
+    assert elastic.at_world_size(3).ds_config == elastic.ds_config  # the top-level facts are the maximum's
+    with pytest.raises(ValueError, match=r"world size 4 is not one this run was resolved for \(\[2, 3\]\)"):
+        elastic.at_world_size(4)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from raytrain.config import ConfigError, ModelConfig
-from raytrain.data.packing import document_positions, tokenize_and_pack
+from raytrain.data.packing import block_arrays, document_positions, tokenize_and_pack
 from raytrain.model import load_tokenizer
 
 TOK = load_tokenizer(ModelConfig())
@@ -19,8 +19,13 @@ def ids(text):
 
 
 def pack(texts, seq_len=16, **kwargs):
-    return tokenize_and_pack({"text": np.array(texts, dtype=object)}, seq_len=seq_len, model=ModelConfig(),
-                             text_column="text", pretokenized=False, **kwargs)
+    return block_arrays(tokenize_and_pack({"text": np.array(texts, dtype=object)}, seq_len=seq_len,
+                                          model=ModelConfig(), text_column="text", pretokenized=False, **kwargs))
+
+
+def pack_ids(rows, seq_len, **kwargs):
+    return block_arrays(tokenize_and_pack({"input_ids": rows}, seq_len=seq_len, model=ModelConfig(),
+                                          text_column="text", pretokenized=True, **kwargs))
 
 
 def test_packing_joins_documents_with_eos_and_cuts_exact_blocks():
@@ -56,8 +61,7 @@ def test_empty_documents_are_skipped_and_counted(caplog):
 
 def test_pretokenized_input_is_packed_as_is_with_one_eos_per_document():
     rows = np.array([np.arange(10), np.append(np.arange(10, 29), EOS), np.array([], dtype=np.int64)], dtype=object)
-    out = tokenize_and_pack({"input_ids": rows}, seq_len=31, model=ModelConfig(), text_column="text",
-                            pretokenized=True, vocab_size=320)["input_ids"]
+    out = pack_ids(rows, seq_len=31, vocab_size=320)["input_ids"]
     # the second row already ends with EOS: not doubled; the empty row adds nothing (10+1 + 20 = 31)
     assert out.flatten().tolist() == list(range(10)) + [EOS] + list(range(10, 29)) + [EOS]
 
@@ -90,3 +94,31 @@ def test_eval_fraction_splits_documents_by_content_disjointly_and_deterministica
     assert train | held_out == set(docs) and not train & held_out
     assert 60 < len(held_out) < 140  # ~100 expected
     assert side("eval") == held_out  # same split every time
+
+
+def test_a_batch_without_a_whole_block_has_the_tensor_type_of_every_other_not_pickles(caplog):
+    """Fewer than seq_len tokens in a batch: zero rows, of the Arrow type Ray Data gives full
+    batches (from a zero-row 2-D array it fell back to pickled Python objects, with a warning)."""
+    from ray.data._internal.tensor_extensions.arrow import convert_to_pyarrow_array
+
+    reference = convert_to_pyarrow_array(np.zeros((3, 16), np.int32), "input_ids").type
+    with caplog.at_level(logging.WARNING):
+        empty = tokenize_and_pack({"text": np.array(["abc"], dtype=object)}, seq_len=16, model=ModelConfig(),
+                                  text_column="text", pretokenized=False, position_ids="per_document")
+        full = tokenize_and_pack({"text": np.array(["a" * 40], dtype=object)}, seq_len=16, model=ModelConfig(),
+                                 text_column="text", pretokenized=False)
+    assert empty.num_rows == 0 and empty.column_names == ["input_ids", "position_ids"]
+    assert empty.schema.field("input_ids").type == full.schema.field("input_ids").type == reference
+    assert "pickled" not in caplog.text
+
+
+def test_in_a_run_bad_values_are_reported_once_with_their_count(monkeypatch):
+    from raytrain.data import bad_records
+
+    told = []
+    monkeypatch.setattr(bad_records, "bad_record", lambda name, record: told.append(("first", str(record))))
+    monkeypatch.setattr(bad_records, "more_bad_records", lambda name, n: told.append(("more", n)))
+    out = pack(["fine", 1, 2.5, 3], counter="run-counter")
+    assert out["input_ids"].shape == (0, 16)  # nothing of a bad batch is trained on
+    assert told == [("first", "data.text_column='text' holds int values, not strings: set data.text_column to the "
+                              "text column"), ("more", 2)]

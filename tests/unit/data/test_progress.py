@@ -138,9 +138,28 @@ def test_tokenize_and_pack_reports_rows_documents_and_tokens(monkeypatch):
     assert sent == [("counter", {"rows": 3, "documents": 2, "tokens": 3 + 6})]
 
 
-def test_data_progress_off_counts_nothing():
+def test_data_progress_off_counts_no_reads_but_the_counter_still_has_a_name():
     progress = DataProgress(DataConfig(progress_every_s=0), "run")
-    assert progress.track(Source("builtin")) is None
-    with progress:  # no actor, no thread (and no Ray needed)
-        pass
-    assert DataProgress(DataConfig(), "run").name.startswith("raytrain-data-run-")
+    assert progress.track(Source("builtin")) is None  # the tasks report no reads
+    assert progress.name.startswith("raytrain-data-run-")  # skips and bad records still go to it
+    assert DataProgress(DataConfig(), "run").name != progress.name  # one per fit
+
+
+def test_counter_keeps_the_first_bad_record_counts_the_rest_and_the_skips():
+    from raytrain.data.bad_records import BadRecord
+
+    counter = Counter()
+    assert counter.summary().bad_record is None and counter.summary().skipped_line() is None
+    counter.bad_record(BadRecord("a.jsonl line 3", "not valid JSON", "fix or remove it"))
+    counter.bad_record(BadRecord("b.jsonl line 9", "not valid JSON", "fix or remove it"))
+    counter.more_bad_records(5)
+    counter.skipped("a.jsonl", empty=2)
+    counter.skipped("b.jsonl", empty=1, invalid_utf8=4)
+    counter.reached(12)
+    summary = counter.summary()
+    assert str(summary.bad_record) == "a.jsonl line 3: not valid JSON (and 6 more bad records): fix or remove it"
+    assert summary.step == 12
+    assert summary.skipped_line() == (
+        "raytrain: data: 3 empty documents skipped (null, \"\", a missing key, an empty file or id list), the first "
+        "in a.jsonl; 4 documents with invalid UTF-8 decoded with U+FFFD replacement characters "
+        "(data.invalid_utf8=error stops on them instead), the first in b.jsonl")

@@ -51,8 +51,41 @@ def test_json_lines_arrays_compression_and_bad_records(tmp_path, caplog):
     assert read(arr, "json", text_column="body") == ["x", "y"]
     bad = tmp_path / "c.jsonl"
     bad.write_text('{"text": "ok"}\n{"text": "cut\n')
-    with pytest.raises(ConfigError, match=f"{bad} line 2 is not valid JSON"):
+    with pytest.raises(ConfigError, match=f"{bad} line 2: not valid JSON .*: fix or remove it"):
         read(bad, "json")
     bad.write_text('{"text": 5}\n')
     with pytest.raises(ConfigError, match="line 1: data.text_column='text' holds a int, not a string"):
         read(bad, "json")
+
+
+@pytest.fixture
+def counter(monkeypatch):
+    """What the readers tell the run's counter actor, collected here instead."""
+    from raytrain.data import bad_records, readers
+
+    told = {"bad": [], "more": [], "skipped": []}
+    monkeypatch.setattr(bad_records, "bad_record", lambda name, record: told["bad"].append(record))
+    monkeypatch.setattr(bad_records, "more_bad_records", lambda name, n: told["more"].append(n))
+    monkeypatch.setattr(readers, "skipped", lambda name, where, **counts: told["skipped"].append((where, counts)))
+    return told
+
+
+def test_in_a_run_the_first_bad_record_is_reported_the_rest_counted_and_nothing_raised(tmp_path, counter, caplog):
+    f = tmp_path / "a.jsonl"
+    f.write_text('{"text": "one"}\n{"text": ""}\n{nope\n{"text": "two"}\n[1]\n{"text": 3}\n')
+    with caplog.at_level(logging.WARNING, logger="raytrain.data"):
+        # nothing after the first bad record is yielded: the run is stopping
+        assert read(f, "json", counter="run-counter") == ["one"]
+    assert [str(r) for r in counter["bad"]] == [f"{f} line 3: not valid JSON (Expecting property name enclosed in "
+                                                f"double quotes at column 2): fix or remove it"]
+    assert counter["more"] == [2]  # line 5 (not an object) and line 6 (not a string)
+    # skipped documents go to the counter (printed once per run), not to the log of each task
+    assert counter["skipped"] == [(str(f), {"empty": 1, "invalid_utf8": 0})] and not caplog.text
+
+
+def test_invalid_utf8_under_error_is_a_bad_record_of_its_line_in_a_run(tmp_path, counter):
+    f = tmp_path / "a.txt"
+    f.write_bytes(b"fine\nbad \xff here\nalso \xc3 bad\nok\n")
+    assert read(f, "text", text_document="line", invalid_utf8="error", counter="c") == ["fine"]
+    assert str(counter["bad"][0]).startswith(f"{f} line 2: invalid UTF-8 at byte 4: fix the file")
+    assert counter["more"] == [1]

@@ -76,10 +76,10 @@ def test_hf_save_to_disk_directories(tmp_path):
 def test_data_config_checks_its_own_fields():
     for kwargs, message in [({"position_ids": "doc"}, "data.position_ids must be packed or per_document"),
                             ({"text_document": "para"}, "data.text_document must be file or line"),
-                            ({"eval_fraction": 1.0}, "data.eval_fraction must be in \\[0, 1\\)"),
+                            ({"eval_fraction": 1.0}, "data.eval_fraction must be a number in \\[0, 1\\)"),
                             ({"eval_fraction": 0.1, "eval_path": "x"}, "both set"),
-                            ({"eval_max_batches": 0}, "data.eval_max_batches must be at least 1"),
-                            ({"progress_every_s": -1}, "data.progress_every_s must be >= 0")]:
+                            ({"eval_max_batches": 0}, "data.eval_max_batches must be an integer >= 1"),
+                            ({"progress_every_s": -1}, "data.progress_every_s must be a number >= 0")]:
         with pytest.raises(ConfigError, match=message):
             DataConfig(**kwargs)
     with pytest.raises(ConfigError, match="data.invalid_utf8 must be replace or error"):

@@ -41,8 +41,9 @@ def free_port():
         return s.getsockname()[1]
 
 
-def _rank_main(rank, world, port, out_dir):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+def _rank_main(rank, world, out_dir):
+    # a file rendezvous: a free port found first can be taken by another test's process before rank 0 binds it
+    dist.init_process_group("gloo", init_method=f"file://{out_dir}/rendezvous", rank=rank, world_size=world)
     try:
         model = tiny_model()
         # rank 0 has 3 batches, rank 1 only 1: both must stop after 1 (ZeRO-3 would hang otherwise)
@@ -54,7 +55,7 @@ def _rank_main(rank, world, port, out_dir):
 
 
 def test_uneven_ranks_run_the_same_batches_and_average_over_all_ranks(tmp_path):
-    mp.start_processes(_rank_main, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True, start_method="spawn")
+    mp.start_processes(_rank_main, args=(2, str(tmp_path)), nprocs=2, join=True, start_method="spawn")
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     expected = reference_loss(tiny_model(), [batches(0, 3)[:1], batches(1, 1)])
     assert results[0] == results[1]

@@ -57,13 +57,13 @@ def _rank_main(rank, world, port, out_dir, resume_step):
 
     cfg = load_config(None, OVERRIDES + [f"checkpoint.storage_path={out_dir}/runs"])
     spec = RunSpec.place(resolve_run(cfg, ClusterShape(num_workers=world, use_gpu=False)), run_name="loop",
-                         storage_path=f"{out_dir}/runs", resume_from=None, universal=None)
+                         storage_path=f"{out_dir}/runs", resume_from=None)
     device = torch.device("cpu")
     engine, scheduler, _ = build_engine(spec, device)
     storage = f"{out_dir}/storage"
     start, history, data_state = 0, [], {}
     if resume_step:
-        resume = ResumePoint(Checkpoint(f"{storage}/checkpoint_step_{resume_step:08d}"), universal=False)
+        resume = ResumePoint(Checkpoint(f"{storage}/checkpoint_step_{resume_step:08d}"), step=resume_step, written_by=world)
         start, history, data_state = restore(engine, resume, seed=cfg.training.seed, rank=rank)
     reports = []
 

@@ -1,0 +1,157 @@
+"""Reading what the user wrote: YAML run configs, KEY=VALUE overrides and JSON files, as plain data.
+
+Every way a file can be wrong is a one-line `ConfigError` naming the file (and line) and the fix:
+it does not exist, is a directory, cannot be read, is not UTF-8, is not valid YAML/JSON, holds the
+same key twice, or is not a mapping. The typed tree built from this data is raytrain.config.
+
+YAML is read with `RunConfigLoader`, PyYAML's SafeLoader with two changes, for files and overrides
+alike:
+- a key given twice in one mapping (at any depth, e.g. the same section twice) is an error;
+  PyYAML's default keeps the last one and silently drops the first;
+- floats follow YAML 1.2: `1e-3` and `5E-4` are numbers (YAML 1.1, PyYAML's default, reads a float
+  without a dot as a string, so `training.learning_rate=1e-3` failed as "got str").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A mistake in the user's configuration or input files; the message says how to fix it."""
+
+
+class RunConfigLoader(yaml.SafeLoader):
+    """SafeLoader + duplicate keys refused + YAML 1.2 floats (module docstring)."""
+
+
+# YAML 1.2 core schema floats that YAML 1.1 reads as strings: an exponent without a dot (1e-3,
+# 5E-4, 2e+5) or with an unsigned exponent (1.5e3). PyYAML tries a tag's resolvers in order for
+# the first character, so these go first; plain integers ("123") still resolve to int.
+_FLOAT_12 = re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+RunConfigLoader.yaml_implicit_resolvers = {
+    first: ([("tag:yaml.org,2002:float", _FLOAT_12)] if first in "-+0123456789" else []) + list(resolvers)
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+
+
+def _refuse_duplicates(node: yaml.Node, where: str, path: str = "") -> None:
+    """Raise on a mapping key given twice anywhere under `node` (checked on the composed node tree,
+    where each key still has its line)."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, int] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+            if key is not None and key != "<<":  # "<<" is YAML's merge key; its entries may be overridden
+                dotted = f"{path}.{key}" if path else str(key)
+                line = key_node.start_mark.line + 1
+                if key in seen:
+                    raise ConfigError(f"{where} line {line}: key {dotted} is given twice (first at line {seen[key]}); "
+                                      f"the second would silently replace the first: keep one")
+                seen[key] = line
+                _refuse_duplicates(value_node, where, dotted)
+            else:
+                _refuse_duplicates(value_node, where, path)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _refuse_duplicates(item, where, f"{path}[{i}]")
+
+
+def _load(text: str, where: str) -> Any:
+    """One YAML document read with RunConfigLoader (duplicates: ConfigError; syntax: yaml.YAMLError)."""
+    loader = RunConfigLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _refuse_duplicates(node, where)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """Parse one YAML document; `where` names it in errors ("config file x.yaml")."""
+    try:
+        return _load(text, where)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).strip().splitlines()[0]
+        raise ConfigError(f"{where} is not valid YAML ({problem}{at}): fix the syntax there") from None
+
+
+def read_text(path: str, what: str) -> str:
+    """The UTF-8 text of a user's file; `what` names it in errors (e.g. "config file", "deepspeed: file")."""
+    expanded = os.path.expanduser(path)
+    if os.path.isdir(expanded):
+        raise ConfigError(f"{what} {path} is a directory: give the path of the file itself")
+    if not os.path.exists(expanded):
+        raise ConfigError(f"{what} {path} does not exist: check the path")
+    try:
+        with open(expanded, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise ConfigError(f"{what} {path} cannot be read ({e.strerror or type(e).__name__}): "
+                          f"check its permissions") from None
+    try:
+        return raw.decode("utf-8-sig")  # a UTF-8 byte order mark is tolerated, as editors write one
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise ConfigError(f"{what} {path} is not UTF-8 text (byte 0x{raw[e.start]:02x} at line {line}): "
+                          f"save it as UTF-8") from None
+
+
+def read_yaml_file(path: str) -> dict[str, Any]:
+    """A YAML run config as a plain mapping ({} for an empty file)."""
+    data = parse_yaml(read_text(path, "config file"), f"config file {path}")
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must be a mapping of sections (model, data, training, ...), "
+                          f"got {type(data).__name__}")
+    return data
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """KEY=VALUE -> (KEY, VALUE read as YAML: numbers, true/false, null, lists and mappings)."""
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"override {item!r} is not KEY=VALUE: write for example training.max_steps=20")
+    if any(not part for part in key.split(".")):
+        raise ConfigError(f"override {item!r}: {key!r} has an empty part between dots: write for example "
+                          f"training.max_steps=20")
+    if raw == "":
+        return key, ""
+    try:
+        return key, _load(raw, f"override {key}")
+    except yaml.YAMLError:
+        return key, raw  # not YAML (e.g. "a: b: c"): the plain string, as written
+
+
+def read_json_file(path: str, key: str) -> dict[str, Any]:
+    """A JSON object named by config key `key`, with a one-line error for each way it fails."""
+    text = read_text(path, f"{key}: file")
+
+    def refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in pairs:
+            if k in out:  # json keeps the last silently; DeepSpeed's own loader refuses it too
+                raise ConfigError(f"{key}: {path} has the key {k!r} twice in one object; the second would "
+                                  f"silently replace the first: keep one")
+            out[k] = v
+        return out
+
+    try:
+        data = json.loads(text, object_pairs_hook=refuse_duplicates)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{key}: {path} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}): "
+                          f"fix it there") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{key}: {path} must hold a JSON object, got {type(data).__name__}")
+    return data

@@ -1,0 +1,71 @@
+"""Records of the user's data that cannot be trained on, found inside Ray Data tasks.
+
+A bad record (a line that is not JSON, invalid UTF-8 under data.invalid_utf8=error, a text value
+that is not a string, a token id beyond the embedding table) is the user's mistake, not a fault:
+restarting the workers would read the same record again. So a task never raises one inside a run.
+It reports the first it finds to the run's counter (raytrain.data.progress.Counter), which stops
+the run at once through Ray Train's own abort, with no retry; then it reads on to the end of its
+file only to count the others (yielding nothing more), and reports that count. The driver prints one
+line, `raytrain: error: FILE line N: WHAT (and K more bad records): FIX`, and exits 2
+(raytrain.driver.watch).
+
+Outside a run (no counter: a dataset read by a test or by `raytrain.tools.bench_data`) the task
+raises the BadRecord itself, as any ConfigError.
+"""
+
+from __future__ import annotations
+
+from raytrain.config import ConfigError
+from raytrain.data.progress import bad_record, more_bad_records
+
+
+class BadRecord(ConfigError):
+    """One bad record: where it is (file and line, or None for a row source), what is wrong, the fix."""
+
+    def __init__(self, where: str | None, what: str, fix: str, more: int = 0):
+        self.where, self.what, self.fix, self.more = where, what, fix, more
+        super().__init__(self.line())
+
+    def line(self) -> str:
+        """`FILE line N: WHAT (and K more bad records): FIX` (the parenthesis only when K > 0)."""
+        head = f"{self.where}: {self.what}" if self.where else self.what
+        more = f" (and {self.more:,} more bad record{'s' if self.more != 1 else ''})" if self.more else ""
+        return f"{head}{more}: {self.fix}"
+
+    def with_more(self, more: int) -> "BadRecord":
+        return BadRecord(self.where, self.what, self.fix, more)
+
+    def __reduce__(self):  # crosses processes (task -> counter actor -> driver) with its fields
+        return BadRecord, (self.where, self.what, self.fix, self.more)
+
+
+class BadRecords:
+    """One task's bad records: the first reported at once (it stops the run), the rest counted.
+
+    `counter`: the run's counter actor name (None: raise the first one instead)."""
+
+    def __init__(self, counter: str | None):
+        self._counter = counter
+        self.first: BadRecord | None = None
+        self._more = 0
+
+    @property
+    def found_any(self) -> bool:
+        return self.first is not None
+
+    def found(self, record: BadRecord, more: int = 0) -> None:
+        """`record`, and `more` like it right behind it (a batch's other bad values)."""
+        if self._counter is None:
+            raise record.with_more(more) if more else record
+        if self.first is None:
+            self.first = record
+            bad_record(self._counter, record)  # waits until the counter has it: the run is stopping
+            self._more += more
+        else:
+            self._more += 1 + more
+
+    def close(self) -> None:
+        """The task is done: send the count of the bad records after its first one."""
+        if self._more:
+            more_bad_records(self._counter, self._more)
+            self._more = 0

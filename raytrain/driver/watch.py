@@ -1,0 +1,148 @@
+"""How the driver runs `trainer.fit()` so that it can stop it: Ctrl-C and bad records in the data.
+
+Start at `run_trainer`. `trainer.fit()` runs in a thread of the driver and the main thread waits
+for it, so Ctrl-C reaches raytrain's code rather than Ray Train's SIGINT handler (which Ray Train
+installs only when fit() runs in the main thread). Either way the run is stopped the same way, by
+Ray Train's own abort of the run's controller (raytrain.compat.abort_train_run: the workers are
+killed, never restarted); the controller's handle reaches the run's counter
+(raytrain.data.progress.Counter) as the controller starts (`watch_run`).
+
+- Ctrl-C: the driver aborts the run, then raises `Interrupted`: `raytrain.main` prints one line
+  with the step reached, the latest checkpoint and the command that continues, and exits 130.
+- A bad record (raytrain.data.bad_records): the counter aborts the run itself, the moment the first
+  task reports one; the driver raises it, with the count of the others found meanwhile: one line,
+  exit 2, never a retried worker failure.
+
+On the controller, `RunWatch` (a Ray Train UserCallback) says in one raytrain line when a worker
+failure is retried (Ray Train's own decision line is INFO, which raytrain's logging config leaves
+out of the console).
+"""
+
+from __future__ import annotations
+
+import functools
+import shlex
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+import ray.train
+
+from raytrain import compat
+from raytrain.checkpoint import layout
+from raytrain.console import emit, say
+from raytrain.data.progress import DataProgress, RunSummary
+
+
+class Interrupted(Exception):
+    """Ctrl-C stopped the run; its controller and workers are gone. str(): the line to print."""
+
+    def __init__(self, step: int | None, max_steps: int, checkpoint: str | None, command: str):
+        self.step, self.checkpoint, self.command = step, checkpoint, command
+        reached = f"at step {step} of {max_steps}" if step is not None else "before its first step was reported"
+        latest = f"latest checkpoint {checkpoint}" if checkpoint else "no checkpoint yet"
+        super().__init__(f"interrupted {reached}; {latest}; to continue: {command}")
+
+
+def callbacks(progress: DataProgress, max_failures: int) -> list:
+    """RunConfig(callbacks=...) of a run whose counter is `progress`."""
+    return [compat.OnControllerStart(functools.partial(watch_run, progress.name)),
+            RunWatch(max_failures)]
+
+
+def watch_run(counter: str, controller) -> None:
+    """In the controller's process, as it starts: the counter keeps the controller to stop it."""
+    ray.get_actor(counter).watch_run.remote(controller)
+
+
+class RunWatch(ray.train.UserCallback):
+    """Ray Train calls this on the run's controller after each worker failure."""
+
+    def __init__(self, max_failures: int):
+        self._max_failures, self._failures = max_failures, 0
+
+    def after_exception(self, run_context, worker_exceptions: dict[int, Exception]) -> None:
+        self._failures += 1
+        rank = min(worker_exceptions)
+        # the last line of the message: a worker's traceback (logged above it by Ray Train) ends there
+        error = (str(worker_exceptions[rank]).strip().splitlines() or [""])[-1][:300]
+        limit = self._max_failures
+        then = ("Ray Train restarts the workers from the latest checkpoint"
+                if limit < 0 or self._failures <= limit else "the run fails")
+        emit(f"raytrain: worker failure {self._failures} (checkpoint.max_failures={limit}) on rank {rank}: "
+             f"{type(worker_exceptions[rank]).__name__}: {error}; {then}")
+
+
+def run_trainer(trainer, progress: DataProgress, run_uri: str, max_steps: int, command: str):
+    """trainer.fit()'s Result, or raise: the run's first bad record, `Interrupted` (Ctrl-C), or
+    whatever fit() raised. Inside `with progress:`; says what the data policies skipped."""
+    outcome: dict[str, Any] = {}
+
+    def fit() -> None:
+        try:
+            outcome["result"] = trainer.fit()
+        except BaseException as e:  # handed to the main thread
+            outcome["error"] = e
+
+    thread = threading.Thread(target=fit, name="raytrain-fit", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(timeout=0.5)  # a timed wait: Ctrl-C interrupts it at once
+    except KeyboardInterrupt:
+        # Once aborted, fit() returns within seconds; without a controller yet, this process's end
+        # takes the run with it (its actors are this driver's).
+        thread.join(timeout=120 if _abort(progress) else 0)
+        summary = progress.summary()
+        _say_skipped(summary)
+        checkpoint = layout.latest_checkpoint(run_uri)
+        raise Interrupted(summary.step, max_steps, checkpoint.path if checkpoint else None, command) from None
+    summary = progress.summary()
+    if summary.bad_record is not None:
+        raise summary.bad_record  # the counter stopped the run: whatever fit() says is its consequence
+    _say_skipped(summary)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
+
+
+def continue_command(argv: Sequence[str] | None, run_name: str) -> str:
+    """The command that continues run `run_name`: `argv` without --fresh (it would set the run
+    aside) and --resume-from (the run's own latest checkpoint wins), with checkpoint.name."""
+    if argv is None:  # raytrain.fit() from Python
+        return f"the same config with checkpoint.name={run_name}"
+    kept, skip_next = [], False
+    for arg in argv:
+        if skip_next:
+            skip_next = False
+        elif arg == "--resume-from":
+            skip_next = True
+        elif arg != "--fresh" and not arg.startswith(("--resume-from=", "checkpoint.name=", "checkpoint.resume_from=")):
+            kept.append(arg)
+    return shlex.join(["python", "-m", "raytrain.main", *kept, f"checkpoint.name={run_name}"])
+
+
+def _abort(progress: DataProgress, wait_s: float = 10.0) -> bool:
+    """Stop the run through its controller (it kills the workers), once it has said where it is;
+    False when it has not within `wait_s` (Ctrl-C while Ray Train starts)."""
+    deadline = time.monotonic() + wait_s
+    controller = None
+    while controller is None and time.monotonic() < deadline:  # Ctrl-C while the controller starts
+        controller = ray.get(progress.actor.controller.remote(), timeout=wait_s)
+        if controller is None:
+            time.sleep(0.2)
+    if controller is None:
+        return False
+    try:
+        ray.get(compat.abort_train_run(controller), timeout=120)
+    except ray.exceptions.RayActorError:
+        pass  # the controller ended itself: the abort's normal end
+    return True
+
+
+def _say_skipped(summary: RunSummary) -> None:
+    line = summary.skipped_line()
+    if line:
+        say(line)

@@ -1,0 +1,405 @@
+"""The resolved DeepSpeed dict, checked on the driver before any worker starts: `check_deepspeed`.
+
+1. DeepSpeed's own parsing, for the run's world size (raytrain.compat.parse_deepspeed_config): its
+   pydantic models refuse wrong types, values out of range and unknown keys in the sections they
+   own (zero_optimization and its offload sections, bf16, fp16, compile, the monitors, ...), its
+   batch assertion runs with the run's world size, and its own asserts run. DeepSpeed knows its
+   rules better than a copy of them would.
+2. Keys DeepSpeed never reads. DeepSpeed reads its top level, and sections such as
+   activation_checkpointing or flops_profiler, with one `dict.get` per key, so a key it does not
+   know is ignored without a word (`zero_optimisation` beside `zero_optimization` never takes
+   effect). The dict is handed to DeepSpeed wrapped in `_Reads`, which records every key DeepSpeed
+   looks up; a key of the user's that DeepSpeed never looked up, in a section it read key by key,
+   is refused with the closest key it did look up. The set therefore follows DeepSpeed's version.
+3. A string where DeepSpeed reads a number or a boolean ("zero_hpz_partition_size": "2",
+   "partition_activations": "false"): pydantic's lax mode converts such strings, and a plain
+   `dict.get` hands them on ("false" is true). Both are refused; which keys DeepSpeed reads as
+   numbers is found from DeepSpeed itself (the default it passes to `get`, or its model refusing
+   the string once it no longer spells a number).
+4. raytrain's own rules, where DeepSpeed has none or only finds out inside the workers.
+
+Every failure is one ConfigError line naming `deepspeed.<dotted.key>` and the fix.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+import re
+import typing
+from collections.abc import KeysView
+from typing import Any
+
+from raytrain import compat
+from raytrain.config import ConfigError
+
+MAX_TOKENS_PER_MICRO_BATCH = 2**31 - 1
+"""A micro-batch's token ids (micro-batch x seq_len) must be indexable with int32, as many of
+torch's and DeepSpeed's kernels index; beyond that the ids alone are 16 GiB per GPU."""
+
+# Handed whole to a constructor as keyword arguments (deepspeed/runtime/engine.py, 0.19.8:
+# _configure_basic_optimizer, _scheduler_from_config): checked against its signature instead.
+_KWARGS = {("optimizer", "params"), ("scheduler", "params")}
+# Read by deepspeed.initialize itself before DeepSpeedConfig parses the rest (deepspeed/__init__.py,
+# 0.19.8: the sequence-parallel mesh). raytrain never builds that mesh, but the keys are DeepSpeed's.
+_READ_BY_INITIALIZE = ("sequence_parallel_size", "data_parallel_size")
+_NUMBER = re.compile(r"^\s*[-+]?(\d[\d_]*\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$")
+_BOOLS = {"true": "true", "t": "true", "yes": "true", "y": "true", "on": "true", "1": "true",
+          "false": "false", "f": "false", "no": "false", "n": "false", "off": "false", "0": "false"}
+"""The strings pydantic's lax mode reads as booleans."""
+_MISSING = object()
+
+
+def check_deepspeed(ds: dict[str, Any], *, world_size: int, seq_len: int, use_gpu: bool) -> None:
+    """Refuse anything DeepSpeed or raytrain would refuse (or silently ignore) in the resolved dict."""
+    parsed = ds
+    if use_gpu and isinstance(ds.get("aio"), dict) and ds["aio"].get("use_gds") is True:
+        # DeepSpeed asserts GPUDirect Storage against the accelerator of the process that parses
+        # (swap_tensor/aio_config.py, 0.19.8): the driver's, maybe a CPU, not the GPU workers'.
+        parsed = {**ds, "aio": {**ds["aio"], "use_gds": False}}
+    reads = _parse(parsed, world_size)
+    _refuse_unread_keys(ds, reads)
+    _refuse_quoted_numbers(parsed, reads, world_size)
+    _check_constructor_params(ds)
+    _raytrain_rules(ds, world_size, seq_len)
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. DeepSpeed's parsing, with every lookup recorded.
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.lookups: dict[tuple, dict[str, Any]] = {}
+        """section path -> {key looked up: the default DeepSpeed gave (or _MISSING)}"""
+        self.enumerated: list[tuple] = []
+        """sections DeepSpeed took whole (a pydantic model's **kwargs, .items()): checked by their model"""
+        self.last: tuple = ()
+        """the last key looked up: where an exception from DeepSpeed's hand parsing points"""
+
+
+class _Reads(dict):
+    """A section of the user's dict that records what DeepSpeed reads from it (module docstring, 2)."""
+
+    def __init__(self, data: dict, path: tuple, log: _Log):
+        super().__init__(data)
+        self._path, self._log = path, log
+
+    def _looked_up(self, key, default=_MISSING):
+        section = self._log.lookups.setdefault(self._path, {})
+        if key not in section or section[key] is _MISSING:
+            section[key] = default
+        self._log.last = (*self._path, key)
+
+    def _child(self, key, value):
+        if isinstance(value, dict) and not isinstance(value, _Reads):
+            value = _Reads(value, (*self._path, key), self._log)
+            dict.__setitem__(self, key, value)
+        return value
+
+    def get(self, key, default=None):
+        self._looked_up(key, default)
+        return self._child(key, dict.__getitem__(self, key)) if dict.__contains__(self, key) else default
+
+    def __getitem__(self, key):
+        self._looked_up(key)
+        return self._child(key, dict.__getitem__(self, key))
+
+    def __contains__(self, key):
+        self._looked_up(key)
+        return dict.__contains__(self, key)
+
+    def _whole(self):
+        self._log.enumerated.append(self._path)
+
+    def keys(self):
+        return _Keys(self)  # `key in d.keys()` is a lookup (DeepSpeed writes that), iterating is not
+
+    def __iter__(self):
+        self._whole()
+        return dict.__iter__(self)
+
+    def items(self):
+        self._whole()
+        return [(k, self._child(k, v)) for k, v in dict.items(self)]
+
+    def values(self):
+        return [v for _, v in self.items()]
+
+
+class _Keys(KeysView):
+    def __contains__(self, key):
+        return key in self._mapping  # recorded by _Reads.__contains__
+
+    def __iter__(self):
+        self._mapping._whole()
+        return dict.__iter__(self._mapping)
+
+
+def _parse(ds: dict[str, Any], world_size: int) -> _Log:
+    from pydantic import ValidationError
+
+    log = _Log()
+    root = _Reads(copy.deepcopy(ds), (), log)  # DeepSpeed may edit what it parses; the run's dict stays
+    for key in _READ_BY_INITIALIZE:
+        root._looked_up(key)
+    try:
+        compat.parse_deepspeed_config(root, world_size)
+    except ValidationError as e:
+        raise _from_pydantic(e, ds, log) from None
+    except Exception as e:  # AssertionError, ValueError, TypeError, DeepSpeedConfigError (removed features), ...
+        raise _from_exception(e, ds, log) from None
+    return log
+
+
+def _from_pydantic(error, ds: dict[str, Any], log: _Log) -> ConfigError:
+    first = error.errors(include_url=False)[0]
+    loc = tuple(str(p) for p in first["loc"])
+    prefix = _section_of(loc, ds, log)
+    key = _dotted((*prefix, *loc))
+    value = first.get("input")
+    if first["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
+        valid = _model_keys(error.title, loc[:-1])
+        return _unknown(key, valid)
+    message = first["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    if first["type"] in ("model_type", "dict_type", "model_attributes_type"):
+        return ConfigError(f"{key} must be a mapping (a JSON object), got {_shown(value)}: "
+                           f"see DeepSpeed's config documentation for its keys")
+    if not loc:  # a model validator across several keys
+        return ConfigError(f"{key or 'deepspeed'}: {message} (DeepSpeed's rule): fix the values there")
+    if message.startswith("Input should be "):
+        message = "must be " + message.removeprefix("Input should be ")
+    return ConfigError(f"{key} {message} (DeepSpeed's rule), got {_shown(value)}")
+
+
+def _from_exception(error: Exception, ds: dict[str, Any], log: _Log) -> ConfigError:
+    """An exception from DeepSpeed's hand-written parsing points at the last key it looked up."""
+    try:
+        _refuse_strings_for_defaults(ds, log)  # the usual cause: "no" where DeepSpeed wants false
+    except ConfigError as quoted:
+        return quoted
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    key = _dotted(log.last) if log.last else "deepspeed"
+    value = _get(ds, log.last)
+    if value is not _MISSING and not isinstance(value, dict) and isinstance(error, (TypeError, AttributeError)) \
+            and re.search(r"mapping|has no attribute '(get|keys|items)'", text):
+        return ConfigError(f"{key} must be a mapping (a JSON object), got {_shown(value)}")
+    shown = f"={json.dumps(value)}" if value is not _MISSING and not isinstance(value, dict) else ""
+    return ConfigError(f"{key}{shown}: DeepSpeed refuses it ({text}): fix it there")
+
+
+def _section_of(loc: tuple, ds: dict[str, Any], log: _Log) -> tuple:
+    """Which section of the user's dict a pydantic model was built from: the most recent section
+    DeepSpeed took whole under which the error's location exists (the monitors are built from the
+    top level itself)."""
+    for prefix in [*reversed(log.enumerated), ()]:
+        path = (*prefix, *loc)
+        if _get(ds, path) is not _MISSING or (loc and _get(ds, path[:-1]) is not _MISSING):
+            return prefix
+    return log.enumerated[-1] if log.enumerated else ()
+
+
+def _model_keys(title: str, inner: tuple) -> list[str]:
+    """The keys a DeepSpeed pydantic model (by its class name) accepts at `inner` under it."""
+    from pydantic import BaseModel
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    model = next((c for c in subclasses(BaseModel) if c.__name__ == title), None)
+    for part in inner:
+        if model is None:
+            break
+        field = model.model_fields.get(part) or next(
+            (f for f in model.model_fields.values() if f.alias == part), None)
+        inside = (field.annotation, *typing.get_args(field.annotation)) if field is not None else ()
+        model = next((tp for tp in inside if isinstance(tp, type) and issubclass(tp, BaseModel)), None)
+    if model is None:
+        return []
+    return sorted({f.alias or name for name, f in model.model_fields.items()} | set(model.model_fields))
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. and 3.: keys DeepSpeed never read, strings where it reads numbers.
+
+
+def _refuse_unread_keys(ds: dict[str, Any], log: _Log) -> None:
+    whole = set(log.enumerated) | _KWARGS
+    for path, looked_up in log.lookups.items():
+        section = _get(ds, path)
+        if not isinstance(section, dict) or path in whole:
+            continue
+        for key in section:
+            if key not in looked_up:
+                raise _unknown(_dotted((*path, key)), sorted(looked_up))
+
+
+def _refuse_quoted_numbers(ds: dict[str, Any], log: _Log, world_size: int) -> None:
+    _refuse_strings_for_defaults(ds, log)
+    # Keys inside DeepSpeed's models: a string spelling a number or boolean that its model converts.
+    # Spelled so that it no longer reads as one, it is refused exactly where the model wanted one.
+    quoted = [p for p in _string_leaves(ds) if _spelled(_get(ds, p))]
+    if not quoted:
+        return
+    probe = copy.deepcopy(ds)
+    for path in quoted:
+        _set(probe, path, "\x00" + _get(ds, path))
+    try:
+        _parse(probe, world_size)
+    except ConfigError as e:
+        for path in quoted:
+            if str(e).startswith((_dotted(path) + " ", _dotted(path) + ":", _dotted(path) + "=")):
+                raise _quoted(path, _get(ds, path), _spelled(_get(ds, path))) from None
+        raise  # (a key the probe did not touch cannot fail: the dict passed once already)
+
+
+def _refuse_strings_for_defaults(ds: dict[str, Any], log: _Log) -> None:
+    """A string where DeepSpeed's `get` has a numeric or boolean default ("gradient_clipping", 0.0)."""
+    for path, looked_up in log.lookups.items():
+        section = _get(ds, path)
+        for key, default in looked_up.items():
+            value = section.get(key, _MISSING) if isinstance(section, dict) else _MISSING
+            if isinstance(default, (bool, int, float)) and isinstance(value, str):
+                raise _quoted((*path, key), value, "boolean" if isinstance(default, bool) else "number")
+
+
+def _spelled(value: str) -> str | None:
+    """"number" or "boolean" when a string spells one (as pydantic's lax mode would read it)."""
+    return "number" if _NUMBER.match(value) else "boolean" if value.strip().lower() in _BOOLS else None
+
+
+def _quoted(path: tuple, value: str, wants: str | None) -> ConfigError:
+    wants = wants or "number"
+    if _spelled(value) == wants:
+        literal = _BOOLS[value.strip().lower()] if wants == "boolean" else value.strip()
+        fix = f"write {literal} without quotes"
+    else:
+        fix = "write true or false (without quotes)" if wants == "boolean" else "write a number (without quotes)"
+    return ConfigError(f"{_dotted(path)} is the string {json.dumps(value)}, but DeepSpeed reads a {wants} there: {fix}")
+
+
+def _string_leaves(node: Any, path: tuple = ()):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _string_leaves(v, (*path, k))
+    elif isinstance(node, str):
+        yield path
+
+
+def _check_constructor_params(ds: dict[str, Any]) -> None:
+    """optimizer.params / scheduler.params against the class DeepSpeed will build with them: on the
+    workers an unknown one is a TypeError in deepspeed.initialize, retried as a worker failure."""
+    import inspect
+
+    import torch
+
+    compat.import_deepspeed_quietly()
+    from deepspeed.runtime import config as ds_config, lr_schedules
+
+    for section in ("optimizer", "scheduler"):
+        spec = ds.get(section)
+        if not isinstance(spec, dict) or spec.get("type") is None:
+            continue
+        name = str(spec["type"])
+        if section == "optimizer":
+            known = list(ds_config.DEEPSPEED_OPTIMIZERS) + [n for n in dir(torch.optim) if n[0].isupper()]
+            if name.lower() in ("adam", "adamw"):  # FusedAdam, DeepSpeedCPUAdam or torch's AdamW, by device
+                from deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
+
+                classes = [torch.optim.AdamW, FusedAdam, DeepSpeedCPUAdam]
+                extra = {ds_config.ADAM_W_MODE, ds_config.TORCH_ADAM_PARAM, "fp32_optimizer_states", "foreach"}
+            elif name.lower() in ds_config.DEEPSPEED_OPTIMIZERS:
+                continue  # built by DeepSpeed's own code paths; their keyword arguments vary by device
+            else:
+                classes, extra = [getattr(torch.optim, name, None)], set()
+        else:
+            known = list(lr_schedules.VALID_LR_SCHEDULES) + [n for n in dir(torch.optim.lr_scheduler) if n[0].isupper()]
+            classes = [getattr(lr_schedules, name, None) or getattr(torch.optim.lr_scheduler, name, None)]
+            extra = set()
+        if classes[0] is None:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise ConfigError(f"deepspeed.{section}.type={name!r} is neither DeepSpeed's nor torch's{hint} "
+                              f"(DeepSpeed would fail inside the workers)")
+        params = spec.get("params") or {}
+        accepted = set(extra)
+        for cls in classes:
+            signature = inspect.signature(cls.__init__)
+            if any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
+                accepted = None
+                break
+            accepted |= set(signature.parameters) - {"self", "params", "optimizer"}
+        if accepted is None or not isinstance(params, dict):
+            continue
+        for key in params:
+            if key not in accepted:
+                raise _unknown(f"deepspeed.{section}.params.{key}", sorted(accepted),
+                               f"is not a parameter of {name} (its constructor would refuse it in the workers)")
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. raytrain's rules.
+
+
+def _raytrain_rules(ds: dict[str, Any], world_size: int, seq_len: int) -> None:
+    zero = ds.get("zero_optimization") or {}
+    stage = int(zero.get("stage", 0))
+    if str((zero.get("offload_param") or {}).get("device", "none")).lower() != "none" and stage != 3:
+        # DeepSpeed ignores offload_param below stage 3 (only stage 3 partitions parameters).
+        raise ConfigError(f"deepspeed.zero_optimization.offload_param needs stage 3 (stage is {stage}): "
+                          f"set zero_optimization.stage=3 or remove offload_param")
+    for which in ("offload_optimizer", "offload_param"):
+        section = zero.get(which) or {}
+        if str(section.get("device", "none")).lower() == "nvme" and not section.get("nvme_path"):
+            # DeepSpeed finds out when the first swap file is opened, inside the workers.
+            raise ConfigError(f"deepspeed.zero_optimization.{which}.device is nvme but nvme_path is missing: "
+                              f"set zero_optimization.{which}.nvme_path to a local NVMe directory")
+    hpz = zero.get("zero_hpz_partition_size")
+    if hpz is not None and hpz > 1 and world_size % hpz:
+        # DeepSpeed builds the hpZ groups inside deepspeed.initialize and fails there.
+        raise ConfigError(f"deepspeed.zero_optimization.zero_hpz_partition_size={hpz} does not divide world size "
+                          f"{world_size}: use the GPUs per node or a divisor of {world_size}")
+    micro = ds["train_micro_batch_size_per_gpu"]
+    if micro * seq_len > MAX_TOKENS_PER_MICRO_BATCH:
+        raise ConfigError(f"deepspeed.train_micro_batch_size_per_gpu={micro} x data.seq_len={seq_len} = "
+                          f"{micro * seq_len:,} tokens per micro-batch, more than {MAX_TOKENS_PER_MICRO_BATCH:,} "
+                          f"(int32 indexing; the token ids alone would take {micro * seq_len * 8 / 2**30:,.0f} GiB "
+                          f"per GPU): lower the micro-batch (training.micro_batch_size_per_gpu)")
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _unknown(key: str, valid: list[str],
+             what: str = "is not a key DeepSpeed reads (it would be ignored)") -> ConfigError:
+    parent, _, name = key.rpartition(".")
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+    hint = f"; did you mean {parent}.{close[0]}?" if close else ""
+    keys = f"valid keys there: {', '.join(valid)}" if 0 < len(valid) <= 12 else \
+        f"see DeepSpeed's config documentation for the keys under {parent}"
+    return ConfigError(f"{key} {what}{hint} ({keys})")
+
+
+def _dotted(path: tuple) -> str:
+    return ".".join(["deepspeed", *map(str, path)])
+
+
+def _get(node: Any, path: tuple) -> Any:
+    for part in path:
+        if not isinstance(node, dict) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def _set(node: dict, path: tuple, value: Any) -> None:
+    for part in path[:-1]:
+        node = node[part]
+    node[path[-1]] = value
+
+
+def _shown(value: Any) -> str:
+    return f"{type(value).__name__} {json.dumps(value, default=str)}"

@@ -1,0 +1,119 @@
+"""The quick start as a new user runs it: `python -m raytrain.main` without RAY_ADDRESS (raytrain
+starts its own local Ray cluster), with a few small overrides. Ctrl-C in the middle: one line with
+the step reached, the latest checkpoint and the command that continues, exit 130, and the local
+cluster gone. That command, run as printed, continues the run to its end. In both, at most 5 lines
+are not raytrain's own."""
+
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from raytrain.console import parse_progress
+
+pytestmark = pytest.mark.integration
+
+ARGS = ["training.max_steps=20", "training.log_every_n_steps=2", "checkpoint.every_n_steps=2",
+        "data.num_builtin_documents=400"]
+RAY_PREFIX = re.compile(r"^(\x1b\[\d+m)?\([^)]*pid=\d+[^)]*\)(\x1b\[0m)? ?")
+
+
+def foreign(output: str) -> list[str]:
+    """The lines that are neither raytrain's own nor its progress line (behind Ray's prefix)."""
+    lines = [RAY_PREFIX.sub("", line) for line in output.splitlines()]
+    return [line for line in lines if not line.startswith("raytrain") and parse_progress(line) is None]
+
+
+def wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory):
+    storage = tmp_path_factory.mktemp("quickstart")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONUNBUFFERED"] = "1"
+    argv = [*ARGS, f"checkpoint.storage_path={storage}"]
+    # its own session: Ctrl-C in a terminal signals the whole foreground process group
+    first = subprocess.Popen([sys.executable, "-m", "raytrain.main", *argv], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines = []
+    for line in first.stdout:  # until the run has a checkpoint that Ray Train registered
+        lines.append(line)
+        name = re.search(r"^raytrain: run (\S+) in ", "".join(lines), re.M)
+        if name and os.path.exists(storage / name.group(1) / "checkpoint_manager_snapshot.json"):
+            break
+        if parse_progress(line) and parse_progress(line)["step"] >= 20:
+            pytest.fail("the run ended before it could be interrupted:\n" + "".join(lines))
+    os.killpg(first.pid, signal.SIGINT)
+    rest, _ = first.communicate(timeout=300)
+    interrupted = "".join(lines) + rest
+    dashboard = int(re.search(r"dashboard http://127.0.0.1:(\d+)", interrupted).group(1))
+    command = re.search(r"^raytrain: interrupted .*; to continue: (.*)$", interrupted, re.M).group(1)
+    continuable = unfinished(storage, argv)
+    cmd = shlex.split(command)
+    assert cmd[:3] == ["python", "-m", "raytrain.main"], command
+    second = subprocess.run([sys.executable, *cmd[1:]], env=env, capture_output=True, text=True, timeout=900)
+    return {"storage": storage, "name": name.group(1), "first": first, "interrupted": interrupted,
+            "dashboard": dashboard, "command": command, "second": second, "argv": argv, "unfinished": continuable}
+
+
+def unfinished(storage, argv):
+    """What running the quick start's command again (a new run) names as continuable."""
+    from raytrain.config import load_config
+    from raytrain.driver.run import unfinished_runs
+    from raytrain.planning.resolve import resolve_run, shape_from_config
+
+    cfg = load_config(None, argv)
+    return unfinished_runs(str(storage), resolve_run(cfg, shape_from_config(cfg)), "raytrain-20990101-000000")
+
+
+def test_ctrl_c_prints_one_line_with_the_step_checkpoint_and_command_and_exits_130(quickstart):
+    out, storage, name = quickstart["interrupted"], quickstart["storage"], quickstart["name"]
+    assert quickstart["first"].returncode == 130, out[-3000:]
+    last = out.strip().splitlines()[-1]  # the last line: nothing of Ray's after it
+    m = re.fullmatch(r"raytrain: interrupted at step (\d+) of 20; latest checkpoint (\S+); to continue: (.*)", last)
+    assert m, out[-3000:]
+    step, checkpoint = int(m.group(1)), m.group(2)
+    assert re.fullmatch(rf"{storage}/{name}/checkpoint_step_0000000(\d)", checkpoint), checkpoint
+    assert 2 <= int(checkpoint[-1]) <= step < 20
+    # the same command as announced at the start, with the run's name
+    assert f"to continue it after a stop: {quickstart['command']}" in out
+    assert quickstart["command"] == shlex.join(["python", "-m", "raytrain.main", *ARGS,
+                                                f"checkpoint.storage_path={storage}", f"checkpoint.name={name}"])
+    assert not re.search(r"Traceback|KeyboardInterrupt", out), out[-3000:]
+    # the same quick start command again (a new run) would name this one and its step
+    assert quickstart["unfinished"] == [(name, int(checkpoint[-1]))]
+
+
+def test_ctrl_c_stops_the_local_cluster(quickstart):
+    def dashboard_answers():
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", quickstart["dashboard"])) == 0
+
+    wait_for(lambda: not dashboard_answers(), 60, "the local cluster's dashboard to stop")
+
+
+def test_the_printed_command_continues_the_run_to_its_end(quickstart):
+    p = quickstart["second"]
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    out = p.stdout + p.stderr
+    assert f"raytrain: run '{quickstart['name']}' exists in {quickstart['storage']}: continuing" in out
+    start = int(re.search(r"starting at step (\d+)", out).group(1))
+    assert start >= 2 and "raytrain: done at step 20" in out
+    assert unfinished(quickstart["storage"], quickstart["argv"]) == []  # finished: nothing to continue
+
+
+@pytest.mark.parametrize("run", ["interrupted", "second"])
+def test_at_most_five_lines_are_not_raytrains(quickstart, run):
+    out = quickstart[run] if run == "interrupted" else quickstart[run].stdout + quickstart[run].stderr
+    assert len(foreign(out)) <= 5, "\n".join(foreign(out))

@@ -1,0 +1,55 @@
+"""The run's own copy of the model's files (raytrain.checkpoint.model_files) and the export's checks
+that use it; a real export after the originals are deleted is in tests/integration/test_user_path.py."""
+
+import os
+
+import pytest
+from transformers import AutoConfig, AutoTokenizer, GenerationConfig, LlamaConfig
+
+from raytrain.checkpoint.export import check_out_dir
+from raytrain.checkpoint.model_files import local_model_files, write_model_files
+from raytrain.config import ConfigError, ModelConfig, RunConfig
+from raytrain.model import byte_tokenizer, load_model_config
+from raytrain.planning.resolve import resolve_run, shape_from_config
+
+
+def facts(model: ModelConfig):
+    cfg = RunConfig(model=model)
+    return resolve_run(cfg, shape_from_config(cfg)).model
+
+
+def test_the_run_keeps_the_resolved_config_the_tokenizer_and_the_generation_config(tmp_path):
+    source = tmp_path / "model"
+    LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                vocab_size=320).save_pretrained(source)
+    GenerationConfig(max_new_tokens=7).save_pretrained(source)
+    byte_tokenizer().save_pretrained(tmp_path / "tok")
+    model = ModelConfig(name_or_path=str(source), tokenizer=str(tmp_path / "tok"), config={"num_hidden_layers": 2})
+    run = tmp_path / "runs" / "r"
+    write_model_files(str(run), model, facts(model))
+    with local_model_files(str(run)) as copy:
+        assert copy == str(run / "model")
+        assert AutoConfig.from_pretrained(copy).num_hidden_layers == 2  # overrides applied, as trained
+        assert GenerationConfig.from_pretrained(copy).max_new_tokens == 7
+        assert AutoTokenizer.from_pretrained(copy)("ab")["input_ids"] == byte_tokenizer()("ab")["input_ids"]
+    with local_model_files(str(tmp_path / "runs" / "older")) as copy:
+        assert copy is None  # a run from before: the export falls back to the original tokenizer
+
+
+def test_the_built_in_model_has_no_generation_config_to_keep(tmp_path):
+    write_model_files(str(tmp_path / "r"), ModelConfig(), facts(ModelConfig()))
+    files = os.listdir(tmp_path / "r" / "model")
+    assert {"config.json", "tokenizer.json"} <= set(files) and "generation_config.json" not in files
+    assert load_model_config(ModelConfig()).hidden_size == AutoConfig.from_pretrained(tmp_path / "r" / "model").hidden_size
+
+
+def test_an_out_dir_that_is_not_empty_or_is_a_file_is_refused(tmp_path):
+    check_out_dir(str(tmp_path / "new"))
+    (tmp_path / "empty").mkdir()
+    check_out_dir(str(tmp_path / "empty"))
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    with pytest.raises(ConfigError, match="checkpoint.export_dir .*full exists and is not empty"):
+        check_out_dir(str(tmp_path / "full"), "checkpoint.export_dir")
+    with pytest.raises(ConfigError, match="is a file"):
+        check_out_dir(str(tmp_path / "full" / "x"))

@@ -1,0 +1,70 @@
+"""raytrain's elastic scaling policy (raytrain.driver.elastic) without a cluster: its decisions, and
+what `policy_installed` does to the process around a fit. Ray's real ScalingConfig and policy
+classes; the run on a real multi-node cluster, with nodes killed and added back, is
+tests/integration/test_elastic.py."""
+
+import os
+
+import cloudpickle
+import pytest
+
+from raytrain import compat
+from raytrain.config import load_config
+from raytrain.driver.elastic import ReplacementPolicy, next_group_size, policy_installed
+from raytrain.planning.resolve import resolve_run, shape_from_config
+from raytrain.run_spec import RunSpec
+
+
+@pytest.mark.parametrize("placeable, previous, retried, wait, expected", [
+    (3, None, False, True, (3, False)),  # the first group: as many as fit
+    (1, None, False, True, (None, False)),  # below the minimum: wait for capacity
+    (2, 3, False, True, (3, True)),  # a node lost: one retry at 3, which waits for a replacement
+    (2, 3, True, True, (2, True)),  # none came within the timeout: continue on 2
+    (2, 3, False, False, (2, False)),  # replacement_timeout_s=0: continue on 2 at once
+    (3, 3, False, True, (3, True)),  # the lost node still counted: that attempt is the retry
+    (1, 3, True, True, (None, True)),  # below the minimum after the retry: wait
+    (3, 2, False, True, (3, True)),  # more than before (a node came back meanwhile): all of them
+])
+def test_next_group_size(placeable, previous, retried, wait, expected):
+    assert next_group_size(placeable, 2, previous, retried, wait) == expected
+
+
+def test_the_policy_travels_to_the_controller_by_reference():
+    from ray.train import ScalingConfig
+
+    policy = ReplacementPolicy(ScalingConfig(num_workers=(2, 3)), replacement_timeout_s=30)
+    policy.group_started(3)
+    again = cloudpickle.loads(cloudpickle.dumps(policy))  # what Ray does to reach the controller actor
+    assert type(again) is ReplacementPolicy and again._previous == 3 and again.replacement_timeout_s == 30
+    assert b"next_group_size" not in cloudpickle.dumps(policy)  # the class by name, not by value
+
+
+def spec(*overrides):
+    cfg = load_config(None, ["data.num_shards=6", "training.micro_batch_size_per_gpu=2", "deepspeed.train_batch_size=12",
+                             *overrides])
+    return RunSpec.place(resolve_run(cfg, shape_from_config(cfg)), run_name="r", storage_path="/tmp", resume_from=None)
+
+
+def test_an_elastic_fit_gets_the_policy_and_the_replacement_wait_and_then_neither(monkeypatch):
+    import ray.train.v2.api.data_parallel_trainer as trainer_module
+    from ray.train import ScalingConfig
+
+    monkeypatch.delenv(compat.WORKER_GROUP_START_TIMEOUT_ENV, raising=False)
+    stock = trainer_module.create_scaling_policy
+    with policy_installed(spec("scaling.num_workers=[2, 3]", "scaling.replacement_timeout_s=45")):
+        policy = trainer_module.create_scaling_policy(ScalingConfig(num_workers=(2, 3)))
+        assert isinstance(policy, ReplacementPolicy) and policy.replacement_timeout_s == 45
+        assert os.environ[compat.WORKER_GROUP_START_TIMEOUT_ENV] == "45.0"
+    assert trainer_module.create_scaling_policy is stock and compat.WORKER_GROUP_START_TIMEOUT_ENV not in os.environ
+    # 0 (shrink at once) still gives a placement group the few seconds it needs to be created
+    with policy_installed(spec("scaling.num_workers=[2, 3]", "scaling.replacement_timeout_s=0")):
+        assert float(os.environ[compat.WORKER_GROUP_START_TIMEOUT_ENV]) > 0
+
+
+def test_a_fixed_size_fit_is_left_to_ray(monkeypatch):
+    import ray.train.v2.api.data_parallel_trainer as trainer_module
+
+    monkeypatch.setenv(compat.WORKER_GROUP_START_TIMEOUT_ENV, "77")
+    stock = trainer_module.create_scaling_policy
+    with policy_installed(spec("scaling.num_workers=2")):
+        assert trainer_module.create_scaling_policy is stock and os.environ[compat.WORKER_GROUP_START_TIMEOUT_ENV] == "77"

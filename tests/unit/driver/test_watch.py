@@ -1,0 +1,37 @@
+"""How the driver stops a run and what it says (raytrain.driver.watch): the command that continues a
+run, the Ctrl-C line, the worker-failure line. The stops themselves (Ctrl-C, a bad record) run for
+real in tests/integration/test_quickstart.py and test_user_path.py."""
+
+import shlex
+
+from raytrain.driver.watch import Interrupted, RunWatch, continue_command
+
+
+def test_the_continue_command_is_the_users_argv_with_the_run_name_and_nothing_that_restarts():
+    argv = ["--config", "my run.yaml", "--fresh", "training.max_steps=20", "--resume-from", "/r/ckpt",
+            "checkpoint.name=old", "checkpoint.resume_from=/x", "--resume-from=/y", "data.path=/d"]
+    command = continue_command(argv, "raytrain-20261201-094250")
+    # --fresh would set the run aside and --resume-from is refused once the run exists
+    assert shlex.split(command) == ["python", "-m", "raytrain.main", "--config", "my run.yaml",
+                                    "training.max_steps=20", "data.path=/d", "checkpoint.name=raytrain-20261201-094250"]
+    assert continue_command([], "r") == "python -m raytrain.main checkpoint.name=r"
+    assert continue_command(None, "r") == "the same config with checkpoint.name=r"  # raytrain.fit() from Python
+
+
+def test_the_ctrl_c_line_names_the_step_the_checkpoint_and_the_command():
+    assert str(Interrupted(12, 80, "/runs/r/checkpoint_step_00000010", "python -m raytrain.main checkpoint.name=r")) == (
+        "interrupted at step 12 of 80; latest checkpoint /runs/r/checkpoint_step_00000010; "
+        "to continue: python -m raytrain.main checkpoint.name=r")
+    assert str(Interrupted(None, 80, None, "C")) == (
+        "interrupted before its first step was reported; no checkpoint yet; to continue: C")
+
+
+def test_a_worker_failure_is_one_raytrain_line_saying_what_happens_next(capfd):
+    watch = RunWatch(max_failures=1)
+    watch.after_exception(None, {1: RuntimeError("first line\nthe error itself")})
+    watch.after_exception(None, {0: ValueError("again")})
+    lines = capfd.readouterr().out.splitlines()
+    assert lines == ["raytrain: worker failure 1 (checkpoint.max_failures=1) on rank 1: RuntimeError: the error itself; "
+                     "Ray Train restarts the workers from the latest checkpoint",
+                     "raytrain: worker failure 2 (checkpoint.max_failures=1) on rank 0: ValueError: again; "
+                     "the run fails"]

@@ -1,0 +1,100 @@
+"""The resolved DeepSpeed dict checked by DeepSpeed's own config models (for the run's world size),
+by the keys DeepSpeed actually reads, and by raytrain's own rules: each mistake is one line naming
+deepspeed.<dotted.key>, and a config DeepSpeed accepts stays accepted."""
+
+import pytest
+
+from raytrain.config import ConfigError
+from raytrain.planning.deepspeed_check import check_deepspeed
+
+BATCH = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2}
+
+
+def check(extra, world_size=4, seq_len=128, use_gpu=True):
+    ds = {**BATCH, "zero_optimization": {"stage": 3}, **extra}
+    check_deepspeed(ds, world_size=world_size, seq_len=seq_len, use_gpu=use_gpu)
+    return ds
+
+
+def zero(**keys):
+    return {"zero_optimization": {"stage": 3, **keys}}
+
+
+@pytest.mark.parametrize("extra", [
+    {},
+    zero(reduce_bucket_size=5e8, stage3_prefetch_bucket_size=5e7),  # floats in JSON: DeepSpeed takes them
+    zero(offload_optimizer={"device": "cpu", "pin_memory": True}, offload_param={"device": "cpu"}),
+    {"bf16": {"enabled": True}, "gradient_clipping": 1.0, "steps_per_print": 10, "wall_clock_breakdown": False},
+    {"activation_checkpointing": {"partition_activations": True, "cpu_checkpointing": False}},
+    {"tensorboard": {"enabled": False, "job_name": "2024"}},  # a numeric-looking string where DeepSpeed wants one
+    {"optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.95]}},
+     "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}},
+    {"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True}},  # an alias
+    {"aio": {"block_size": 262144, "intra_op_parallelism": 1, "use_gds": True}},  # GDS: the GPU workers' to check
+])
+def test_what_deepspeed_accepts_passes(extra):
+    before = repr(extra)
+    check(extra)
+    assert repr(extra) == before  # checking never edits the dict
+
+
+@pytest.mark.parametrize("extra, message", [
+    # unknown keys at every level, with DeepSpeed's own closest key
+    ({"zero_optimisation": {"stage": 2}}, "deepspeed.zero_optimisation is not a key DeepSpeed reads .*did you mean "
+                                          "deepspeed.zero_optimization"),
+    ({"steps_per_prnt": 10}, "did you mean deepspeed.steps_per_print"),
+    (zero(overlap_com=True), "deepspeed.zero_optimization.overlap_com .*did you mean deepspeed.zero_optimization.overlap_comm"),
+    (zero(offload_optimizer={"device": "cpu", "pin_memry": True}), "offload_optimizer.pin_memry .*pin_memory"),
+    ({"activation_checkpointing": {"partition_activationz": True}}, "activation_checkpointing.partition_activationz "
+                                                                    ".*partition_activations"),
+    ({"fp16": {"enabled": False, "loss_scal": 0}}, "deepspeed.fp16.loss_scal .*deepspeed.fp16.loss_scale"),
+    ({"tensorboard": {"enabled": False, "job_nme": "x"}}, "deepspeed.tensorboard.job_nme .*job_name"),
+    # not a mapping where DeepSpeed reads a section
+    ({"bf16": True}, "deepspeed.bf16 must be a mapping"),
+    (zero(offload_optimizer="cpu"), "deepspeed.zero_optimization.offload_optimizer must be a mapping"),
+    # strings where DeepSpeed reads numbers or booleans
+    (zero(zero_hpz_partition_size="2"), 'zero_hpz_partition_size is the string "2", but DeepSpeed reads a number '
+                                        'there: write 2 without quotes'),
+    (zero(stage="3"), 'deepspeed.zero_optimization.stage is the string "3"'),
+    ({"gradient_clipping": "1.0"}, 'deepspeed.gradient_clipping is the string "1.0"'),
+    ({"fp16": {"enabled": "yes"}}, 'deepspeed.fp16.enabled is the string "yes", but DeepSpeed reads a boolean there: '
+                                   'write true'),
+    ({"activation_checkpointing": {"partition_activations": "false"}}, "write false without quotes"),
+    ({"wall_clock_breakdown": "no"}, "deepspeed.wall_clock_breakdown is the string \"no\""),
+    # DeepSpeed's choices and ranges
+    (zero(offload_param={"device": "gpu"}), "deepspeed.zero_optimization.offload_param.device must be 'none', 'cpu' "
+                                            "or 'nvme' \\(DeepSpeed's rule\\), got str \"gpu\""),
+    (zero(reduce_bucket_size=-5), "deepspeed.zero_optimization.reduce_bucket_size must be greater than 0"),
+    (zero(stage3_prefetch_bucket_size=-1), "zero_optimization.stage3_prefetch_bucket_size must be greater than or equal"),
+    (zero(offload_optimizer={"device": "cpu", "ratio": 2}), "offload_optimizer.ratio must be less than or equal to 1"),
+    (zero(stage=4), "deepspeed.zero_optimization.stage must be"),
+    ({"nebula": {"enabled": True}}, "deepspeed.nebula: DeepSpeed refuses it \\(Nebula checkpointing has been removed"),
+    # what DeepSpeed hands to a constructor, against its signature
+    ({"optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betaz": [0.9, 0.9]}}},
+     "deepspeed.optimizer.params.betaz is not a parameter of AdamW.*did you mean deepspeed.optimizer.params.betas"),
+    ({"optimizer": {"type": "AdamWW", "params": {}}}, "deepspeed.optimizer.type='AdamWW' is neither .*did you mean AdamW"),
+    ({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_step": 10}}}, "scheduler.params.warmup_num_step .*"
+                                                                             "warmup_num_steps"),
+    # raytrain's own rules
+    ({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}}, "offload_param needs stage 3"),
+    (zero(offload_optimizer={"device": "nvme"}), "nvme_path is missing"),
+    (zero(zero_hpz_partition_size=3), "zero_hpz_partition_size=3 does not divide world size 4"),
+])
+def test_mistakes_are_one_line_naming_the_key(extra, message):
+    with pytest.raises(ConfigError, match=message) as e:
+        check(extra)
+    assert "\n" not in str(e.value) and str(e.value).startswith("deepspeed.")
+
+
+def test_the_batch_is_asserted_with_the_runs_world_size():
+    check({}, world_size=4)  # 16 = 2 x 2 x 4
+    with pytest.raises(ConfigError, match="deepspeed.*16 != 2 \\* 2 \\* 2"):
+        check({}, world_size=2)
+
+
+def test_a_micro_batch_beyond_int32_tokens_is_refused():
+    big = {"train_batch_size": 4 * 10**12, "train_micro_batch_size_per_gpu": 10**12, "gradient_accumulation_steps": 1}
+    with pytest.raises(ConfigError, match=r"train_micro_batch_size_per_gpu=1000000000000 x data.seq_len=128 .*lower"):
+        check(big, world_size=4)
+    check({"train_batch_size": 4 * 2**24, "train_micro_batch_size_per_gpu": 2**24, "gradient_accumulation_steps": 1},
+          world_size=4, seq_len=64)  # 2^30 tokens: allowed

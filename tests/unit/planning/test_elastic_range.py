@@ -1,0 +1,62 @@
+"""An elastic range (scaling.num_workers: [min, max]) resolved on the driver (raytrain.planning.resolve):
+the DeepSpeed plan of every world size, and the one-line refusals before anything starts, each
+naming the sizes that fail. In-process `raytrain.main.main` calls, as a user's `--dry-run`."""
+
+import json
+
+import pytest
+
+from raytrain.main import main
+
+GOOD = ["scaling.num_workers=[2, 4]", "data.num_shards=12", "training.micro_batch_size_per_gpu=2",
+        "deepspeed.train_batch_size=24"]
+
+
+def dry_run(capsys, *args):
+    code = main(["--dry-run", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_every_world_size_keeps_the_batch_with_its_own_accumulation(capsys):
+    code, out, err = dry_run(capsys, *GOOD)
+    assert code == 0, err
+    plan = json.loads(out)
+    assert (plan["cluster"]["min_workers"], plan["cluster"]["num_workers"]) == (2, 4)
+    sizes = {p["world_size"]: p["ds_config"] for p in plan["world_sizes"]}
+    assert {w: (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"])
+            for w, ds in sizes.items()} == {2: (24, 2, 6), 3: (24, 2, 4), 4: (24, 2, 3)}
+    assert sizes[4] == plan["config"]["deepspeed"]  # the top-level plan is the maximum's
+    # the note that says what a node loss costs (a setting that runs, not an error)
+    assert "raytrain: note: scaling.num_workers=[2, 4] is elastic (workers x gradient accumulation: 2 x 6, 3 x 4, " \
+           "4 x 3); every node lost without notice costs one of checkpoint.max_failures=3" in err
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["scaling.num_workers=[4, 2]"], "scaling.num_workers=[4, 2] has the minimum 4 above the maximum 2: write [2, 4]"),
+    (["scaling.num_workers=[0, 2]"], "scaling.num_workers=[0, 2] has the minimum 0: an elastic range needs at least 1 worker"),
+    (["scaling.num_workers=[1, 2, 3]"], "scaling.num_workers=[1, 2, 3] is neither a number of workers nor [min, max]"),
+    (["scaling.num_workers=[2, 4]"], "scaling.num_workers=[2, 4]: an elastic run needs data.num_shards, divisible by "
+                                     "every world size of the range (e.g. 12)"),
+    ([*GOOD, "data.num_shards=8"], "scaling.num_workers=[2, 4]: data.num_shards=8 is not divisible by world size(s) "
+                                   "[3]: use a multiple of 12 shards"),
+    (["scaling.num_workers=[2, 4]", "data.num_shards=24", "training.micro_batch_size_per_gpu=1",
+      "deepspeed.train_batch_size=12"], "deepspeed.train_batch_size=12 is not divisible by data.num_shards=24"),
+    (["scaling.num_workers=[2, 4]", "data.num_shards=12", "training.micro_batch_size_per_gpu=8",
+      "deepspeed.train_batch_size=48"],
+     "scaling.num_workers=[2, 4]: train_batch_size=48 with micro-batch 8 needs a whole gradient accumulation at every "
+     "world size, and [4] do(es) not divide 6: use a train_batch_size that is a multiple of 96"),
+    (["scaling.num_workers=[2, 3]", "data.num_shards=6", "training.micro_batch_size_per_gpu=3",
+      "deepspeed.train_batch_size=30"], "and [3] do(es) not divide 10"),
+    ([*GOOD, "deepspeed.gradient_accumulation_steps=3"],
+     "deepspeed.gradient_accumulation_steps=3 is fixed, and an elastic run changes it with the world size"),
+    ([*GOOD, "scaling.replacement_timeout_s=-5"], "scaling.replacement_timeout_s must be a number >= 0, got -5"),
+    (["scaling.use_gpu=true", "scaling.num_workers=[8, 9]", "data.num_shards=72", "training.micro_batch_size_per_gpu=1",
+      "deepspeed.train_batch_size=72", "deepspeed.zero_optimization.zero_hpz_partition_size=8"],
+     "scaling.num_workers=[8, 9], at world size 9: deepspeed.zero_optimization.zero_hpz_partition_size=8 does not "
+     "divide world size 9"),
+])
+def test_a_range_that_cannot_run_is_refused_in_one_line(capsys, args, needle):
+    code, _, err = dry_run(capsys, *args)
+    assert code == 2 and needle in err, err
+    assert len(err.strip().splitlines()) == 1, err
