@@ -34,6 +34,18 @@ def wait_until(predicate, timeout_s: float, what: str, alive=None, every_s: floa
         time.sleep(every_s)
 
 
+def init_gloo(rank: int, world: int, rendezvous: str) -> None:
+    """A gloo process group of `world` spawned ranks over a file rendezvous (a path no other group
+    uses): a free port found first can be taken by another process before rank 0 binds it. The env
+    variables are for DeepSpeed, whose init_distributed looks for them even when the group exists
+    (without them it tries MPI discovery); nothing binds MASTER_PORT."""
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29500", RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+
+
 def stop_tree(proc, grace_s: float = 10.0) -> None:
     """Stop a `ray start --block` process and everything it started (GCS, raylet, dashboard, workers)
     at once: SIGTERM to all, SIGKILL to what is left after `grace_s`. Its own graceful shutdown stops

@@ -12,14 +12,14 @@ real DeepSpeed engines from the worker's own build_engine, gloo, a transformers 
   learning rate, and the history and data position of the checkpoint."""
 
 import json
-import os
 import shutil
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from tests.helpers import init_gloo
 
 # a global batch of 12 rows: micro-batches of 2, accumulation 3 on 2 ranks, 2 on 3 ranks
 OVERRIDES = ["training.max_steps=4", "training.micro_batch_size_per_gpu=2", "deepspeed.train_batch_size=12",
@@ -27,10 +27,8 @@ OVERRIDES = ["training.max_steps=4", "training.micro_batch_size_per_gpu=2", "dee
 GLOBAL = torch.randint(0, 257, (3, 12, 32), generator=torch.Generator().manual_seed(3))  # steps 1 to 3
 
 
-def _rank_main(rank, world, port, out_dir, phase):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _rank_main(rank, world, out_dir, phase):
+    init_gloo(rank, world, f"{out_dir}/rendezvous-{phase}")
     from ray.train import Checkpoint  # a plain class: no Ray cluster is started
 
     from raytrain import compat
@@ -77,10 +75,7 @@ def _rank_main(rank, world, port, out_dir, phase):
 
 
 def _spawn(world, out_dir, phase):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(_rank_main, args=(world, port, str(out_dir), phase), nprocs=world, join=True,
+    mp.start_processes(_rank_main, args=(world, str(out_dir), phase), nprocs=world, join=True,
                        start_method="spawn")
     return json.loads((out_dir / f"{phase}-rank0.json").read_text())
 

@@ -4,7 +4,6 @@ On a DeepSpeed ZeRO-3 engine, inside the worker loop: tests/unit/worker/test_loo
 
 import json
 import math
-import socket
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from raytrain.worker.evaluation import evaluate
+from tests.helpers import init_gloo
 
 
 def tiny_model():
@@ -35,15 +35,8 @@ def reference_loss(model, batch_lists):
     return sum(losses) / len(losses)  # every batch predicts the same number of tokens
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rank_main(rank, world, out_dir):
-    # a file rendezvous: a free port found first can be taken by another test's process before rank 0 binds it
-    dist.init_process_group("gloo", init_method=f"file://{out_dir}/rendezvous", rank=rank, world_size=world)
+    init_gloo(rank, world, f"{out_dir}/rendezvous")
     try:
         model = tiny_model()
         # rank 0 has 3 batches, rank 1 only 1: both must stop after 1 (ZeRO-3 would hang otherwise)
@@ -63,9 +56,8 @@ def test_uneven_ranks_run_the_same_batches_and_average_over_all_ranks(tmp_path):
     assert results[0]["eval_ppl"] == pytest.approx(math.exp(expected), rel=1e-5)
 
 
-def test_single_rank_runs_at_most_max_batches_and_restores_train_mode():
-    port = free_port()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+def test_single_rank_runs_at_most_max_batches_and_restores_train_mode(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1)
     try:
         model = tiny_model().train()
         out = evaluate(model, batches(7, 4), torch.device("cpu"), max_batches=3)

@@ -7,14 +7,14 @@ The components decide when they are due: windows at every log step, at every che
 end; a resume from the step-3 checkpoint continues with bit-identical losses (CPU, fp32)."""
 
 import json
-import os
 import shutil
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from tests.helpers import init_gloo
 
 MAX_STEPS = 6
 OVERRIDES = ["training.max_steps=6", "training.log_every_n_steps=2", "checkpoint.every_n_steps=3",
@@ -39,10 +39,8 @@ class Batches:
         return {"epoch": 0, "rows": self._next}
 
 
-def _rank_main(rank, world, port, out_dir, resume_step):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _rank_main(rank, world, out_dir, resume_step):
+    init_gloo(rank, world, f"{out_dir}/rendezvous-{resume_step}")
     from ray.train import Checkpoint  # a plain class: no Ray cluster is started
 
     from raytrain.checkpoint.shards import Checkpointer, Rank, ResumePoint, restore
@@ -90,17 +88,11 @@ def _rank_main(rank, world, port, out_dir, resume_step):
     dist.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("loop")
     for resume_step in (0, 3):
-        mp.start_processes(_rank_main, args=(2, _free_port(), str(out), resume_step), nprocs=2, join=True,
+        mp.start_processes(_rank_main, args=(2, str(out), resume_step), nprocs=2, join=True,
                            start_method="spawn")
     return {name: [json.loads((out / f"{name}-rank{r}.json").read_text()) for r in range(2)]
             for name in ("full", "resumed")} | {"dir": out}
