@@ -95,6 +95,9 @@ def fit(cfg: RunConfig, fresh: bool = False, argv: Sequence[str] | None = None) 
                 f"{cfg.training.max_steps} with these settings; to continue it instead: "
                 f"{continue_command(argv, name)}")
         say(f"raytrain: run {spec.run_name} in {spec.storage_path}; to continue it after a stop: {command}")
+    done = finished_checkpoint(spec.run_uri, cfg.training.max_steps)
+    if done is not None:  # nothing to train: no datasets, no workers (tens of seconds saved)
+        return _wrap_up(done, spec, cfg, run_path=spec.run_uri)
     write_model_files(spec.run_uri, cfg.model, spec.model)  # export reads these, not the originals
     datasets = build_datasets(cfg.data, cfg.model, cfg.training.seed, sources, resolved.model.vocab_size, progress)
     trainer = _trainer(spec, datasets, progress)
@@ -102,13 +105,24 @@ def fit(cfg: RunConfig, fresh: bool = False, argv: Sequence[str] | None = None) 
         result = run_trainer(trainer, progress, spec.run_uri, cfg.training.max_steps, command)
     if result.checkpoint is None:
         raise RuntimeError(f"the run ended without a checkpoint (see the worker logs above): {result.error}")
-    meta = layout.read_metadata(result.checkpoint)
+    return _wrap_up(result.checkpoint, spec, cfg, run_path=str(result.path))
+
+
+def finished_checkpoint(run_uri: str, max_steps: int):
+    """The run's latest checkpoint if it has reached `max_steps` (the run is done), else None."""
+    latest = layout.latest_checkpoint(run_uri)
+    return latest if latest is not None and layout.read_metadata(latest)["step"] >= max_steps else None
+
+
+def _wrap_up(checkpoint, spec: RunSpec, cfg: RunConfig, run_path: str) -> FitResult:
+    """A finished run's summary files (and export, when asked), from its final checkpoint."""
+    meta = layout.read_metadata(checkpoint)
     write_summary(meta["history"], meta["metrics"], spec.storage_path, spec.run_name)
     if cfg.checkpoint.export_dir:
-        with result.checkpoint.as_directory() as local, local_model_files(spec.run_uri) as model_dir:
+        with checkpoint.as_directory() as local, local_model_files(spec.run_uri) as model_dir:
             export(local, cfg.checkpoint.export_dir, model_dir=model_dir)
-    return FitResult(metrics=meta["metrics"], history=meta["history"], checkpoint_path=result.checkpoint.path,
-                     run_path=str(result.path), spec=spec)
+    return FitResult(metrics=meta["metrics"], history=meta["history"], checkpoint_path=checkpoint.path,
+                     run_path=run_path, spec=spec)
 
 
 def dry_run(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_memory_gib: float | None = None,
@@ -192,6 +206,11 @@ def _place(resolved: ResolvedRun, fresh: bool) -> tuple[RunSpec, DataProgress]:
         aside = f"{path}.replaced-{datetime.datetime.now():%Y%m%d-%H%M%S}"
         fs.move(path, aside)
         say(f"raytrain: --fresh: moved the existing run {name!r} to {aside}")
+    elif has_checkpoint and (done := finished_checkpoint(run, cfg.training.max_steps)) is not None:
+        say(f"raytrain: run {name!r} in {storage} is already done at step {layout.read_metadata(done)['step']} "
+            f"(training.max_steps={cfg.training.max_steps}): nothing to "
+            f"train (raise training.max_steps to train further, or pass --fresh to start over; the old run is "
+            f"kept under another name)")
     elif has_checkpoint:
         say(f"raytrain: run {name!r} exists in {storage}: continuing from its latest checkpoint "
             f"(pass --fresh to start over; the old run is kept under another name)")

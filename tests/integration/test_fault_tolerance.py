@@ -2,7 +2,7 @@
 the middle of a checkpoint save), on the shared `ray start` cluster. The run must finish with per-step
 losses equal to an uninterrupted run's, bit for bit (CPU, fp32), and a save that was interrupted is
 never the one a restart resumes from. Then what a user does next with a run's checkpoints: resume from
-a chosen one, run the same command again, start over with --fresh, resume on another number of
+a chosen one, run the same command again (a finished run: nothing to train), start over with --fresh, resume on another number of
 workers (DeepSpeed universal conversion, data shards reassigned), and a run past max_failures.
 
 Facts are read from files (raytrain.json's history, Ray Train's checkpoint bookkeeping), never from
@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from raytrain.checkpoint import layout
+from raytrain.console import parse_progress
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.integration
@@ -101,7 +102,7 @@ def runs(ray_cluster, tmp_path_factory):
     # has saved again, then the next save caught in the act.
     plan = [("save", 6), ("plain", None), ("save", None)]
     for kind, step in plan:
-        group = wait_until(new_group, 600, "a new worker group", alive)
+        group = wait_until(new_group, 600, "a new worker group", alive, every_s=0.5)  # state API: not every 0.2 s
         seen |= group
         if kind == "save":
             step = step or kills[-1]["registered"] + 3  # the next save after the one the group resumed from
@@ -163,9 +164,11 @@ def test_resume_from_a_chosen_checkpoint_reproduces_the_tail(runs):
     assert registered_step(runs["storage"], "branch") == 12
 
 
-def test_same_command_again_continues_and_fresh_starts_over_keeping_the_old_run(runs):
+def test_same_command_on_a_finished_run_trains_nothing_and_fresh_starts_over_keeping_it(runs):
     out = finish(start(runs["env"], runs["storage"], "baseline", *TWO))
-    assert "continuing from its latest checkpoint" in out and "raytrain: done at step 12" in out
+    # a finished run: said so, and no worker started (no progress line), the summary of its end
+    assert f"raytrain: run 'baseline' in {runs['storage']} is already done at step 12" in out, out[-3000:]
+    assert "raytrain: done at step 12" in out and not any(map(parse_progress, out.splitlines())), out[-3000:]
     assert losses(runs["storage"], "baseline") == losses(runs["storage"], "faulty")  # nothing retrained
     fresh = finish(start(runs["env"], runs["storage"], "branch", *TWO, "--fresh", "training.max_steps=3"))
     assert "--fresh: moved the existing run 'branch' to " in fresh
