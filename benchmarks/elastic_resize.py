@@ -37,7 +37,7 @@ from tests.integration.test_elastic import Cluster, groups, registered_step, run
 
 
 def once(root: Path, timeout_s: float, interval_s: float, every: int) -> dict:
-    cluster = Cluster(root)
+    cluster = Cluster(root, quick_node_death=False)  # Ray's own node-death detection, as in production
     marks: dict[str, float] = {}
     try:
         cluster.start(workers=3)

@@ -4,6 +4,7 @@ every integration test of the session; unit tests never touch Ray."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -15,6 +16,12 @@ from tests.helpers import stop_tree
 
 # Ray reads the auth mode once, when it is imported: set it before any test module imports ray.
 os.environ["RAY_AUTH_MODE"] = "token"
+# A suite started in the background by a script (`cmd &` without job control) inherits SIGINT
+# ignored, and so would every run it starts: the tests' Ctrl-C (quick start, elastic) would land
+# nowhere and the run train on (seen: 300 s, then a timeout). Handled here, the runs start with
+# SIGINT at its default again (exec keeps only ignored dispositions).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 RAY_PORT = int(os.environ.get("RAYTRAIN_TEST_RAY_PORT", "6390"))
 DASHBOARD_PORT = int(os.environ.get("RAYTRAIN_TEST_DASHBOARD_PORT", "8290"))

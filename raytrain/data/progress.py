@@ -299,8 +299,14 @@ class DataProgress:
 
     def __enter__(self) -> DataProgress:
         import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        self._actor = ray.remote(num_cpus=0)(Counter).options(name=self.name).remote()
+        # On the driver's node, never a worker node: it holds the run's bookkeeping (the counts, the
+        # first bad record, the step reached, the controller's handle for Ctrl-C), and a worker node
+        # may go (seen in the elastic test: the counter died with a killed node, and Ctrl-C after it
+        # ended in ActorDiedError). Where the driver's node dies, the run ends anyway.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self._actor = ray.remote(num_cpus=0)(Counter).options(name=self.name, scheduling_strategy=here).remote()
         if self.every_s and self._source is not None:
             self._thread = threading.Thread(target=self._watch, name="raytrain-data-progress", daemon=True)
             self._thread.start()

@@ -68,8 +68,13 @@ class Cluster:
     """A head (4 CPUs: the driver, Ray Train's controller, Ray Data) and worker nodes of 1 CPU and
     one worker slot, each a `ray start --block` process of its own with its own temp dir."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, quick_node_death: bool = True):
         self.root, self.env = root, {**os.environ, "RAY_AUTH_MODE": "token"}
+        if quick_node_death:
+            # The GCS declares a node dead after 5 failed health checks 3 s apart (Ray's defaults:
+            # ~15 s after its raylet is killed); here after 4 checks 0.5 s apart, ~13 s off the test.
+            # benchmarks/elastic_resize.py measures recovery with Ray's defaults (quick_node_death=False).
+            self.env.update(RAY_health_check_period_ms="500", RAY_health_check_failure_threshold="4")
         self.nodes: dict[int, subprocess.Popen] = {}
         self.temp_dirs: list[str] = []
         self._next = 0
@@ -164,6 +169,12 @@ def stop(proc: subprocess.Popen, root: Path, name: str) -> None:
     proc.send_signal(signal.SIGINT)
     try:
         proc.wait(timeout=300)
+    except subprocess.TimeoutExpired:
+        # where the driver is stuck, for the report (py-spy comes with ray[default])
+        stacks = subprocess.run([os.path.join(os.path.dirname(sys.executable), "py-spy"), "dump", "--pid",
+                                 str(proc.pid)], capture_output=True, text=True, timeout=60)
+        pytest.fail(f"{name}: still running 300 s after Ctrl-C; its threads:\n{stacks.stdout}{stacks.stderr}\n"
+                    f"its log ends:\n{(root / f'{name}.log').read_text()[-3000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()
