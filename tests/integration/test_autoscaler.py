@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers import stop_tree
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,11 +53,7 @@ def test_fake_autoscaler_adds_nodes_and_the_run_finishes(tmp_path):
         status = subprocess.run([RAY, "status", f"--address={address}"], env=env, capture_output=True, text=True).stdout
         assert "ray.worker.cpu" in status, status  # the autoscaler launched worker nodes
     finally:
-        head.terminate()
-        try:
-            head.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            head.kill()
+        stop_tree(head)  # all at once: the head's own graceful stop takes ~30 s, one process after another
         # The fake provider's worker nodes (raylets and their agents) are not children of the head
         # and outlive it: stop every process that carries this cluster's marker.
         _kill_marked(marker)

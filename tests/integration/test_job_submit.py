@@ -54,6 +54,11 @@ def submit(ray_cluster, workdir, *cmd):
     return found.group(0)
 
 
+# Each `ray job status` is a Python process of ~1.5 CPU-seconds: on 2 cores, polling every second
+# takes a core from the job being watched. So: every 5 s, and files are watched between.
+POLL_S = 5
+
+
 def wait_status(ray_cluster, job_id, wanted, timeout=600):
     """Wait until the job reaches one of `wanted`; fail at once when it ends in another state."""
     deadline = time.time() + timeout
@@ -64,7 +69,7 @@ def wait_status(ray_cluster, job_id, wanted, timeout=600):
         if any(end in status for end in ("succeeded", "stopped", "failed")):
             raise AssertionError(f"job {job_id} ended as {status!r}, not {wanted}: "
                                  f"{job(ray_cluster, 'logs', job_id)[-3000:]}")
-        time.sleep(2)
+        time.sleep(POLL_S)
     raise AssertionError(f"job {job_id} never reached {wanted}: {status}")
 
 
@@ -86,12 +91,14 @@ def test_stopped_job_resubmitted_continues_from_its_checkpoint(ray_cluster, work
            "data.progress_every_s=1"]
     first = submit(ray_cluster, workdir, *cmd)
     ckpt = tmp_path / "submitted" / "checkpoint_step_00000010" / "raytrain.json"
-    deadline = time.time() + 600
+    deadline, polled = time.time() + 600, 0.0
     while not ckpt.exists():
-        status = job(ray_cluster, "status", first).lower()
-        assert "running" in status or "pending" in status, job(ray_cluster, "logs", first)[-3000:]  # ended early
+        if time.time() - polled > POLL_S:
+            polled = time.time()
+            status = job(ray_cluster, "status", first).lower()
+            assert "running" in status or "pending" in status, job(ray_cluster, "logs", first)[-3000:]  # ended early
         assert time.time() < deadline, job(ray_cluster, "logs", first)[-3000:]
-        time.sleep(1)
+        time.sleep(0.5)
     job(ray_cluster, "stop", first)
     wait_status(ray_cluster, first, ["stopped", "failed"])
     logs = job(ray_cluster, "logs", first)

@@ -10,8 +10,8 @@ with the reason, and checked through `python -m raytrain.main --dry-run` for a G
 
 Cost: about a minute once DeepSpeed's CPU Adam, pin_memory and async_io ops are built. The first
 run on a machine JIT-compiles them (about 6 minutes on 2 cores, in one process before the ranks
-start) into TORCH_EXTENSIONS_DIR, by default ~/.cache/raytrain_torch_extensions, which later runs
-reuse. NVMe offload needs libaio-dev
+start) into TORCH_EXTENSIONS_DIR (torch's default, ~/.cache/torch_extensions, unless set), which
+later runs and the other tests reuse. NVMe offload needs libaio-dev
 (`apt-get install libaio-dev`); without it that variant is skipped.
 """
 
@@ -30,6 +30,7 @@ import pytest
 
 from tests.helpers import require
 
+from raytrain.compat import torch_extension_build_dir
 from raytrain.config import TrainingConfig
 from raytrain.worker.engine import warmup_cosine
 
@@ -73,9 +74,9 @@ print("ops ready", flush=True)
 def runs(tmp_path_factory):
     """Run every variant in one 2-rank group; returns (results directory, rank logs)."""
     out = tmp_path_factory.mktemp("zero3_knobs")
+    # TORCH_EXTENSIONS_DIR as the rest of the suite has it (torch's default unless set): the ops are
+    # built once for every test that uses them (a directory of its own built CPU Adam twice, ~1 min).
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2",
-           "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR",
-                                                  os.path.expanduser("~/.cache/raytrain_torch_extensions")),
            "OMP_NUM_THREADS": "1",  # two ranks on two cores
            "PYTHONUNBUFFERED": "1",  # a killed rank's log still ends where it stopped
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
@@ -84,8 +85,7 @@ def runs(tmp_path_factory):
     build_log = out / "build.log"
     # A lock file like the one a process killed mid-build leaves: torch alone would wait on it
     # forever (what hung CI in session 2); raytrain.worker.ops must remove it (test_stale_build_lock_is_removed).
-    stale = Path(env["TORCH_EXTENSIONS_DIR"]) / "pin_memory" / "lock"  # the quickest op to rebuild (~40 s)
-    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale = torch_extension_build_dir("pin_memory") / "lock"  # the quickest op to rebuild (~40 s)
     stale.touch()
     with open(build_log, "w") as f:
         build = subprocess.Popen([sys.executable, "-c", BUILD, *OPS], cwd=REPO, env=env, stdout=f,
