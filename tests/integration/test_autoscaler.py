@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import RAY_PORT
 from tests.helpers import stop_tree
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
-PORT = int(os.environ.get("RAYTRAIN_TEST_FAKE_PORT", "6460"))
+PORT = int(os.environ.get("RAYTRAIN_TEST_FAKE_PORT", RAY_PORT + 70))
 
 
 def test_fake_autoscaler_adds_nodes_and_the_run_finishes(tmp_path):
@@ -32,7 +33,7 @@ def test_fake_autoscaler_adds_nodes_and_the_run_finishes(tmp_path):
     env.pop("RAY_ADDRESS", None)
     log_path = tmp_path / "head.log"  # a file, not a pipe nobody reads: a full pipe would block the head
     with open(log_path, "w") as log:
-        head = subprocess.Popen([RAY, "start", "--head", "--block", f"--port={PORT}", "--num-cpus=2", "--num-gpus=0",
+        head = subprocess.Popen([RAY, "start", "--head", "--block", f"--port={PORT}", f"--ray-client-server-port={PORT + 1}", "--num-cpus=2", "--num-gpus=0",
                                  f"--autoscaling-config={config}", "--include-dashboard=false", "--disable-usage-stats"],
                                 env=env, stdout=log, stderr=subprocess.STDOUT)
     try:

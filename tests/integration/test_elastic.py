@@ -348,7 +348,9 @@ def test_every_step_trains_on_the_fixed_runs_rows_none_skipped_none_twice(runs):
     for record in elastic.values():
         epochs.setdefault(record["epoch"], []).extend(record["rows"])
     assert len(epochs) >= 3, sorted(epochs)  # two whole epochs and part of a third
-    assert len({elastic[s]["epoch"] for s in elastic if elastic[s]["world_size"] == 2}) == 2  # crossed at 2 workers
+    # an epoch's end crossed at 2 workers (how many depends on how long the node takes to return: on a
+    # loaded machine, seen with the suite in two processes, the 2-worker phase spanned three epochs)
+    assert len({elastic[s]["epoch"] for s in elastic if elastic[s]["world_size"] == 2}) >= 2
     # what an epoch reads: equal shards of len(truth) // SHARDS rows (streaming_split(equal=True)),
     # each read in whole steps of BATCH // SHARDS rows, its tail of fewer rows left out
     for epoch, rows in sorted(epochs.items())[:-1]:  # every whole epoch
