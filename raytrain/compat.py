@@ -332,8 +332,33 @@ def import_deepspeed_quietly():
     logger = logging.getLogger("DeepSpeed")  # the object deepspeed's LoggerFactory configures
     logger.addFilter(not_the_guess)
     try:
-        import deepspeed
+        deepspeed = import_deepspeed_without_mlflow()
         import deepspeed.runtime.config  # noqa: F401
     finally:
         logger.removeFilter(not_the_guess)
+    return deepspeed
+
+
+def import_deepspeed_without_mlflow():
+    """`import deepspeed`, without the `import mlflow` it makes on the way.
+
+    deepspeed/autotuning/autotuner.py (0.19.8) imports mlflow at module level when it is installed
+    (`has_mlflow`, for the autotuner's own logging), and `import deepspeed` imports the autotuner:
+    measured 1.4-1.8 CPU-s of a 3.7-4.2 s import on 2 cores, paid by the driver and by every worker at
+    every start and restart. raytrain never runs DeepSpeed's autotuner; its own MLflow tracking
+    (rank 0, tracking.mlflow_tracking_uri) imports mlflow itself, later, normally. `import mlflow`
+    fails only during this import (sys.modules holds None for it); where mlflow is already imported
+    nothing changes. tests/unit/test_compat.py pins `has_mlflow`."""
+    import sys
+
+    if "deepspeed" in sys.modules:
+        return sys.modules["deepspeed"]
+    blocked = "mlflow" not in sys.modules
+    if blocked:
+        sys.modules["mlflow"] = None  # the import system's "not importable" marker
+    try:
+        import deepspeed
+    finally:
+        if blocked and "mlflow" in sys.modules and sys.modules["mlflow"] is None:
+            del sys.modules["mlflow"]
     return deepspeed

@@ -169,7 +169,7 @@ def import_deepspeed(device: torch.device):
     # torch 2.13 deprecates: one warning per call would bury the progress lines.
     warnings.filterwarnings("ignore", message=".*(all_gather_into_tensor|reduce_scatter_tensor).*",
                             category=FutureWarning)
-    import deepspeed
+    deepspeed = compat.import_deepspeed_without_mlflow()
 
     if device.type == "cpu":
         compat.disable_deepspeed_op("deepspeed_shm_comm")

@@ -186,6 +186,19 @@ def test_deepspeed_imports_on_the_driver_without_its_accelerator_guess_on_stdout
     assert "Setting accelerator" not in p.stdout and p.stdout == ""
 
 
+def test_deepspeed_imports_without_mlflow_which_stays_importable():
+    import subprocess
+    import sys
+
+    # a fresh process: this one may have imported both already
+    code = ("import sys; from raytrain import compat; compat.import_deepspeed_quietly(); "
+            "from deepspeed.autotuning import autotuner; assert autotuner.has_mlflow is False, 'imported'; "
+            "assert 'mlflow' not in sys.modules, sys.modules.get('mlflow'); "
+            "import mlflow; assert mlflow.__version__; print('ok')")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]
+
+
 def test_controller_callbacks_get_after_controller_start_and_the_controller_has_abort():
     from ray.train.v2._internal.execution.controller.controller import TrainController
 
