@@ -165,19 +165,8 @@ CLASSES: dict[str, list[tuple[list[str], str]]] = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def no_ray_driver_in_this_process():
-    """These tests assert that a refused run never calls ray.init. In a whole-suite run the session's
-    test cluster fixture (tests/conftest.py) has connected this process already: disconnect the
-    driver (the cluster keeps running) for this module, and connect it again afterwards."""
-    import ray
-
-    address = ray.get_runtime_context().gcs_address if ray.is_initialized() else None
-    if address:
-        ray.shutdown()
-    yield
-    if address:
-        ray.init(address=address)
+# These tests assert that a refused run never calls ray.init (tests/conftest.py: no_ray_driver).
+pytestmark = pytest.mark.usefixtures("no_ray_driver")
 
 
 @pytest.fixture(scope="module")

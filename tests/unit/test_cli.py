@@ -1,18 +1,33 @@
-"""The command line as a user meets it: dry runs and one-line errors (real subprocesses, no Ray)."""
+"""The command line as a user meets it: dry runs and one-line errors. `main(argv)` in-process, as
+tests/unit/test_bad_input.py calls it (a process of its own per case cost ~6 s of imports each, 100 s
+for this file); that file's `test_a_real_run_is_refused_by_the_process` holds the process level."""
 
 import json
-import subprocess
-import sys
+from types import SimpleNamespace
 
 import pytest
 
-
-def run_main(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "raytrain.main", *args], capture_output=True, text=True,
-                          timeout=120, cwd=cwd)
+from raytrain.main import main as train_main
 
 
-def test_dry_run_plans_a_gpu_cluster_without_gpus(tmp_path):
+pytestmark = pytest.mark.usefixtures("no_ray_driver")  # tests/conftest.py: main() must not find a driver
+
+
+@pytest.fixture(autouse=True)
+def no_ray_address(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # a dry run plans for the command line's cluster only
+
+
+@pytest.fixture
+def run_main(capsys):
+    def run(*args):
+        rc = train_main(list(args))
+        out, err = capsys.readouterr()
+        return SimpleNamespace(returncode=rc, stdout=out, stderr=err)
+    return run
+
+
+def test_dry_run_plans_a_gpu_cluster_without_gpus(tmp_path, run_main):
     ds = tmp_path / "seed.json"
     ds.write_text(json.dumps({"train_batch_size": 512, "gradient_accumulation_steps": 4,
                               "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
@@ -54,7 +69,7 @@ def test_dry_run_plans_a_gpu_cluster_without_gpus(tmp_path):
     (['deepspeed={"zero_optimization": {"stage": 3}, "compile": {"deepcompile": true}}'],
      "deepcompile=true takes effect only when the model is compiled: set model.compile=true"),
 ])
-def test_user_errors_are_one_line_without_traceback(args, needle):
+def test_user_errors_are_one_line_without_traceback(args, needle, run_main):
     p = run_main("--dry-run", *args)
     assert p.returncode == 2
     assert needle in p.stderr
@@ -62,7 +77,7 @@ def test_user_errors_are_one_line_without_traceback(args, needle):
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
-def test_malformed_yaml_is_reported_with_its_line(tmp_path):
+def test_malformed_yaml_is_reported_with_its_line(tmp_path, run_main):
     bad = tmp_path / "run.yaml"
     bad.write_text("training:\n  max_steps: 5\n  seed: [1\n")
     p = run_main("--dry-run", "--config", str(bad))
