@@ -10,6 +10,7 @@ a CPU worker must set DS_ACCELERATOR=cpu first (raytrain.worker.engine.import_de
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -333,7 +334,7 @@ def import_deepspeed_quietly():
     logger.addFilter(not_the_guess)
     try:
         deepspeed = import_deepspeed_without_mlflow()
-        import deepspeed.runtime.config  # noqa: F401
+        importlib.import_module("deepspeed.runtime.config")
     finally:
         logger.removeFilter(not_the_guess)
     return deepspeed
