@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device calls on a 1 x H200 machine (the `run` tool, kind nvidia-h200, carry .gpu), one per part:
 #   source .gpu/setup.sh; bash benchmarks/gpu_x1.sh reader     # then offload, compile, compile-noliger, offload-max,
-#   plan13b, plan7b, plan1b, fp16, mfu62 (BUDGET_S=560 by default: one part per call of at most 10 minutes)
+#   plan13b, plan7b, plan1b, fp16, mfu62, profile (BUDGET_S=560 by default: one part per call of at most 10 minutes)
 # reader:  raytrain's full path vs plain DeepSpeed (1.1B, mb 24, Liger, tuned ZeRO-3), sampling which
 #          processes hold a CUDA context; then micro-batch 32.
 # compile: torch.compile and DeepCompile on the plain DeepSpeed path, against the same without;
@@ -22,12 +22,15 @@
 #            (~4.5 min); then the planner's runner-up forced, and a cap of 84 GiB (~2 min more).
 # fp16:      the seed's fp16 with full offload vs bf16 at the same settings, and fp16 without offload (~4 min).
 # mfu62:     1.1B mb 24 x GA 4 bf16: as shipped, ZeRO stage 2, every parameter persistent, torchao float8 (~4.5 min).
+# profile:   the same 1.1B step under torch.profiler (benchmarks/profile_step.py): GPU time by kernel category, idle
+#            time, GEMM TFLOP/s; as shipped, fused q/k/v + gate/up projections, SDPA flash only, expandable segments,
+#            all three (~8 min).
 # Each variant gets what is left of the part's time budget (BUDGET_S), so one hang cannot eat the
 # call (ONLY=REGEX runs only the variants whose names match); everything lands in $OUT/<part>.tgz (the tool brings back few files) and results.md is printed.
 # Every bench record carries the planner's prediction ("predicted"), the GPU peak (max_memory_allocated)
 # and the host's used memory sampled every 2 s; host_used_mib.txt samples the whole part the same way.
 set -u
-part=${1:?reader, offload, compile, compile-noliger, checks, offload-max, plan13b, plan13b-twin, plan7b, plan1b, fp16, mfu62, main1b or convert1b}
+part=${1:?reader, offload, compile, compile-noliger, checks, offload-max, plan13b, plan13b-twin, plan7b, plan1b, fp16, mfu62, main1b, convert1b or profile}
 OUT=${OUT:-/tmp/out}; W=/tmp/bench_$part; mkdir -p "$OUT" "$W"
 END=$(( $(date +%s) + ${BUDGET_S:-560} ))
 export TORCH_EXTENSIONS_DIR=/tmp/torch_ext
@@ -44,7 +47,7 @@ S13=(--hidden-size 5120 --num-layers 40 --num-heads 40 --num-kv-heads 40 --inter
 BF16_STATES=(--set deepspeed.bf16.bf16_master_weights_and_grads=true --set deepspeed.bf16.bf16_optimizer_states=true)
 # 24 GiB and 84 GiB of the H200's 143,771 MiB (torch.cuda.set_per_process_memory_fraction and the planner)
 CAP24=0.171; CAP84=0.598
-case $part in plan*|fp16|mfu62|main1b|convert1b)
+case $part in plan*|fp16|mfu62|main1b|convert1b|profile)
   (while true; do free -m | awk 'NR==2{print $3}'; sleep 2; done) > "$W/host_used_mib.txt" & hostmem=$!
   { python -c 'import torch; print("torch", torch.__version__)'; nproc; free -g | head -2; ulimit -l
     strings "$(python -c 'import torch, os; print(os.path.dirname(torch.__file__))')/lib/libc10.so" \
@@ -176,6 +179,25 @@ mfu62)  # levers for 62% MFU at the shipped setting (issue 14 SPEC section 4); a
   variant 1b-persistent 110 "${B[@]}" --no-profile --set deepspeed.zero_optimization.stage3_param_persistence_threshold=100000000
   if python -c 'import torchao' 2>/dev/null; then variant 1b-float8 140 "${B[@]}" --no-profile --float8
   else echo "1b-float8: skipped, no torchao" >> "$W/status.txt"; fi
+  ;;
+profile)  # where one optimizer step's GPU time goes at the shipped setting, and bf16 levers (issue 14); one process
+  # per variant, each appending its JSON line to results.jsonl (benchmarks/profile_step.py --report: results.md)
+  pvariant() {  # pvariant NAME MAX_S profile_step.py-args...: bounded by MAX_S and the budget, like variant
+    local name=$1 max=$2; shift 2
+    if [[ -n ${ONLY:-} && ! $name =~ $ONLY ]]; then return; fi
+    local left=$(( END - $(date +%s) - 5 ))
+    (( left < max )) && max=$left
+    if (( max < 45 )); then echo "$name: skipped, budget spent" >> "$W/status.txt"; return; fi
+    local t0=$(date +%s)
+    timeout -k 10 $(( max - 10 )) python benchmarks/profile_step.py --out "$W" --variant "$name" "$@" > "$W/$name.log" 2>&1
+    echo "$name: rc=$? ${max}s budget, took $(( $(date +%s) - t0 ))s" >> "$W/status.txt"
+  }
+  pvariant shipped 150 --shapes
+  pvariant fused 110
+  pvariant flash 100
+  pvariant expandable 100
+  pvariant fused+flash+expandable 100
+  python benchmarks/profile_step.py --report "$W" > /dev/null 2>> "$W/status.txt"
   ;;
 *) echo "unknown part $part"; exit 2 ;;
 esac
