@@ -76,6 +76,7 @@ class Cluster:
             # benchmarks/elastic_resize.py measures recovery with Ray's defaults (quick_node_death=False).
             self.env.update(RAY_health_check_period_ms="500", RAY_health_check_failure_threshold="4")
         self.nodes: dict[int, subprocess.Popen] = {}
+        self.killed: set[int] = set()  # slots whose raylet this test killed: their `ray start` exits too
         self.temp_dirs: list[str] = []
         self._next = 0
 
@@ -103,22 +104,26 @@ class Cluster:
         started = time.time()
         self._start([f"--address={ADDRESS}", "--num-cpus=1", f"--resources={json.dumps({f'accelerator_type:{SLOT}': 1})}",
                      "--object-store-memory=100000000"])
-        self._wait_alive(len(self.alive_slots()))
+        self._wait_alive(1 + len(self.alive_slots()))  # the head, the nodes left and this one
         return started
 
     def kill(self, slot: int) -> float:
         """SIGKILL a worker node's raylet, as a dead host would go; returns when."""
         raylet = next(p for p in psutil.Process(self.nodes[slot].pid).children(recursive=True) if p.name() == "raylet")
         raylet.kill()
+        self.killed.add(slot)
         return time.time()
 
     def alive_slots(self) -> list[int]:
-        return [s for s, proc in self.nodes.items() if proc.poll() is None and s > 0]
+        return [s for s, proc in self.nodes.items() if s > 0 and s not in self.killed and proc.poll() is None]
 
     def _wait_alive(self, expected: int) -> None:
+        """Until the GCS counts `expected` live nodes; fails when a node that should live has exited
+        (a killed node's `ray start` exits on its own: seen failing an add() when a slow GCS answer
+        made this loop look at the nodes at all)."""
         deadline = time.time() + 120
         while self._count_alive() < expected:
-            if time.time() > deadline or any(p.poll() is not None for p in self.nodes.values()):
+            if time.time() > deadline or any(p.poll() is not None for s, p in self.nodes.items() if s not in self.killed):
                 pytest.fail(f"the elastic test cluster did not come up: see {self.root}/node*.log")
             time.sleep(0.5)
 
