@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -82,6 +83,17 @@ def abort_train_run(controller):
     (FailureConfig.max_failures counts those). Returns at once: the ObjectRef of the call, which
     raises RayActorError when got (the controller ends itself)."""
     return controller.abort.remote()
+
+
+def ray_train_poll_interval_s() -> float:
+    """How often Ray Train's controller takes a report from each worker: one per worker per poll,
+    every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (default 2 s; the driver's value reaches the controller
+    and the workers). The worker's result queue holds one report, so ray.train.report blocks while
+    the previous one waits there (ray/train/v2/_internal/execution/context.py `_wait_then_report`,
+    worker.py `poll_status`, ray 2.60.0)."""
+    from ray.train.v2._internal.constants import DEFAULT_HEALTH_CHECK_INTERVAL_S, HEALTH_CHECK_INTERVAL_S_ENV_VAR
+
+    return float(os.environ.get(HEALTH_CHECK_INTERVAL_S_ENV_VAR, DEFAULT_HEALTH_CHECK_INTERVAL_S))
 
 
 def quiet_ray_train_report_log() -> None:

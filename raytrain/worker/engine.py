@@ -165,6 +165,10 @@ def import_deepspeed(device: torch.device):
     """
     if device.type == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        # DeepSpeed's CPU accelerator counts local devices by running `numactl --hardware` unless
+        # LOCAL_SIZE is set (its own launcher sets it; Ray Train does not): ZeRO-3 asks at every
+        # gradient reduce-scatter, so each bucket forked the worker. Ray's LOCAL_WORLD_SIZE is the fact.
+        os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))
     # DeepSpeed's ZeRO-3 calls torch's all_gather_into_tensor and reduce_scatter_tensor, which
     # torch 2.13 deprecates: one warning per call would bury the progress lines.
     warnings.filterwarnings("ignore", message=".*(all_gather_into_tensor|reduce_scatter_tensor).*",

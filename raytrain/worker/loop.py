@@ -176,6 +176,30 @@ def universal_copy(resume: ResumePoint | None, run_uri: str, rank: Rank, device)
          f"engine build), stored {total:.1f} s after the start")
 
 
+class ReportGate:
+    """Which windows go to Ray Train: every one that carries a checkpoint, and a metrics-only one
+    when the controller has taken the last report. Ray Train's controller takes one report per
+    worker per poll (every 2 s) and ray.train.report blocks while the previous report still waits
+    (raytrain.compat.ray_train_poll_interval_s): a window more often than that throttled training
+    to one window per poll (measured: 12 steps of the tiny model on 2 CPU workers, logged every
+    step, 1.8 s per step against 0.6 s unlogged). A window left out of Ray is still in the
+    console, raytrain.json's history and the tracker; the run's final metrics come with its last
+    checkpoint. The decision rests on the window's wall time, the slowest rank's, so every rank makes
+    it alike (each ray.train.report is a barrier across ranks)."""
+
+    def __init__(self, poll_s: float):
+        self.poll_s, self.since_s, self.step = poll_s, float("inf"), None
+
+    def due(self, metrics: dict[str, Any], step: int, checkpoint: bool) -> bool:
+        if self.step is not None:
+            self.since_s += metrics["step_time_s"] * (step - self.step)
+        self.step = step
+        if checkpoint or self.since_s >= self.poll_s:
+            self.since_s = 0.0
+            return True
+        return False
+
+
 def ray_report(upload_async: bool, counter: str | None = None) -> Report:
     """The loop's `report`: ray.train.report, with this rank's checkpoint directory when one was saved.
 
@@ -185,10 +209,13 @@ def ray_report(upload_async: bool, counter: str | None = None) -> Report:
     # ASYNC: Ray uploads in the background and deletes the directory afterwards, so training goes on
     # while the shards travel to storage; SYNC: report returns once they are there.
     mode = ray.train.CheckpointUploadMode.ASYNC if upload_async else ray.train.CheckpointUploadMode.SYNC
+    gate = ReportGate(compat.ray_train_poll_interval_s())
 
     def report(metrics: dict[str, Any], checkpoint: str | None, step: int) -> None:
         if counter is not None:
             reached(counter, step)
+        if not gate.due(metrics, step, checkpoint is not None):
+            return
         if checkpoint is None:
             ray.train.report(metrics)
             return

@@ -43,9 +43,15 @@ class StepMeter:
         self.steps_done += 1
         self.window_data_wait_s += data_wait_s
 
-    def collect(self, step: int, loss: float, lr: float, grad_norm: float | None, device) -> dict[str, float]:
+    def window_elapsed_s(self) -> float:
+        return max(time.perf_counter() - self.window_start, 1e-9)
+
+    def collect(self, step: int, loss: float, lr: float, grad_norm: float | None, device,
+                elapsed: float | None = None) -> dict[str, float]:
+        """`elapsed`: the window's wall time to use (the slowest rank's, in TrainMetrics); default this
+        process's own."""
         now = time.perf_counter()
-        elapsed = max(now - self.window_start, 1e-9)
+        elapsed = max(now - self.window_start, 1e-9) if elapsed is None else elapsed
         step_time = elapsed / max(self.window_steps, 1)
         tokens_per_s = self.tokens_per_step * self.window_steps / elapsed
         metrics = {
@@ -99,15 +105,19 @@ class TrainMetrics:
                      f"{self._resumed['resume_s']:.1f} s after the worker process started")
 
     def collect(self, step: int, lr: float, grad_norm: float | None) -> dict[str, float]:
-        """The window's metrics, the same on every rank: mean loss over ranks, slowest rank's data wait."""
+        """The window's metrics, the same on every rank: mean loss over ranks, the slowest rank's data
+        wait and wall time (what the step waits for; the loop's report decisions rest on the timing
+        being equal on every rank, raytrain.worker.loop.ReportGate)."""
         window = torch.stack(self._pending).mean()
         torch.distributed.all_reduce(window, op=torch.distributed.ReduceOp.AVG)  # the window's one device sync
         self._pending.clear()
-        metrics = self.meter.collect(step, window.item(), lr, grad_norm, self.device)
-        # the slowest rank's data wait is what the step waits for
-        wait = torch.tensor([metrics["data_wait_frac"]], dtype=torch.float64, device=self.device)
-        torch.distributed.all_reduce(wait, op=torch.distributed.ReduceOp.MAX)
-        metrics["data_wait_frac"] = wait.item()
+        elapsed = self.meter.window_elapsed_s()
+        slowest = torch.tensor([self.meter.window_data_wait_s / elapsed, elapsed], dtype=torch.float64,
+                               device=self.device)
+        torch.distributed.all_reduce(slowest, op=torch.distributed.ReduceOp.MAX)
+        wait, elapsed = slowest.tolist()
+        metrics = self.meter.collect(step, window.item(), lr, grad_norm, self.device, elapsed=elapsed)
+        metrics["data_wait_frac"] = wait
         metrics["world_size"] = torch.distributed.get_world_size()  # an elastic run's history shows its sizes
         metrics.update(self._resumed)
         self._resumed = {}

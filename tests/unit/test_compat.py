@@ -219,3 +219,12 @@ def test_ray_says_whether_its_dashboard_can_start():
 
     assert callable(utils.get_dashboard_dependency_error)
     assert compat.dashboard_dependency_error() is None
+
+
+def test_ray_train_poll_interval_is_rays_default_or_the_env_var(monkeypatch):
+    from raytrain import compat
+
+    monkeypatch.delenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", raising=False)
+    assert compat.ray_train_poll_interval_s() == 2.0  # ray 2.60's DEFAULT_HEALTH_CHECK_INTERVAL_S
+    monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+    assert compat.ray_train_poll_interval_s() == 0.5

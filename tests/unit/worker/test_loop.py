@@ -105,7 +105,9 @@ def test_components_decide_when_windows_checkpoints_and_evaluation_happen(runs):
     assert ["eval_loss" in r["metrics"] for r in full] == [False, False, False, True]  # eval_every 0: the end
     assert {"checkpoint_save_s", "checkpoint_size_gib"} <= set(full[1]["metrics"])
     # every rank reports the same reduced numbers (mean loss over ranks, slowest rank's data wait)
-    reduced = [[(r["metrics"]["loss"], r["metrics"]["data_wait_frac"]) for r in rank["reports"]] for rank in runs["full"]]
+    # and the same window timing (the slowest rank's): ReportGate's decisions rest on it
+    reduced = [[(r["metrics"]["loss"], r["metrics"]["data_wait_frac"], r["metrics"]["step_time_s"])
+                for r in rank["reports"]] for rank in runs["full"]]
     assert reduced[0] == reduced[1]
     assert runs["full"][0]["history"] == [r["metrics"] for r in full]
 
@@ -134,3 +136,17 @@ def test_resume_from_a_checkpoint_continues_with_identical_losses(runs):
     # the restart is in the history itself: its first window says where it resumed from
     assert resumed[4]["resumed_from_step"] == 3 and resumed[4]["resume_s"] > 0 and "resumed_from_step" not in resumed[6]
     assert not any("resumed_from_step" in m for m in full.values())
+
+
+def test_report_gate_sends_every_checkpoint_and_a_metrics_window_once_per_controller_poll():
+    from raytrain.worker.loop import ReportGate
+
+    # windows of 0.5 s (step_time_s x the steps since the last window), the controller polling every 2 s
+    gate = ReportGate(poll_s=2.0)
+    windows = [(1, False), (2, False), (3, True), (4, False), (5, False), (6, False), (7, False), (8, False),
+               (10, False), (12, False), (14, True), (16, False)]
+    sent = [step for step, ckpt in windows if gate.due({"step_time_s": 0.5}, step, ckpt)]
+    # the first window; every checkpoint; a metrics window once 2 s have passed since the last report
+    assert sent == [1, 3, 7, 12, 14]
+    slow = ReportGate(poll_s=2.0)  # windows longer than a poll: every one goes
+    assert all(slow.due({"step_time_s": 2.5}, step, False) for step in range(1, 6))
