@@ -1,7 +1,7 @@
 """Precisions and ZeRO features that only run on GPUs, executed for real with the worker's own engine.
 
     python benchmarks/gpu_checks.py fp16 fp16-offload bf16            # one GPU (gpu_x1.sh checks)
-    torchrun --nproc-per-node 2 benchmarks/gpu_checks.py zeropp      # two GPUs (gpu_x2.sh zeropp)
+    torchrun --nproc-per-node 2 benchmarks/gpu_checks.py zeropp      # two GPUs or more (gpu_x2.sh zeropp)
 
 Each variant builds a small Llama (hidden 512, 4 layers, seq 512) with raytrain's own config
 resolution and raytrain.worker.engine.build_engine on the process group (NCCL), trains 30 steps on a
@@ -13,7 +13,20 @@ exit 1 if any variant fails.
 
 On one GPU, ZeRO-3 gathers nothing (DeepSpeed skips the all-gather at a partition size of 1:
 deepspeed/runtime/zero/partition_parameters.py, `_no_gather_coalesced`), so ZeRO++'s quantized
-weights and gradients only run with two or more ranks: `zeropp` needs world size >= 2.
+weights and gradients only run with two or more ranks: `zeropp` needs world size >= 2. With one GPU
+lent, GPU_CHECKS_SHARE_GPU=1 puts every rank on cuda:0 and the process group on gloo (NCCL refuses
+two ranks on one device; gloo stages CUDA tensors through pinned host memory for all-gather,
+all-to-all and reduce-scatter): the quantization kernels run on the GPU for real, the transport is
+the host's. That is also the only single-host way to reach qgZ's quantized all-to-all: DeepSpeed
+takes it only when world size / devices per node > 1 (stage3.py `__avg_scatter_grads`), which 4
+ranks on 1 visible device make "4 nodes"; 2 GPUs of one host fall back to a plain reduce-scatter.
+
+    GPU_CHECKS_SHARE_GPU=1 torchrun --nproc-per-node 4 benchmarks/gpu_checks.py zeropp zero3   # gpu_x1.sh zeropp
+
+`zeropp` also counts what ran (real functions wrapped, not replaced): qwZ's weight quantizations
+(partition_parameters.CUDAQuantizer.quantize), qgZ's quantized all-to-all reductions
+(stage3.all_to_all_quant_reduce) and hpZ's secondary partitions (Init._partition_param_sec); `zero3` is the
+same model without ZeRO++, for the loss comparison.
 """
 
 from __future__ import annotations
@@ -44,7 +57,37 @@ VARIANTS = {
     # (int4 gradients in the reduce-scatter)
     "zeropp": [f"{ZERO}.zero_hpz_partition_size=2", f"{ZERO}.zero_quantized_weights=true",
                f"{ZERO}.zero_quantized_gradients=true"],
+    "zero3": [],  # the reference for zeropp's losses: plain ZeRO-3, same model, data and world size
 }
+SHARE_GPU = os.environ.get("GPU_CHECKS_SHARE_GPU") == "1"
+
+
+def count_calls(owner, name: str, counts: dict, key: str) -> None:
+    """Wrap owner.name so each call adds 1 to counts[key]; the real function still runs."""
+    real = getattr(owner, name)
+
+    def counted(*args, **kwargs):
+        counts[key] += 1
+        return real(*args, **kwargs)
+
+    setattr(owner, name, counted)
+
+
+def flat_all_gather_for_gloo() -> None:
+    """gloo's all_gather_into_tensor wants the output's chunks in the input's shape; NCCL, which
+    DeepSpeed is written for, only counts elements, and qwZ gathers its (n,) quantization scales
+    into a (world * n, 1) buffer ("ProcessGroupGloo::allgather: invalid tensor size at index 0
+    (expected (1024, 1), got (1024))"). Flat views of the same memory are the same collective."""
+    from deepspeed.comm.torch import TorchBackend
+
+    real = TorchBackend.all_gather_into_tensor
+
+    def flat(self, output_tensor, input_tensor, group=None, async_op=False):
+        if output_tensor.is_contiguous() and input_tensor.is_contiguous():
+            output_tensor, input_tensor = output_tensor.view(-1), input_tensor.view(-1)
+        return real(self, output_tensor, input_tensor, group=group, async_op=async_op)
+
+    TorchBackend.all_gather_into_tensor = flat
 
 
 def run(name: str, world: int, device) -> dict:
@@ -58,6 +101,14 @@ def run(name: str, world: int, device) -> dict:
     cfg = load_config(None, MODEL + VARIANTS[name])
     use_gpu = device.type == "cuda"
     resolved = resolve_run(cfg, ClusterShape(num_workers=world, use_gpu=use_gpu, gpus_per_node=world if use_gpu else None))
+    counts = {"qwz_quantize": 0, "qgz_all_to_all_reduce": 0, "hpz_secondary_partitions": 0}
+    if name == "zeropp":
+        import deepspeed.runtime.zero.partition_parameters as pp
+        import deepspeed.runtime.zero.stage3 as stage3
+
+        count_calls(pp.CUDAQuantizer, "quantize", counts, "qwz_quantize")
+        count_calls(stage3, "all_to_all_quant_reduce", counts, "qgz_all_to_all_reduce")
+        count_calls(pp.Init, "_partition_param_sec", counts, "hpz_secondary_partitions")
     engine, scheduler, _ = build_engine(resolved, device)
     g = torch.Generator().manual_seed(0)
     data = torch.randint(0, 32000, (4, cfg.training.micro_batch_size_per_gpu, 512), generator=g).to(device)
@@ -75,15 +126,23 @@ def run(name: str, world: int, device) -> dict:
              "zero_quantized_gradients": engine.zero_quantized_gradients(),
              "optimizer": type(engine.optimizer.optimizer).__name__,
              "skipped_steps": engine.skipped_steps}
+    # hpZ: parameters that keep a secondary (intra-group) partition to gather from in the backward
+    secondary = sum(getattr(p, "ds_secondary_tensor", None) is not None for p in engine.module.parameters())
     expected = {"fp16": {"fp16": True}, "fp16-offload": {"fp16": True, "offload_optimizer": True},
                 "bf16": {"bf16": True},
                 "zeropp": {"zero_hpz_partition_size": 2, "zero_quantized_weights": True,
-                           "zero_quantized_gradients": True}}[name]
+                           "zero_quantized_gradients": True},
+                "zero3": {"zero_quantized_weights": False, "zero_quantized_gradients": False}}[name]
     wrong = {k: flags[k] for k, v in expected.items() if flags[k] != v}
     finite = all(math.isfinite(x) for x in losses)
     falling = sum(losses[-5:]) / 5 < 0.85 * sum(losses[:5]) / 5
-    ok = not wrong and finite and falling and flags["zero_stage"] == 3
-    return {"variant": name, "ok": ok, "world_size": world, "flags": flags, "wrong_flags": wrong,
+    # ZeRO++'s paths ran, not only its flags: each of the three counted calls
+    ran = name != "zeropp" or all(v > 0 for v in counts.values())
+    counts["hpz_params_with_secondary_at_end"] = secondary
+    ok = not wrong and finite and falling and ran and flags["zero_stage"] == 3
+    return {"variant": name, "ok": ok, "world_size": world, "shared_gpu": SHARE_GPU and use_gpu,
+            "backend": torch.distributed.get_backend(), "flags": flags, "wrong_flags": wrong,
+            "counts": counts if name == "zeropp" else None, "paths_ran": ran,
             "finite": finite, "falling": falling, "losses": [round(x, 4) for x in losses],
             "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None}
 
@@ -94,7 +153,13 @@ def main(names: list[str]) -> int:
     if world == 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29511"),
                           RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and SHARE_GPU:  # every rank on the one GPU, gloo between them
+        os.environ["LOCAL_RANK"] = "0"  # zero.Init sets the device from it (cuda:1 would not exist)
+        device = torch.device("cuda", 0)
+        torch.cuda.set_device(device)
+        torch.distributed.init_process_group("gloo")
+        flat_all_gather_for_gloo()
+    elif torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
         torch.distributed.init_process_group("nccl", device_id=device)
@@ -110,6 +175,8 @@ def main(names: list[str]) -> int:
         failed |= not result["ok"]
         if rank == 0:
             print("GPU_CHECK " + json.dumps(result), flush=True)
+        elif "error" in result:  # another rank's own failure (rank 0 may only see a peer that went away)
+            print(f"GPU_CHECK_RANK{rank} " + json.dumps(result), file=sys.stderr, flush=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()
     torch.distributed.destroy_process_group()

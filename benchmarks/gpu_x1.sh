@@ -10,6 +10,9 @@
 #          latter with scaling.cpus_per_worker 14 and 1 (CPU Adam runs on the worker's OpenMP threads).
 # offload-max: a 6.74B model with optimizer offload, sampling the host's used memory.
 # checks:  fp16 (with and without optimizer offload) and bf16 executed and asserted (benchmarks/gpu_checks.py).
+# zeropp:  ZeRO++ hpZ + qwZ + qgZ executed and asserted on 4 ranks sharing the one GPU over gloo, beside plain
+#          ZeRO-3 (benchmarks/gpu_checks.py; BUDGET_S=450 is enough).
+# superoffload: DeepSpeed's SuperOffload on 1.1B (mb 24 x GA 4) against plain offload and no offload (~6.5 min).
 # Issue 14 (the planner; docs/plan-accuracy.md has each variant's predictions, in order of value):
 # plan13b:   configs/llama-13b-1gpu.yaml trains 10 steps through raytrain.main (~6 min); then plain
 #            DeepSpeed at the same planner-chosen settings if the budget is left (~4 min more).
@@ -30,7 +33,7 @@
 # Every bench record carries the planner's prediction ("predicted"), the GPU peak (max_memory_allocated)
 # and the host's used memory sampled every 2 s; host_used_mib.txt samples the whole part the same way.
 set -u
-part=${1:?reader, offload, compile, compile-noliger, checks, offload-max, plan13b, plan13b-twin, plan7b, plan1b, fp16, mfu62, main1b, convert1b or profile}
+part=${1:?reader, offload, compile, compile-noliger, checks, zeropp, superoffload, offload-max, plan13b, plan13b-twin, plan7b, plan1b, fp16, mfu62, main1b, convert1b or profile}
 OUT=${OUT:-/tmp/out}; W=/tmp/bench_$part; mkdir -p "$OUT" "$W"
 END=$(( $(date +%s) + ${BUDGET_S:-560} ))
 export TORCH_EXTENSIONS_DIR=/tmp/torch_ext
@@ -47,7 +50,7 @@ S13=(--hidden-size 5120 --num-layers 40 --num-heads 40 --num-kv-heads 40 --inter
 BF16_STATES=(--set deepspeed.bf16.bf16_master_weights_and_grads=true --set deepspeed.bf16.bf16_optimizer_states=true)
 # 24 GiB and 84 GiB of the H200's 143,771 MiB (torch.cuda.set_per_process_memory_fraction and the planner)
 CAP24=0.171; CAP84=0.598
-case $part in plan*|fp16|mfu62|main1b|convert1b|profile)
+case $part in plan*|fp16|mfu62|main1b|convert1b|profile|superoffload)
   (while true; do free -m | awk 'NR==2{print $3}'; sleep 2; done) > "$W/host_used_mib.txt" & hostmem=$!
   { python -c 'import torch; print("torch", torch.__version__)'; nproc; free -g | head -2; ulimit -l
     strings "$(python -c 'import torch, os; print(os.path.dirname(torch.__file__))')/lib/libc10.so" \
@@ -101,6 +104,28 @@ checks)  # fp16 (the seed's precision) with and without optimizer offload, and b
   timeout "${CHECKS_S:-300}" python benchmarks/gpu_checks.py ${GPU_CHECKS:-fp16 fp16-offload bf16} > "$W/checks.log" 2>&1
   echo "checks: rc=$?" >> "$W/status.txt"
   grep '^GPU_CHECK' "$W/checks.log" | cut -c11- > "$W/checks.jsonl"; cat "$W/checks.jsonl"
+  ;;
+zeropp)  # ZeRO++ hpZ + qwZ + qgZ executed on the one GPU: 4 ranks share it over gloo (NCCL refuses two ranks on
+  # one device); plain ZeRO-3 at the same world size for the losses (benchmarks/gpu_checks.py, GPU_CHECKS_SHARE_GPU)
+  t0=$(date +%s)  # DeepSpeed's quantizer op first, timed on its own (nvcc; the four ranks would wait on one build)
+  timeout 300 python -c 'from raytrain.worker.ops import fix_cuda_arch_list; fix_cuda_arch_list(log=print)
+from raytrain import compat; compat.import_deepspeed_without_mlflow()
+from deepspeed.ops.op_builder import QuantizerBuilder; QuantizerBuilder().load()' > "$W/quantizer_build.log" 2>&1
+  echo "quantizer op build: rc=$? $(( $(date +%s) - t0 ))s" >> "$W/status.txt"
+  left=$(( END - $(date +%s) - 10 ))
+  GPU_CHECKS_SHARE_GPU=1 timeout "$left" torchrun --nproc-per-node 4 --master-port 29512 benchmarks/gpu_checks.py \
+    zero3 zeropp > "$W/zeropp.log" 2>&1
+  echo "zeropp: rc=$? ($(( $(date +%s) - t0 ))s since the build started)" >> "$W/status.txt"
+  grep '^GPU_CHECK' "$W/zeropp.log" | cut -c11- > "$W/zeropp.jsonl"; cat "$W/zeropp.jsonl"
+  ;;
+superoffload)  # issue 14's must-offload lever: DeepSpeed's SuperOffload steps CPU Adam per sub-group while the
+  # backward still runs (only without gradient clipping: superoffload_stage3.py), against the same offload without it
+  # and the no-offload reference, 1.1B mb 24 x GA 4, 100M-parameter sub-groups (one 1.1B group would finish last)
+  E=(--paths deepspeed "${GAS4[@]}" "${Z[@]}" --set scaling.cpus_per_worker=14 --no-profile)
+  OFF=(--offload --set training.gradient_clipping=0 --set deepspeed.zero_optimization.sub_group_size=100000000)
+  variant 1b-nooffload 110 "${E[@]}"
+  variant 1b-superoffload 150 "${E[@]}" "${OFF[@]}" --set deepspeed.zero_optimization.offload_optimizer.super_offload=true
+  variant 1b-offload-noclip 140 "${E[@]}" "${OFF[@]}"
   ;;
 offload-max)  # the largest model with optimizer offload: host RAM (16 bytes/parameter pinned) is the limit
   (while sleep 5; do free -m | awk 'NR==2{print $3}'; done) > "$W/host_used_mib.txt" &

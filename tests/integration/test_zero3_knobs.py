@@ -128,10 +128,10 @@ def ran(runs, name: str) -> dict:
     report = json.loads(path.read_text())
     if "skipped" in report:
         # libaio is a prerequisite CI installs: missing there it fails. fp16 and ZeRO++'s quantization
-        # kernels need hardware this CPU lacks; benchmarks/gpu_x1.sh (fp16) and gpu_x2.sh (ZeRO++)
+        # kernels need hardware this CPU lacks; benchmarks/gpu_x1.sh runs both (parts checks and zeropp)
         # run them on GPUs.
         require(name != "offload_nvme", report["skipped"])
-        pytest.skip(report["skipped"] + " (on GPUs: benchmarks/gpu_x1.sh checks, gpu_x2.sh zeropp)")
+        pytest.skip(report["skipped"] + " (on a GPU: benchmarks/gpu_x1.sh checks and zeropp)")
     assert report["ok"], report["error"]
     assert report["zero_stage"] == 3
     assert report["losses"] and all(math.isfinite(x) for x in report["losses"]), report["losses"]
