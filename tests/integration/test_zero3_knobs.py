@@ -128,8 +128,7 @@ def ran(runs, name: str) -> dict:
     report = json.loads(path.read_text())
     if "skipped" in report:
         # libaio is a prerequisite CI installs: missing there it fails. fp16 and ZeRO++'s quantization
-        # kernels need hardware this CPU lacks; benchmarks/gpu_x1.sh runs both (parts checks and zeropp)
-        # run them on GPUs.
+        # kernels need hardware this CPU lacks; benchmarks/gpu_x1.sh runs both (parts checks and zeropp).
         require(name != "offload_nvme", report["skipped"])
         pytest.skip(report["skipped"] + " (on a GPU: benchmarks/gpu_x1.sh checks and zeropp)")
     assert report["ok"], report["error"]
