@@ -96,6 +96,39 @@ def ray_train_poll_interval_s() -> float:
     return float(os.environ.get(HEALTH_CHECK_INTERVAL_S_ENV_VAR, DEFAULT_HEALTH_CHECK_INTERVAL_S))
 
 
+AUTOSCALING_CLIENT_LOGGER = "ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client"
+
+
+class OneLineAutoscalingWarning(ControllerCallback):
+    """Ray Train warns when a resource request to its autoscaling coordinator takes over 5 s (a fixed
+    timeout, autoscaling_coordinator_client.py, ray 2.60.0), with the GetTimeoutError's traceback:
+    ~20 lines on the user's console each time the machine is busy (seen on 2 CPU cores while the
+    coordinator's actor process started; it broke the quick start's "at most 5 foreign lines" and its
+    "no traceback after Ctrl-C"). Ray's message says it is safe to ignore when transient. It stays,
+    in one line with the exception's type and text.
+
+    The filter goes on in the controller's process when Ray unpickles this callback there, not in a
+    hook: Ray Train's own scaling policy sends its first request from its `after_controller_start`,
+    which runs before any callback of the run's (controller.py `_controller_callbacks`)."""
+
+    def __init__(self):
+        self.logger_name = AUTOSCALING_CLIENT_LOGGER  # non-empty state: pickle calls __setstate__ only then
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        logger = logging.getLogger(self.logger_name)
+        if _exception_in_one_line not in logger.filters:
+            logger.addFilter(_exception_in_one_line)
+
+
+def _exception_in_one_line(record: logging.LogRecord) -> bool:
+    if record.exc_info and record.exc_info[1] is not None:
+        exc = record.exc_info[1]
+        record.msg, record.args = f"{record.getMessage()} ({type(exc).__name__}: {exc})", None
+        record.exc_info, record.exc_text = None, None
+    return True
+
+
 def quiet_ray_train_report_log() -> None:
     """Ray Train V2 logs each ray.train.report at INFO from every rank, the whole metrics dict and
     checkpoint in one long line, burying raytrain's progress line. It is that module's only INFO

@@ -49,7 +49,7 @@ class Interrupted(Exception):
 def callbacks(progress: DataProgress, max_failures: int) -> list:
     """RunConfig(callbacks=...) of a run whose counter is `progress`."""
     return [compat.OnControllerStart(functools.partial(watch_run, progress.name)),
-            RunWatch(max_failures)]
+            compat.OneLineAutoscalingWarning(), RunWatch(max_failures)]
 
 
 def watch_run(counter: str, controller) -> None:

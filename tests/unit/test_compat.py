@@ -3,6 +3,8 @@ relies on, for the versions installed. A failure here means a dependency moved: 
 (its docstring says what it is for) and bump compat.CHECKED."""
 
 import inspect
+import pickle
+import sys
 from importlib import metadata
 
 import pytest
@@ -228,3 +230,26 @@ def test_ray_train_poll_interval_is_rays_default_or_the_env_var(monkeypatch):
     assert compat.ray_train_poll_interval_s() == 2.0  # ray 2.60's DEFAULT_HEALTH_CHECK_INTERVAL_S
     monkeypatch.setenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     assert compat.ray_train_poll_interval_s() == 0.5
+
+
+def test_the_autoscaling_request_warning_keeps_its_message_in_one_line():
+    import logging
+
+    import ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client as client
+    from ray.exceptions import GetTimeoutError
+
+    from raytrain import compat
+
+    assert client.logger.name == compat.AUTOSCALING_CLIENT_LOGGER  # the logger the filter goes on
+    client.logger.removeFilter(compat._exception_in_one_line)
+    pickle.loads(pickle.dumps(compat.OneLineAutoscalingWarning()))  # as Ray hands it to the controller
+    assert compat._exception_in_one_line in client.logger.filters
+    try:
+        raise GetTimeoutError("Get timed out: some object(s) not ready.")
+    except GetTimeoutError:
+        record = logging.LogRecord(client.logger.name, logging.WARNING, __file__, 1,
+                                   "Failed to send resource request for %s.", ("train-1",), sys.exc_info())
+    assert compat._exception_in_one_line(record)  # kept, not dropped
+    line = logging.Formatter("%(levelname)s %(message)s").format(record)
+    assert line == ("WARNING Failed to send resource request for train-1. "
+                    "(GetTimeoutError: Get timed out: some object(s) not ready.)")
