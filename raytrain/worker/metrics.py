@@ -51,7 +51,7 @@ class StepMeter:
         """`elapsed`: the window's wall time to use (the slowest rank's, in TrainMetrics); default this
         process's own."""
         now = time.perf_counter()
-        elapsed = max(now - self.window_start, 1e-9) if elapsed is None else elapsed
+        elapsed = self.window_elapsed_s() if elapsed is None else elapsed
         step_time = elapsed / max(self.window_steps, 1)
         tokens_per_s = self.tokens_per_step * self.window_steps / elapsed
         metrics = {

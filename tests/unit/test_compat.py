@@ -190,7 +190,6 @@ def test_deepspeed_imports_on_the_driver_without_its_accelerator_guess_on_stdout
 
 def test_deepspeed_imports_without_mlflow_which_stays_importable():
     import subprocess
-    import sys
 
     # a fresh process: this one may have imported both already
     code = ("import sys; from raytrain import compat; compat.import_deepspeed_quietly(); "
