@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.helpers import stop_tree
+from tests.helpers import alive_nodes, stop_tree
 
 # Ray reads the auth mode once, when it is imported: set it before any test module imports ray.
 os.environ["RAY_AUTH_MODE"] = "token"
@@ -33,22 +33,29 @@ DASHBOARD_PORT = int(os.environ.get("RAYTRAIN_TEST_DASHBOARD_PORT", 8290 + 1000 
 AGENT_PORT = int(os.environ.get("RAYTRAIN_TEST_AGENT_PORT", 52400 + (RAY_PORT - 6390) % 10000))  # a valid port for any RAY_PORT
 RAY_BIN = os.path.join(os.path.dirname(sys.executable), "ray")
 
-# The slowest files first (seconds on 2 cores, `--durations` of a full run), the rest in their own
-# order after them. With two xdist processes taking whole files (`--dist loadfile
-# --no-loadscope-reorder`), each takes the next file when it is free: longest first makes both end
-# together instead of one finishing a 7-minute file alone at the end. A file missing here still runs.
+# The slowest files first (seconds with the suite in two processes on 2 cores: `--durations=0` of a
+# whole `.ci/run`, session 24, after that session's cuts), the rest in their own order after them.
+# With two xdist processes taking whole files (`--dist loadfile --no-loadscope-reorder`), each takes
+# the next file when it is free: longest first makes both end together instead of one finishing a
+# 7-minute file alone at the end. A file missing here still runs.
 SLOW_FIRST = [
-    "tests/integration/test_fault_tolerance.py",  # ~420 s
-    "tests/integration/test_elastic.py",  # ~280 s
-    "tests/integration/test_zero3_knobs.py",  # ~290 s on a new machine (DeepSpeed's CPU ops built), ~60 s after
-    "tests/integration/test_job_submit.py",  # ~130 s
-    "tests/integration/test_quickstart.py",  # ~110 s
-    "tests/integration/test_data_resume.py",  # ~105 s
-    "tests/integration/test_user_path.py",  # ~90 s
-    "tests/integration/test_train_e2e.py",  # ~90 s
-    "tests/integration/test_autoscaler.py",  # ~75 s
-    "tests/integration/test_notebook.py",  # ~60 s
-    "tests/integration/test_multihost_netns.py",  # ~50 s
+    "tests/integration/test_fault_tolerance.py",  # ~600 s
+    "tests/integration/test_elastic.py",  # ~400 s
+    "tests/integration/test_quickstart.py",  # ~220 s
+    "tests/integration/test_job_submit.py",  # ~200 s
+    "tests/integration/test_train_e2e.py",  # ~190 s
+    "tests/integration/test_multihost_netns.py",  # ~180 s
+    "tests/integration/test_data_resume.py",  # ~175 s
+    "tests/integration/test_notebook.py",  # ~165 s
+    "tests/integration/test_user_path.py",  # ~155 s
+    "tests/integration/test_autoscaler.py",  # ~115 s
+    "tests/integration/test_zero3_knobs.py",  # ~100 s (~300 s on a new machine: DeepSpeed's CPU ops built)
+    "tests/integration/test_bench_data.py",  # ~85 s
+    "tests/integration/test_plan_auto.py",  # ~70 s
+    "tests/unit/tools/test_bench.py",  # ~70 s
+    "tests/unit/checkpoint/test_universal.py",  # ~70 s
+    "tests/unit/worker/test_loop.py",  # ~60 s
+    "tests/integration/test_preflight_cluster.py",  # ~45 s
 ]
 
 
@@ -91,7 +98,7 @@ def ray_cluster(ray_auth_token, tmp_path_factory):
                                  "--disable-usage-stats"], env=env, stdout=log, stderr=subprocess.STDOUT)
     address = f"127.0.0.1:{RAY_PORT}"
     deadline = time.time() + 120
-    while subprocess.run([RAY_BIN, "status", f"--address={address}"], env=env, capture_output=True).returncode:
+    while not alive_nodes(address):
         if head.poll() is not None or time.time() > deadline:
             head.kill()
             pytest.fail(f"ray start --head failed: {log_path.read_text()[-2000:]}")

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.conftest import RAY_PORT
-from tests.helpers import stop_tree
+from tests.helpers import alive_nodes, stop_tree
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +39,7 @@ def test_fake_autoscaler_adds_nodes_and_the_run_finishes(tmp_path):
     try:
         address = f"{ip}:{PORT}"
         deadline = time.time() + 120
-        while subprocess.run([RAY, "status", f"--address={address}"], env=env, capture_output=True).returncode:
+        while not alive_nodes(address):
             assert head.poll() is None and time.time() < deadline, log_path.read_text()[-2000:]
             time.sleep(1)
         # 2 workers x 1.5 CPUs cannot fit on the 2-CPU head: Ray Train's request makes the

@@ -41,6 +41,7 @@ import psutil
 import pytest
 
 from tests.conftest import RAY_BIN, RAY_PORT
+from tests.helpers import alive_nodes
 
 pytestmark = pytest.mark.integration
 
@@ -128,14 +129,7 @@ class Cluster:
             time.sleep(0.5)
 
     def _count_alive(self) -> int:
-        # The GCS's node table without joining this cluster (this process may belong to the shared
-        # test cluster already): a test-only look at Ray's GcsClient; 0 is ALIVE.
-        from ray._raylet import GcsClient
-
-        try:
-            return sum(info.state == 0 for info in GcsClient(address=ADDRESS).get_all_node_info().values())
-        except Exception:  # noqa: BLE001  (the head is still starting)
-            return 0
+        return alive_nodes(ADDRESS)
 
     def stop(self) -> None:
         """Every process this cluster started, by pid: worker nodes stopped (SIGTERM: they drain in

@@ -2,8 +2,9 @@
 the middle of a checkpoint save), on the shared `ray start` cluster. The run must finish with per-step
 losses equal to an uninterrupted run's, bit for bit (CPU, fp32), and a save that was interrupted is
 never the one a restart resumes from. Then what a user does next with a run's checkpoints: resume from
-a chosen one, run the same command again (a finished run: nothing to train), start over with --fresh, resume on another number of
-workers (DeepSpeed universal conversion, data shards reassigned), and a run past max_failures.
+a chosen one on another number of workers (DeepSpeed universal conversion, data shards reassigned),
+run the same command again (a finished run: nothing to train), start over with --fresh, and a run
+past max_failures.
 
 Facts are read from files (raytrain.json's history, Ray Train's checkpoint bookkeeping), never from
 worker log lines, which Ray's log forwarding may drop for workers killed soon after they start."""
@@ -11,6 +12,7 @@ worker log lines, which Ray's log forwarding may drop for workers killed soon af
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -158,32 +160,14 @@ def test_only_the_latest_num_to_keep_checkpoints_stay(runs):
     assert kept == ["checkpoint_step_00000006", "checkpoint_step_00000009", "checkpoint_step_00000012"]
 
 
-def test_resume_from_a_chosen_checkpoint_reproduces_the_tail(runs):
-    chosen = os.path.join(runs["storage"], "faulty", "checkpoint_step_00000006")
-    # with the upload to storage in the background (Ray's ASYNC mode): same checkpoints, same losses
-    finish(start(runs["env"], runs["storage"], "branch", *TWO, "--resume-from", chosen, "checkpoint.upload_async=true"))
-    assert losses(runs["storage"], "branch") == losses(runs["storage"], "baseline")
-    assert registered_step(runs["storage"], "branch") == 12
-
-
-def test_same_command_on_a_finished_run_trains_nothing_and_fresh_starts_over_keeping_it(runs):
-    out = finish(start(runs["env"], runs["storage"], "baseline", *TWO))
-    # a finished run: said so, and no worker started (no progress line), the summary of its end
-    assert f"raytrain: run 'baseline' in {runs['storage']} is already done at step 12" in out, out[-3000:]
-    assert "raytrain: done at step 12" in out and not any(map(parse_progress, out.splitlines())), out[-3000:]
-    assert losses(runs["storage"], "baseline") == losses(runs["storage"], "faulty")  # nothing retrained
-    fresh = finish(start(runs["env"], runs["storage"], "branch", *TWO, "--fresh", "training.max_steps=3"))
-    assert "--fresh: moved the existing run 'branch' to " in fresh
-    aside = [p for p in Path(runs["storage"]).iterdir() if p.name.startswith("branch.replaced-")]
-    assert len(aside) == 1 and (aside[0] / "checkpoint_step_00000012" / "raytrain.json").exists()  # kept, whole
-    assert [m["step"] for m in history(runs["storage"], "branch", 3)] == [1, 2, 3]  # started over
-
-
 def test_resume_on_another_number_of_workers(runs):
     env, storage = runs["env"], runs["storage"]
     chosen = os.path.join(storage, "faulty", "checkpoint_step_00000006")
-    out = finish(start(env, storage, "three", *THREE, "--resume-from", chosen))
+    # --resume-from a chosen (not the latest) checkpoint, with the upload to storage in the background
+    # (Ray's ASYNC mode, checkpoint.upload_async)
+    out = finish(start(env, storage, "three", *THREE, "--resume-from", chosen, "checkpoint.upload_async=true"))
     assert "resuming step 6 on 3 workers (written by 2)" in out, out[-4000:]
+    assert registered_step(storage, "three") == 12  # every async upload registered, the last one too
     assert (Path(storage) / "three" / "universal" / "checkpoint_step_00000006" / "raytrain.json").is_file()
     two, three = dict(losses(storage, "baseline")), dict(losses(storage, "three"))
     assert sorted(three) == list(range(1, 13))  # history restored, then steps 7..12 on 3 workers
@@ -210,13 +194,31 @@ def test_another_number_of_workers_without_shards_for_it_is_refused(runs):
     assert not (Path(runs["storage"]) / "four").exists()
 
 
-def test_a_run_past_max_failures_fails_with_its_error(runs):
-    proc = start(runs["env"], runs["storage"], "fragile", *TWO, "checkpoint.max_failures=0")
+def test_same_command_on_a_finished_run_trains_nothing(runs):
+    out = finish(start(runs["env"], runs["storage"], "baseline", *TWO))
+    # a finished run: said so, and no worker started (no progress line), the summary of its end
+    assert f"raytrain: run 'baseline' in {runs['storage']} is already done at step 12" in out, out[-3000:]
+    assert "raytrain: done at step 12" in out and not any(map(parse_progress, out.splitlines())), out[-3000:]
+    assert losses(runs["storage"], "baseline") == losses(runs["storage"], "faulty")  # nothing retrained
+
+
+def test_fresh_starts_over_keeping_the_old_run_and_a_run_past_max_failures_fails_with_its_error(runs):
+    # One run for two features (a run of raytrain.main costs this suite ~70 CPU-seconds): --fresh over
+    # a finished run (a copy of the baseline, so that no other test's files move), with max_failures=0
+    # and a worker killed after the new run's first checkpoint.
+    storage = Path(runs["storage"])
+    shutil.copytree(storage / "baseline", storage / "again", symlinks=True)
+    proc = start(runs["env"], runs["storage"], "again", *TWO, "--fresh", "checkpoint.max_failures=0")
     group = wait_until(lambda: worker_pids(runs["address"]), 600, "the run's workers", lambda: proc.poll() is None)
-    wait_until(lambda: registered_step(runs["storage"], "fragile") == 3, 600, "its first checkpoint",
+    wait_until(lambda: registered_step(runs["storage"], "again") == 3, 600, "its first checkpoint",
                lambda: proc.poll() is None)
     os.kill(min(group), signal.SIGKILL)
     out, _ = proc.communicate(timeout=600)
+    assert "--fresh: moved the existing run 'again' to " in out, out[-3000:]
+    aside = [p for p in storage.iterdir() if p.name.startswith("again.replaced-")]
+    assert len(aside) == 1 and (aside[0] / "checkpoint_step_00000012" / "raytrain.json").exists()  # kept, whole
+    assert [m["step"] for m in history(runs["storage"], "again", 3)] == [1, 2, 3]  # started over
+    # past max_failures: the run fails (exit 1) with the worker's error, its checkpoint kept
     assert proc.returncode == 1, out[-3000:]
     assert "raytrain: done" not in out
-    assert registered_step(runs["storage"], "fragile") == 3  # what a rerun would continue from
+    assert registered_step(runs["storage"], "again") == 3  # what a rerun would continue from
