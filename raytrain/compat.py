@@ -17,7 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ray.data._internal.iterator.stream_split_iterator import StreamSplitDataIterator
-from ray.train.torch.config import _TorchBackend
 from ray.train.v2._internal.execution.controller.state import RunningState, SchedulingState
 from ray.train.v2._internal.execution.scaling_policy import (
     AUTOSCALING_REQUESTS_GET_TIMEOUT_S,
@@ -30,10 +29,17 @@ CHECKED = {"ray": "2.60.0", "deepspeed": "0.19.8", "torch": "2.13.0"}
 """The versions every entry below was checked against (torch: 2.11 on the GPU image too)."""
 
 
-# Ray Train's torch backend (ray/train/torch/config.py, class _TorchBackend, ray 2.60.0). raytrain's
-# backend subclasses it to set each node's NCCL/Gloo environment in `on_start` before the parent
-# creates the process group: TorchConfig has no public hook that runs on every worker that early.
-TorchBackend = _TorchBackend
+def __getattr__(name: str):
+    """`compat.TorchBackend`: Ray Train's torch backend (ray/train/torch/config.py, class _TorchBackend,
+    ray 2.60.0). raytrain's backend subclasses it to set each node's NCCL/Gloo environment in
+    `on_start` before the parent creates the process group: TorchConfig has no public hook that runs
+    on every worker that early. Imported on first use (PEP 562): ray.train.torch imports torch, and
+    Ray Train's dataset manager imports this module (through raytrain.data.ingest) without needing it."""
+    if name == "TorchBackend":
+        from ray.train.torch.config import _TorchBackend
+
+        return _TorchBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class SplitCoordinatorOwner(StreamSplitDataIterator):

@@ -39,9 +39,12 @@ from typing import Any, Iterator
 import numpy as np
 import ray.data
 import ray.train
-import torch
 
 from raytrain import compat
+
+# torch is imported where MicroBatches uses it, in the worker, not here: Ray Train's dataset manager
+# (an actor of its own, started with every worker group) imports this module to unpickle
+# ShardedIngest, and torch would cost it ~1.6 CPU-seconds each time (tests/unit/test_layering.py).
 
 
 class ShardGroup(compat.SplitCoordinatorOwner):
@@ -181,6 +184,8 @@ class MicroBatches:
         return {k: t.to(self.device, non_blocking=True) for k, t in host.items()}
 
     def _prefetch(self) -> None:
+        import torch
+
         if self.device.type == "cuda":
             # A new thread's current device is GPU 0: pinning from there would open a CUDA context
             # (~500 MB) on GPU 0 in every worker process.
@@ -211,6 +216,8 @@ class MicroBatches:
             self._step = None
         digests = [hashlib.blake2b(row.tobytes(), digest_size=8).hexdigest() for row in part["input_ids"]] \
             if self._digests else None
+        import torch
+
         host = {}
         for key, value in part.items():
             t = torch.from_numpy(value)

@@ -14,3 +14,16 @@ def test_import_linter_contracts_are_kept():
                        cwd=Path(__file__).resolve().parents[2], env={**os.environ, "PYTHONPATH": "."})
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
     assert "0 broken" in p.stdout
+
+
+def test_the_modules_ray_starts_actors_from_import_no_torch():
+    """Ray Train's dataset manager unpickles raytrain.data.ingest.ShardedIngest, and raytrain's data
+    counter is raytrain.data.progress.Counter: each an actor process of its own, started with every
+    run (the dataset manager with every worker group), which uses none of torch, transformers or
+    DeepSpeed. Importing torch there would cost each start ~1.6 CPU-seconds (docs/status.md #16)."""
+    code = ("import sys, raytrain.data.ingest, raytrain.data.progress; "
+            "print(sorted(m for m in ('torch', 'transformers', 'deepspeed') if m in sys.modules))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip() == "[]", p.stdout
