@@ -95,9 +95,11 @@ def ray_cluster(ray_auth_token, tmp_path_factory):
 
     tmpdir = tempfile.mkdtemp(prefix=f"rt{RAY_PORT}-", dir="/tmp")
     log_path = tmp_path_factory.mktemp("ray-head") / "head.log"
-    # MLFLOW_ALLOW_FILE_STORE: workers inherit the cluster's environment, and MLflow 3 keeps the file
-    # store (the local one that needs no server, tests/integration/test_train_e2e.py) behind it.
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "TMPDIR": tmpdir, "MLFLOW_ALLOW_FILE_STORE": "true"}
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "TMPDIR": tmpdir}
+    # Workers inherit the cluster's environment, and MLflow 3 keeps its file store behind
+    # MLFLOW_ALLOW_FILE_STORE: the cluster is started without it, as a user's would be, and the run
+    # that sets it on its driver only (tests/integration/test_train_e2e.py) finds it on rank 0.
+    env.pop("MLFLOW_ALLOW_FILE_STORE", None)
     # --block keeps the head in the foreground: stopping this one process stops this cluster only
     # (`ray stop` would kill every Ray process on the machine). Its output goes to a file: a pipe
     # nobody reads fills up and blocks the head.

@@ -187,6 +187,17 @@ def _check_tracking(cfg: RunConfig) -> None:
                           f"server, fix the URI, or unset it") from None
 
 
+def _tracking_env(cfg: RunConfig) -> dict[str, str]:
+    """What `_check_tracking` ran with that rank 0's tracker needs too. Workers inherit their cluster's
+    environment, not the driver's: a driver started with MLFLOW_ALLOW_FILE_STORE=true (MLflow 3's
+    opt-in to a file:// store) passed its check while rank 0, on a cluster started without it, raised
+    at setup, and Ray Train retried that as a worker failure max_failures times. Ray Train merges these
+    into its workers' runtime env (the job's working_dir and env vars stay)."""
+    if cfg.tracking.mlflow_tracking_uri and "MLFLOW_ALLOW_FILE_STORE" in os.environ:
+        return {"MLFLOW_ALLOW_FILE_STORE": os.environ["MLFLOW_ALLOW_FILE_STORE"]}
+    return {}
+
+
 def _place(resolved: ResolvedRun, fresh: bool) -> tuple[RunSpec, DataProgress]:
     """The run's name and storage directory, ready (continued, or set aside with fresh=True), and
     its resume checkpoint checked against the run's shape: the final RunSpec, and the run's counter
@@ -303,7 +314,8 @@ def _trainer(spec: RunSpec, datasets: dict[str, Any], progress: DataProgress) ->
             # "Checkpoint successfully created at", "Setting up process group"): raytrain prints what
             # they say in its own lines. Warnings and errors still show; the log files keep all.
             logging_config=ray.train.LoggingConfig(log_level="WARNING"),
-            callbacks=watch_callbacks(progress, cfg.checkpoint.max_failures)),
+            callbacks=watch_callbacks(progress, cfg.checkpoint.max_failures),
+            worker_runtime_env={"env_vars": _tracking_env(cfg)}),
         datasets=datasets,
         dataset_config=ShardedIngest(cfg.data.num_shards),
         # raytrain's backend sets each node's NCCL/Gloo environment before the process group exists.
