@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 def test_auto_micro_batch_is_chosen_on_the_driver_and_trained_with(ray_cluster, tmp_path):
     env = {**os.environ, "RAY_ADDRESS": ray_cluster["address"], "RAY_AUTH_MODE": "token", "PYTHONUNBUFFERED": "1"}
     common = ["training.micro_batch_size_per_gpu=auto", "scaling.num_workers=2", "scaling.cpus_per_worker=0.5",
-              "data.seq_len=64", "data.num_builtin_documents=1000"]
+              "data.seq_len=64", "data.num_builtin_documents=200"]  # ~1,000 rows: 2 steps of 2 x 128
     resolved, notes = dry_run(load_config(None, common))  # in-process: no Ray involved
     micro = resolved.deepspeed.micro_batch_per_gpu
     assert notes[0].startswith(f"plan: chose micro-batch {micro}, ")
