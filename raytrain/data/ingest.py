@@ -42,10 +42,6 @@ import ray.train
 
 from raytrain import compat
 
-# torch is imported where MicroBatches uses it, in the worker, not here: Ray Train's dataset manager
-# (an actor of its own, started with every worker group) imports this module to unpickle
-# ShardedIngest, and torch would cost it ~1.6 CPU-seconds each time (tests/unit/test_layering.py).
-
 
 class ShardGroup(compat.SplitCoordinatorOwner):
     """The data shards of one worker: what `ray.train.get_dataset_shard("train")` returns.
@@ -121,6 +117,12 @@ class MicroBatches:
         if rows_per_step % micro_batch:
             raise ValueError(f"a step of {step_rows} rows from each of {len(group.shards)} shards ({rows_per_step}) "
                              f"is not a whole number of micro-batches of {micro_batch}")
+        # torch is imported here, in the worker, not at the module's top: Ray Train's dataset manager
+        # (an actor of its own, started with every worker group) imports this module to unpickle
+        # ShardedIngest, and torch would cost it ~1.6 CPU-seconds each time (tests/unit/test_layering.py).
+        import torch
+
+        self._torch = torch
         self.group, self.device, self.seed, self.shuffle_rows = group, device, seed, shuffle_buffer_size
         self.micro_batch, self.step_rows, self._digests = micro_batch, step_rows, digests
         self.epoch, self.rows = position  # of the next micro-batch handed out
@@ -184,12 +186,10 @@ class MicroBatches:
         return {k: t.to(self.device, non_blocking=True) for k, t in host.items()}
 
     def _prefetch(self) -> None:
-        import torch
-
         if self.device.type == "cuda":
             # A new thread's current device is GPU 0: pinning from there would open a CUDA context
             # (~500 MB) on GPU 0 in every worker process.
-            torch.cuda.set_device(self.device)
+            self._torch.cuda.set_device(self.device)
         try:
             while not self._stop.is_set():
                 self._hand_over(self._read())
@@ -216,11 +216,9 @@ class MicroBatches:
             self._step = None
         digests = [hashlib.blake2b(row.tobytes(), digest_size=8).hexdigest() for row in part["input_ids"]] \
             if self._digests else None
-        import torch
-
         host = {}
         for key, value in part.items():
-            t = torch.from_numpy(value)
+            t = self._torch.from_numpy(value)
             host[key] = t.pin_memory() if self.device.type == "cuda" else t
         # mid-step: the step's start (a checkpoint is only ever taken at a step boundary)
         rows = self._read_rows if last else self._read_rows - self.step_rows
