@@ -18,10 +18,14 @@ pytestmark = pytest.mark.integration
 
 def test_auto_micro_batch_is_chosen_on_the_driver_and_trained_with(ray_cluster, tmp_path):
     env = {**os.environ, "RAY_ADDRESS": ray_cluster["address"], "RAY_AUTH_MODE": "token", "PYTHONUNBUFFERED": "1"}
-    common = ["training.micro_batch_size_per_gpu=auto", "scaling.num_workers=2", "scaling.cpus_per_worker=0.5",
-              "data.seq_len=64", "data.num_builtin_documents=200"]  # ~1,000 rows: 2 steps of 2 x 128
+    # A fixed global batch of 32 rows bounds the search (micro-batch x accumulation x 2 workers = 32): on
+    # CPU the planner takes the largest micro-batch that fits host RAM, which unbounded is its cap of 128,
+    # and 2 steps of 2 x 128 rows cost this suite ~40 s more than 2 steps of 32 rows for the same checks.
+    common = ["training.micro_batch_size_per_gpu=auto", "deepspeed.train_batch_size=32", "scaling.num_workers=2",
+              "scaling.cpus_per_worker=0.5", "data.seq_len=64", "data.num_builtin_documents=40"]  # ~200 rows
     resolved, notes = dry_run(load_config(None, common))  # in-process: no Ray involved
     micro = resolved.deepspeed.micro_batch_per_gpu
+    assert micro == 16  # the largest of 1, 2, 4, 8, 16 (each with its accumulation to 32 rows): all fit
     assert notes[0].startswith(f"plan: chose micro-batch {micro}, ")
     p = subprocess.run([sys.executable, "-m", "raytrain.main", *common, "training.max_steps=2",
                         "training.log_every_n_steps=1", f"checkpoint.storage_path={tmp_path}", "checkpoint.name=auto",
