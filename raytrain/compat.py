@@ -91,6 +91,19 @@ def abort_train_run(controller):
     return controller.abort.remote()
 
 
+def stop_printing_worker_logs() -> None:
+    """This driver stops printing its job's worker output (what `ray.init(log_to_driver=True)`
+    forwards), for the rest of the process. The handler name "ray_print_logs" is the one `ray.init`
+    registers on ray._private.worker.global_worker_stdstream_dispatcher and `ray.shutdown` removes
+    (ray/_private/worker.py, ray 2.60.0); no public API turns forwarding off once connected. Used once
+    a bad record has stopped the run: Ray Data's tasks are then killed mid-call, and one killed inside
+    a finalizer printed `Exception ignored in ... SystemExit: 1` with a traceback after raytrain's
+    one-line error (seen on a fast machine in the suite). Idempotent."""
+    from ray._private.worker import global_worker_stdstream_dispatcher
+
+    global_worker_stdstream_dispatcher.remove_handler("ray_print_logs")
+
+
 def ray_train_poll_interval_s() -> float:
     """How often Ray Train's controller takes a report from each worker: one per worker per poll,
     every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (default 2 s; the driver's value reaches the controller

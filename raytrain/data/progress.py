@@ -123,6 +123,10 @@ class Counter:
     def controller(self):
         return self._controller
 
+    def stopped(self) -> bool:
+        """Whether a bad record has stopped the run."""
+        return self._bad is not None
+
     def reached(self, step: int) -> None:
         self._step = step
 
@@ -332,6 +336,12 @@ class DataProgress:
         import ray
 
         return ray.get(self._actor.summary.remote(), timeout=timeout_s)
+
+    def stopped_by_bad_record(self, timeout_s: float = 60) -> bool:
+        """Whether a bad record has stopped the run (Counter.stopped); only inside the `with` block."""
+        import ray
+
+        return ray.get(self._actor.stopped.remote(), timeout=timeout_s)
 
     def counts(self, timeout_s: float = 60) -> dict[str, float]:
         """The counter's totals now (Counter.counts); only inside the `with` block."""

@@ -89,8 +89,15 @@ def run_trainer(trainer, progress: DataProgress, run_uri: str, max_steps: int, c
     thread = threading.Thread(target=fit, name="raytrain-fit", daemon=True)
     thread.start()
     try:
+        quiet = False
         while thread.is_alive():
             thread.join(timeout=0.5)  # a timed wait: Ctrl-C interrupts it at once
+            if not quiet and progress.stopped_by_bad_record():
+                # The counter has stopped the run; what its workers and tasks print while Ray kills
+                # them is consequence, not news (a task killed in a finalizer prints a traceback): the
+                # user's one line is the error. One actor call per 0.5 s until then.
+                compat.stop_printing_worker_logs()
+                quiet = True
     except KeyboardInterrupt:
         # Once aborted, fit() returns within seconds; without a controller yet, this process's end
         # takes the run with it (its actors are this driver's).

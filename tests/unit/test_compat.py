@@ -252,3 +252,23 @@ def test_the_autoscaling_request_warning_keeps_its_message_in_one_line():
     line = logging.Formatter("%(levelname)s %(message)s").format(record)
     assert line == ("WARNING Failed to send resource request for train-1. "
                     "(GetTimeoutError: Get timed out: some object(s) not ready.)")
+
+
+def test_ray_init_prints_worker_logs_through_the_handler_compat_removes(monkeypatch):
+    from ray._private import worker
+    from ray._private.ray_logging import WorkerStandardStreamDispatcher
+
+    # ray.init(log_to_driver=True) registers the printer under this name; ray.shutdown removes it so
+    assert '"ray_print_logs"' in inspect.getsource(worker.connect)
+    assert 'remove_handler("ray_print_logs")' in inspect.getsource(worker.disconnect)
+    # a dispatcher of this test's own: in a whole-suite run this process is a connected driver whose
+    # real printer must stay
+    dispatcher = WorkerStandardStreamDispatcher()
+    monkeypatch.setattr(worker, "global_worker_stdstream_dispatcher", dispatcher)
+    printed = []
+    dispatcher.add_handler("ray_print_logs", printed.append)
+    dispatcher.emit({"lines": ["x"]})
+    compat.stop_printing_worker_logs()
+    dispatcher.emit({"lines": ["y"]})
+    compat.stop_printing_worker_logs()  # idempotent
+    assert printed == [{"lines": ["x"]}]
