@@ -47,6 +47,24 @@ def alive_nodes(address: str) -> int:
         return 0
 
 
+def registered_step(run_dir: str) -> int | None:
+    """The step of the run's latest checkpoint that Ray Train registered (what a restart or a rerun
+    resumes from), None before the first. A checkpoint's files reach storage before Ray Train's
+    controller registers it (once per poll, every 2 s by default): a test that waits for the files
+    races the registration. Read from Ray Train's own bookkeeping (raytrain.checkpoint.layout)."""
+    from raytrain.checkpoint import layout
+
+    for _ in range(3):
+        try:
+            checkpoint = layout.latest_checkpoint(run_dir)
+            return None if checkpoint is None else layout.read_metadata(checkpoint)["step"]
+        except Exception:  # noqa: BLE001  Ray Train rewriting its snapshot file at this moment: seen as ValueError,
+            # OSError and CheckpointManagerInitializationError (an empty file's JSONDecodeError); a real error
+            # still fails the test, as the wait that polls this times out
+            time.sleep(0.1)
+    return None
+
+
 def init_gloo(rank: int, world: int, rendezvous: str) -> None:
     """A gloo process group of `world` spawned ranks over a file rendezvous (a path no other group
     uses): a free port found first can be taken by another process before rank 0 binds it. The env

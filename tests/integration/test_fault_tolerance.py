@@ -16,13 +16,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from raytrain.checkpoint import layout
 from raytrain.console import parse_progress
+from tests import helpers
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.integration
@@ -61,15 +61,7 @@ def losses(storage, name, step=12):
 
 def registered_step(storage, name):
     """The step of the run's latest checkpoint that Ray Train registered (what a restart resumes from)."""
-    for attempt in range(3):
-        try:
-            checkpoint = layout.latest_checkpoint(f"{storage}/{name}")
-            return None if checkpoint is None else layout.read_metadata(checkpoint)["step"]
-        except Exception:  # noqa: BLE001  Ray Train rewriting its snapshot file at this moment: seen as ValueError,
-            # OSError and CheckpointManagerInitializationError (an empty file's JSONDecodeError); a real error
-            # still fails the test, as the wait that polls this times out
-            time.sleep(0.1)
-    return None
+    return helpers.registered_step(f"{storage}/{name}")
 
 
 def worker_pids(address):

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import registered_step
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,9 +99,11 @@ def test_stopped_job_resubmitted_continues_from_its_checkpoint(ray_cluster, work
            f"checkpoint.storage_path={tmp_path}", "checkpoint.name=submitted", "data.num_builtin_documents=400",
            "data.progress_every_s=1"]
     first = submit(ray_cluster, workdir, *cmd)
-    ckpt = tmp_path / "submitted" / "checkpoint_step_00000010" / "raytrain.json"
+    # stopped once Ray Train has registered step 10 (the checkpoint a rerun continues from), not when
+    # its files appear: they reach storage before the controller registers them (seen on a fast machine:
+    # stopped in between, the second job rightly continued from step 5)
     deadline, polled = time.time() + 600, 0.0
-    while not ckpt.exists():
+    while (registered_step(str(tmp_path / "submitted")) or 0) < 10:
         if time.time() - polled > POLL_S:
             polled = time.time()
             status = status_of(ray_cluster, first)
