@@ -41,6 +41,7 @@ import psutil
 import pytest
 
 from tests.conftest import RAY_BIN, RAY_PORT
+from tests import helpers
 from tests.helpers import alive_nodes
 
 pytestmark = pytest.mark.integration
@@ -213,16 +214,8 @@ def lineage(all_groups: list[dict]) -> dict[int, dict]:
 
 
 def registered_step(run_dir: Path) -> int:
-    """The step of the run's latest checkpoint that Ray Train registered (what a restart resumes from)."""
-    from raytrain.checkpoint import layout
-
-    try:
-        checkpoint = layout.latest_checkpoint(str(run_dir))
-        return layout.read_metadata(checkpoint)["step"] if checkpoint is not None else 0
-    except Exception:  # noqa: BLE001  Ray Train rewriting its snapshot file at this moment: seen as ValueError,
-        # OSError and CheckpointManagerInitializationError (an empty file's JSONDecodeError); a real error
-        # still fails the test, as the wait that polls this times out
-        return 0
+    """The step of the run's latest checkpoint that Ray Train registered, 0 before the first."""
+    return helpers.registered_step(str(run_dir)) or 0
 
 
 def wait_for(predicate, what: str, proc: subprocess.Popen, timeout: float = 600, every_s: float = 0.5):
