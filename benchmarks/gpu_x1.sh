@@ -28,12 +28,14 @@
 # profile:   the same 1.1B step under torch.profiler (benchmarks/profile_step.py): GPU time by kernel category, idle
 #            time, GEMM TFLOP/s; as shipped, fused q/k/v + gate/up projections, SDPA flash only, expandable segments,
 #            all three (~8 min).
+# layers:    raytrain's model.fused_layers (one GEMM for q/k/v and one for gate/up over the unrenamed weights,
+#            the residual add fused into the RMSNorm) beside the shipped step, profiled like `profile` (~6 min).
 # Each variant gets what is left of the part's time budget (BUDGET_S), so one hang cannot eat the
 # call (ONLY=REGEX runs only the variants whose names match); everything lands in $OUT/<part>.tgz (the tool brings back few files) and results.md is printed.
 # Every bench record carries the planner's prediction ("predicted"), the GPU peak (max_memory_allocated)
 # and the host's used memory sampled every 2 s; host_used_mib.txt samples the whole part the same way.
 set -u
-part=${1:?reader, offload, compile, compile-noliger, checks, zeropp, superoffload, offload-max, plan13b, plan13b-twin, plan7b, plan1b, fp16, mfu62, main1b, convert1b or profile}
+part=${1:?reader, offload, compile, compile-noliger, checks, zeropp, superoffload, offload-max, plan13b, plan13b-twin, plan7b, plan1b, fp16, mfu62, main1b, convert1b, profile or layers}
 OUT=${OUT:-/tmp/out}; W=/tmp/bench_$part; mkdir -p "$OUT" "$W"
 END=$(( $(date +%s) + ${BUDGET_S:-560} ))
 export TORCH_EXTENSIONS_DIR=/tmp/torch_ext
@@ -50,7 +52,7 @@ S13=(--hidden-size 5120 --num-layers 40 --num-heads 40 --num-kv-heads 40 --inter
 BF16_STATES=(--set deepspeed.bf16.bf16_master_weights_and_grads=true --set deepspeed.bf16.bf16_optimizer_states=true)
 # 24 GiB and 84 GiB of the H200's 143,771 MiB (torch.cuda.set_per_process_memory_fraction and the planner)
 CAP24=0.171; CAP84=0.598
-case $part in plan*|fp16|mfu62|main1b|convert1b|profile|superoffload)
+case $part in plan*|fp16|mfu62|main1b|convert1b|profile|layers|superoffload)
   (while true; do free -m | awk 'NR==2{print $3}'; sleep 2; done) > "$W/host_used_mib.txt" & hostmem=$!
   { python -c 'import torch; print("torch", torch.__version__)'; nproc; free -g | head -2; ulimit -l
     strings "$(python -c 'import torch, os; print(os.path.dirname(torch.__file__))')/lib/libc10.so" \
@@ -67,6 +69,17 @@ variant() {  # variant NAME MAX_S bench-args...: one bench invocation, bounded b
   local t0=$(date +%s)
   timeout "$max" python -m raytrain.tools.bench --out "$W" --label "$name" --timeout-s $(( max - 5 )) "$@" \
     > "$W/$name.log" 2>&1
+  echo "$name: rc=$? ${max}s budget, took $(( $(date +%s) - t0 ))s" >> "$W/status.txt"
+}
+
+pvariant() {  # pvariant NAME MAX_S profile_step.py-args...: one benchmarks/profile_step.py process, bounded like variant
+  local name=$1 max=$2; shift 2
+  if [[ -n ${ONLY:-} && ! $name =~ $ONLY ]]; then return; fi
+  local left=$(( END - $(date +%s) - 5 ))
+  (( left < max )) && max=$left
+  if (( max < 45 )); then echo "$name: skipped, budget spent" >> "$W/status.txt"; return; fi
+  local t0=$(date +%s)
+  timeout -k 10 $(( max - 10 )) python benchmarks/profile_step.py --out "$W" --variant "$name" "$@" >> "$W/$name.log" 2>&1
   echo "$name: rc=$? ${max}s budget, took $(( $(date +%s) - t0 ))s" >> "$W/status.txt"
 }
 
@@ -207,21 +220,24 @@ mfu62)  # levers for 62% MFU at the shipped setting (issue 14 SPEC section 4); a
   ;;
 profile)  # where one optimizer step's GPU time goes at the shipped setting, and bf16 levers (issue 14); one process
   # per variant, each appending its JSON line to results.jsonl (benchmarks/profile_step.py --report: results.md)
-  pvariant() {  # pvariant NAME MAX_S profile_step.py-args...: bounded by MAX_S and the budget, like variant
-    local name=$1 max=$2; shift 2
-    if [[ -n ${ONLY:-} && ! $name =~ $ONLY ]]; then return; fi
-    local left=$(( END - $(date +%s) - 5 ))
-    (( left < max )) && max=$left
-    if (( max < 45 )); then echo "$name: skipped, budget spent" >> "$W/status.txt"; return; fi
-    local t0=$(date +%s)
-    timeout -k 10 $(( max - 10 )) python benchmarks/profile_step.py --out "$W" --variant "$name" "$@" > "$W/$name.log" 2>&1
-    echo "$name: rc=$? ${max}s budget, took $(( $(date +%s) - t0 ))s" >> "$W/status.txt"
-  }
   pvariant shipped 150 --shapes
   pvariant fused 110
   pvariant flash 100
   pvariant expandable 100
   pvariant fused+flash+expandable 100
+  python benchmarks/profile_step.py --report "$W" > /dev/null 2>> "$W/status.txt"
+  ;;
+layers)  # raytrain's model.fused_layers against the shipped step, profiled like `profile` (~6 min): shipped,
+  # layers, then layers with one piece undone each (Liger's one program per SM in the RMSNorm backward; the
+  # residual add and RMSNorm as two kernels; the residual add outside down_proj's GEMM), then shipped and
+  # layers once more (the spread between two runs of one setting)
+  pvariant shipped 100
+  pvariant layers 100
+  pvariant layers+norm1 80
+  pvariant layers+noaddnorm 80
+  pvariant layers+noaddmm 80
+  pvariant shipped 90
+  pvariant layers 90
   python benchmarks/profile_step.py --report "$W" > /dev/null 2>> "$W/status.txt"
   ;;
 *) echo "unknown part $part"; exit 2 ;;

@@ -15,8 +15,14 @@ category, with the GPU's busy time (union of kernel/memcpy/memset intervals) aga
 A variant is a "+"-joined set of features ("shipped" alone: none):
   expandable  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set here, before CUDA starts)
   fused       q/k/v as one Linear and gate/up as one Linear (this benchmark's own patch of transformers'
-              Llama classes), RoPE applied in place on the fused q/k columns with Liger's RoPE kernel,
-              Liger's fused gate-up SiLU-mul kernel; Liger RMSNorm and fused linear cross-entropy as shipped
+              Llama classes: renamed parameters), RoPE applied in place on the fused q/k columns with Liger's
+              RoPE kernel, Liger's fused gate-up SiLU-mul kernel; Liger RMSNorm and fused linear
+              cross-entropy as shipped
+  layers      raytrain's model.fused_layers=true (raytrain/worker/fused.py: the same fusions over the
+              unrenamed parameters, concatenated per forward, plus the fused residual add + RMSNorm)
+  noaddnorm   with layers: the residual add and RMSNorm as two kernels again (what the add+norm fusion is worth)
+  norm1       with layers: RMSNorm backward kernels at Liger's one program per SM (what raytrain's 4 are worth)
+  noaddmm     with layers: down_proj, then the residual add as its own kernel (what the GEMM epilogue is worth)
   flash / cudnn / efficient   SDPA restricted to that backend (torch.nn.attention.sdpa_kernel)
 --shapes: afterwards one micro-batch (forward + backward) under the profiler with CPU activity,
 record_shapes and with_flops: achieved TFLOP/s per GEMM shape (aten::mm/addmm/bmm), a separate JSON line.
@@ -34,7 +40,9 @@ import time
 import traceback
 from typing import Any
 
-FEATURES = ("expandable", "fused", "flash", "cudnn", "efficient")
+from raytrain.worker import fused as fused_layers
+
+FEATURES = ("expandable", "fused", "layers", "noaddnorm", "norm1", "noaddmm", "flash", "cudnn", "efficient")
 RESULT_PREFIX = "PROFILE_STEP_RESULT "
 # The shipped setting of benchmarks/gpu_x1.sh (its Z and GAS4 arrays, mfu62's 1b-base).
 SHIPPED_BENCH_ARGS = [
@@ -70,6 +78,10 @@ def features_of(variant: str) -> set[str]:
     unknown = feats - set(FEATURES)
     if unknown:
         raise SystemExit(f"unknown feature(s) {sorted(unknown)}; choose from {FEATURES}")
+    if feats & {"noaddnorm", "norm1", "noaddmm"} and "layers" not in feats:
+        raise SystemExit("noaddnorm, norm1 and noaddmm modify layers: e.g. layers+norm1")
+    if {"layers", "fused"} <= feats:
+        raise SystemExit("layers and fused are two ways to the same fusion: one of them")
     if len(feats & {"flash", "cudnn", "efficient"}) > 1:
         raise SystemExit("at most one SDPA backend")
     return feats
@@ -79,91 +91,16 @@ def features_of(variant: str) -> set[str]:
 # Fused projections: this benchmark's own patch of transformers' Llama attention and MLP.
 
 _ORIGINAL: dict[str, Any] = {}
-_FUSED_PATHS: dict[str, str] = {}  # which implementation each fused piece used (reported)
+_FUSED_PATHS: dict[str, str] = fused_layers.PATHS  # which implementation each fused piece used (reported)
 # "inplace": Liger's RoPE kernel on the fused buffer; "copy": Liger's liger_rotary_pos_emb on q/k views
 # (it copies them). "fused": Liger's fused gate-up SiLU-mul; "halves": LigerSiLUMulFunction on the halves.
 MODES = {"rope": "inplace", "silu_mul": "fused"}
 
 
-def _liger_rope_kernel():
-    try:
-        from liger_kernel.ops.rope import _triton_rope
-
-        names = list(getattr(_triton_rope, "arg_names", []))
-        want = ["q_ptr", "q_row_stride", "k_ptr", "k_row_stride", "cos", "cos_row_stride", "sin", "sin_row_stride",
-                "sl", "bs", "cos_bs", "n_qh", "n_kh", "hd", "pad_n_qh", "pad_n_kh", "pad_hd", "pad_rd", "rd"]
-        return _triton_rope if names[:len(want)] == want else None  # the layout liger-kernel 0.8.5 has
-    except ImportError:
-        return None
-
-
-def _rope_inplace(buf, cos, sin, n_q: int, n_kv: int, head_dim: int, backward: bool) -> None:
-    """Rotate the q and k columns of buf (batch, seq, (n_q + 2 n_kv) * head_dim), contiguous, in place
-    (backward: the transpose rotation, for gradients). Liger's RoPE kernel on GPU, torch ops on CPU."""
-    b, s, _ = buf.shape
-    if cos.ndim == 4:
-        cos, sin = cos.squeeze(1), sin.squeeze(1)
-    if cos.ndim == 2:
-        cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)
-    kernel = _liger_rope_kernel() if buf.is_cuda else None
-    if kernel is not None:
-        import triton
-
-        cos, sin = cos.contiguous(), sin.contiguous()
-        heads = buf.view(b, s, n_q + 2 * n_kv, head_dim)
-        rd = min(cos.shape[-1], head_dim)
-        pad_q, pad_k = triton.next_power_of_2(n_q), triton.next_power_of_2(n_kv)
-        kernel[(b * s,)](heads, buf.stride(1), heads[:, :, n_q:], buf.stride(1), cos, cos.stride(-2), sin,
-                         sin.stride(-2), s, b, cos.shape[0], n_q, n_kv, head_dim, pad_q, pad_k,
-                         triton.next_power_of_2(head_dim), triton.next_power_of_2(rd), rd,
-                         BLOCK_SIZE=max(pad_q, pad_k), BACKWARD_PASS=backward)
-        _FUSED_PATHS["rope"] = "liger _triton_rope in place on the fused q/k columns"
-        return
-    x = buf.view(b, s, n_q + 2 * n_kv, head_dim)[:, :, :n_q + n_kv]  # q heads then k heads, adjacent
-    c, sn = cos.unsqueeze(2).to(x.dtype), sin.unsqueeze(2).to(x.dtype)
-    half = head_dim // 2
-    rot = torch_cat_neg(x, half)
-    x.copy_(x * c - rot * sn if backward else x * c + rot * sn)
-    _FUSED_PATHS.setdefault("rope", "torch ops (no Liger RoPE kernel on this device)")
-
-
-def torch_cat_neg(x, half: int):
-    import torch
-
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # rotate_half
-
-
 def _fused_qkv_function():
-    import torch
+    from raytrain.worker.fused import QKVRope  # the product's (model.fused_layers): RoPE in place on q|k|v
 
-    class FusedQKVRope(torch.autograd.Function):
-        """qkv (batch, seq, (n_q + 2 n_kv) d) -> q, k (rotated), v as (batch, heads, seq, d) views of it.
-        Backward: one cat of dq, dk, dv, then the inverse rotation in place on its q/k columns."""
-
-        @staticmethod
-        def forward(ctx, qkv, cos, sin, n_q, n_kv, head_dim):
-            qkv = qkv.contiguous()
-            _rope_inplace(qkv, cos, sin, n_q, n_kv, head_dim, backward=False)
-            ctx.save_for_backward(cos, sin)
-            ctx.dims = (n_q, n_kv, head_dim)
-            b, s, _ = qkv.shape
-            heads = qkv.view(b, s, n_q + 2 * n_kv, head_dim)
-            return (heads[:, :, :n_q].transpose(1, 2), heads[:, :, n_q:n_q + n_kv].transpose(1, 2),
-                    heads[:, :, n_q + n_kv:].transpose(1, 2))
-
-        @staticmethod
-        def backward(ctx, dq, dk, dv):
-            cos, sin = ctx.saved_tensors
-            n_q, n_kv, head_dim = ctx.dims
-            ref = next(t for t in (dq, dk, dv) if t is not None)
-            b, s = ref.shape[0], ref.shape[2]
-            parts = [t.transpose(1, 2) if t is not None else ref.new_zeros(b, s, n, head_dim)
-                     for t, n in ((dq, n_q), (dk, n_kv), (dv, n_kv))]
-            g = torch.cat(parts, dim=2).view(b, s, -1)  # (b, s, heads * d), contiguous: one copy
-            _rope_inplace(g, cos, sin, n_q, n_kv, head_dim, backward=True)
-            return g, None, None, None, None, None
-
-    return FusedQKVRope
+    return QKVRope
 
 
 def _fused_classes(ml):
@@ -201,14 +138,7 @@ def _fused_classes(ml):
                     [self.n_q * d, self.n_kv * d, self.n_kv * d], dim=-1))
                 q, k = ml.apply_rotary_pos_emb(q, k, cos, sin)  # Liger's where apply_liger("all") ran
                 _FUSED_PATHS["rope"] = f"{ml.apply_rotary_pos_emb.__module__}.apply_rotary_pos_emb on q/k views"
-            functions = ml.ALL_ATTENTION_FUNCTIONS
-            impl = self.config._attn_implementation
-            attention = (functions.get_interface(impl, ml.eager_attention_forward) if hasattr(functions, "get_interface")
-                         else ml.eager_attention_forward if impl == "eager" else functions[impl])
-            out, weights = attention(self, q, k, v, attention_mask,
-                                     dropout=0.0 if not self.training else self.attention_dropout,
-                                     scaling=self.scaling, **kwargs)
-            return self.o_proj(out.reshape(*input_shape, -1).contiguous()), weights
+            return fused_layers.attend_and_project(self, q, k, v, attention_mask, input_shape, **kwargs)
 
     class FusedLlamaMLP(nn.Module):
         def __init__(self, config, intermediate_size=None):
@@ -328,6 +258,56 @@ def check_fused(device_name: str | None = None) -> dict[str, Any]:
               "unfused_mlp_class": type(unfused.model.layers[0].mlp).__name__}
     result["ok"] = result["loss_abs_diff"] < 1e-4 and result["grad_max_rel_diff"] < 1e-3
     return result
+
+
+def check_fused_layers(device_name: str | None = None) -> dict[str, Any]:
+    """Tiny Llama (Liger "all" on a GPU), transformers' layers vs raytrain's fused_layers on a deep copy
+    (the same parameters): loss and every gradient, fp32."""
+    import copy
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from raytrain.worker.kernels import apply_liger
+
+    device = torch.device(device_name or ("cuda" if torch.cuda.is_available() else "cpu"))
+    mode = "all" if device.type == "cuda" else "loss"
+    apply_liger(mode)
+    cfg = LlamaConfig(hidden_size=128, intermediate_size=352, num_hidden_layers=2, num_attention_heads=8,
+                      num_key_value_heads=2, vocab_size=512, max_position_embeddings=64, use_cache=False)
+    torch.manual_seed(0)
+    plain = LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa").to(device).train()
+    fused = copy.deepcopy(plain)
+    swapped = fused_layers.fuse_llama_layers(fused)
+    ids = torch.randint(0, cfg.vocab_size, (2, 64), generator=torch.Generator().manual_seed(1)).to(device)
+    losses, grads = [], []
+    for model in (plain, fused):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        losses.append(loss.item())
+        grads.append({k: p.grad for k, p in model.named_parameters()})
+    worst = max(((grads[1][k] - g).abs().max().item() / max(g.abs().max().item(), 1e-12), k)
+                for k, g in grads[0].items())
+    result = {"device": device.type, "liger": mode, "swapped": swapped, "loss_plain": losses[0],
+              "loss_fused": losses[1], "loss_abs_diff": abs(losses[0] - losses[1]), "grad_max_rel_diff": worst[0],
+              "grad_worst_param": worst[1], "fused_paths": dict(fused_layers.PATHS)}
+    result["ok"] = result["loss_abs_diff"] < 1e-4 and result["grad_max_rel_diff"] < 1e-3
+    return result
+
+
+def _two_kernel_add_norm(x, residual, weight, eps: float):
+    """noaddnorm: the residual add, then Liger's RMSNorm (on a GPU), as transformers' layer runs them."""
+    s = residual + x
+    if s.is_cuda:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+        fused_layers.PATHS["add_norm"] = "add, then liger LigerRMSNormFunction (two kernels)"
+        return LigerRMSNormFunction.apply(s, weight, eps, 0.0, "llama", False), s
+    import torch
+
+    h = s.to(torch.float32)
+    h = h * (h.pow(2).mean(-1, keepdim=True) + eps).rsqrt()
+    return weight * h.to(s.dtype), s
 
 
 # ---------------------------------------------------------------------------------------------
@@ -551,6 +531,21 @@ def run_variant(opts: argparse.Namespace, extra: list[str]) -> int:
         args = bench.parse_args(SHIPPED_BENCH_ARGS + extra)
         use_gpu = torch.cuda.is_available()  # CPU: a dry run of this script's code (tiny shapes via --)
         resolved = bench_paths.resolve(bench.overrides_for(args, use_gpu), args.num_gpus, use_gpu)
+        if "layers" in feats:
+            record["layers_check"] = check_fused_layers()  # tiny model on this GPU: fused == transformers'
+            print("fused layers check:", json.dumps(record["layers_check"]), flush=True)
+            if not record["layers_check"]["ok"]:
+                raise RuntimeError(f"fused layers differ from transformers': {record['layers_check']}")
+            fused_layers.PATHS.clear()
+            if "noaddnorm" in feats:
+                fused_layers._add_rms_norm = _two_kernel_add_norm
+            if "norm1" in feats:
+                fused_layers.NORM_BWD_PROGRAMS_PER_SM = 1
+            if "noaddmm" in feats:
+                fused_layers._down_add = lambda x, weight, residual: residual + x @ weight.t()
+            args = bench.parse_args(SHIPPED_BENCH_ARGS + extra + ["--set", "model.fused_layers=true"])
+            record["bench_args"] = SHIPPED_BENCH_ARGS + extra + ["--set", "model.fused_layers=true"]
+            resolved = bench_paths.resolve(bench.overrides_for(args, use_gpu), args.num_gpus, use_gpu)
         if "fused" in feats:
             record["fused_check"] = _checked_fused()  # tiny model on this GPU: fused == unfused
             if not record["fused_check"]["ok"]:
@@ -567,7 +562,8 @@ def run_variant(opts: argparse.Namespace, extra: list[str]) -> int:
         torch.set_num_threads(max(1, int(resolved.config.scaling.cpus_per_worker)))
         engine, _, _ = engine_mod.build_engine(resolved, device)
         layer0 = engine.module.model.layers[0]
-        record["modules"] = {"attention": type(layer0.self_attn).__name__, "mlp": type(layer0.mlp).__name__,
+        record["modules"] = {"layer": type(layer0).__name__, "attention": type(layer0.self_attn).__name__,
+                             "mlp": type(layer0.mlp).__name__,
                              "norm": type(layer0.input_layernorm).__name__,
                              "attn_implementation": engine.module.config._attn_implementation}
         backend = next((f for f in ("flash", "cudnn", "efficient") if f in feats), None)

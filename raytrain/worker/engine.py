@@ -50,6 +50,14 @@ def build_engine(spec: ResolvedRun, device: torch.device, ds_config: dict[str, A
     apply_liger(cfg.model.liger_kernel)  # patches the model classes: before they are built
     hf_config = config_from_facts(spec.model, cfg.model)
     model = build_model(cfg.model, hf_config, ds_config)
+    if cfg.model.fused_layers:
+        from raytrain.worker.fused import fuse_llama_layers
+
+        fused = fuse_llama_layers(model)
+        if fused["skipped"] and torch.distributed.get_rank() == 0:
+            emit(f"raytrain: note: model.fused_layers: {len(fused['skipped'])} of "
+                 f"{len(fused['skipped']) + fused['fused']} layers keep transformers' forward "
+                 f"({next(iter(fused['skipped'].values()))})")
     if transform is not None:
         model = transform(model)
     optimizer, scheduler = build_optimizer(model, cfg.training, spec.deepspeed, device)

@@ -66,6 +66,7 @@ def test_dry_run_plans_a_gpu_cluster_without_gpus(tmp_path, run_main):
      "deepspeed.train_batch_size=8 is not divisible by data.num_shards=6"),
     (["data.num_shards=0"], "data.num_shards must be an integer >= 1"),
     (["model.compile=true", "model.liger_kernel=loss"], "model.compile=true does not work with model.liger_kernel=loss"),
+    (["model.compile=true", "model.fused_layers=true"], "model.fused_layers=true with model.compile=true"),
     (['deepspeed={"zero_optimization": {"stage": 3}, "compile": {"deepcompile": true}}'],
      "deepcompile=true takes effect only when the model is compiled: set model.compile=true"),
 ])

@@ -1,0 +1,101 @@
+"""model.fused_layers (raytrain/worker/fused.py): one GEMM for q/k/v and for gate/up over the unrenamed
+weights, the residual adds fused into the RMSNorm and the down projection. The same model as transformers'
+layers: the same loss and gradients, the same parameter names, on real DeepSpeed ZeRO-3 with the weights
+partitioned over 2 ranks (gloo, CPU). The GPU kernels (Liger's) are checked against transformers' layers on
+an H200 by benchmarks/profile_step.py (`check_fused_layers`, run before every `layers` variant).
+"""
+
+import copy
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from raytrain.config import ConfigError, load_config
+from raytrain.planning.resolve import resolve_run
+from raytrain.run_spec import ClusterShape
+from raytrain.worker.fused import fuse_llama_layers
+
+CHILD = pathlib.Path(__file__).with_name("fused_child.py")
+REPO = pathlib.Path(__file__).resolve().parents[3]
+TINY = ["model.config.hidden_size=64", "model.config.intermediate_size=128", "model.config.num_hidden_layers=2",
+        "model.config.num_attention_heads=4", "model.config.num_key_value_heads=2", "data.seq_len=32",
+        "training.micro_batch_size_per_gpu=2", "training.gradient_accumulation_steps=2", "training.max_steps=3",
+        "training.learning_rate=0.01", "training.precision=fp32", "scaling.num_workers=2", "scaling.use_gpu=false",
+        # 0: every weight is partitioned and gathered by the hooks (the default keeps small ones whole)
+        "deepspeed.zero_optimization.stage3_param_persistence_threshold=0"]
+
+
+def tiny_llama(**overrides):
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=256, max_position_embeddings=64, use_cache=False, **overrides)
+    torch.manual_seed(0)
+    return LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa").train()
+
+
+def test_same_loss_gradients_and_names_as_transformers_layers():
+    plain = tiny_llama()
+    fused = copy.deepcopy(plain)
+    assert fuse_llama_layers(fused) == {"fused": 2, "skipped": {}}
+    assert type(fused.model.layers[0]).__name__ == "FusedLlamaDecoderLayer"
+    assert [(k, v.shape) for k, v in fused.state_dict().items()] == [(k, v.shape) for k, v in plain.state_dict().items()]
+    ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(1))
+    losses = []
+    for model in (plain, fused):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        losses.append(loss.item())
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+    for (name, p), (_, q) in zip(plain.named_parameters(), fused.named_parameters()):
+        assert q.grad is not None and torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-6), name
+
+
+def test_generation_with_a_kv_cache_takes_transformers_forward():
+    plain = tiny_llama().eval()
+    fused = copy.deepcopy(plain)
+    fuse_llama_layers(fused)
+    prompt = torch.randint(0, 256, (1, 6), generator=torch.Generator().manual_seed(2))
+    kw = dict(max_new_tokens=6, do_sample=False, use_cache=True)
+    assert torch.equal(plain.generate(prompt, **kw), fused.generate(prompt, **kw))
+
+
+def test_layers_with_biases_keep_transformers_forward():
+    model = tiny_llama(attention_bias=True)
+    result = fuse_llama_layers(model)
+    assert result == {"fused": 0, "skipped": {0: "q_proj has a bias", 1: "q_proj has a bias"}}
+    assert type(model.model.layers[0]).__name__ == "LlamaDecoderLayer"
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointing"])
+def test_zero3_over_two_ranks_trains_the_same_as_transformers_layers(checkpointing, tmp_path):
+    """With checkpointing the layer's forward runs again in the backward (hooks and gathers again)."""
+    out = tmp_path / "fused.json"
+    overrides = TINY + [f"model.gradient_checkpointing={str(checkpointing).lower()}"]
+    p = subprocess.run([sys.executable, str(CHILD), str(out), *overrides], cwd=REPO, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert "error" not in r, r["error"]
+    plain, fused = r["plain"], r["fused"]
+    assert (plain["layer_class"], fused["layer_class"]) == ("LlamaDecoderLayer", "FusedLlamaDecoderLayer")
+    assert fused["attention_class"] == "FusedLlamaAttention"
+    assert fused["partition_numel"] * 2 == fused["full_numel"]  # each rank holds half: the hooks gather the rest
+    assert fused["params"] == plain["params"]  # checkpoints, export and resharding see the same names
+    assert fused["losses"] == pytest.approx(plain["losses"], rel=1e-5)
+    assert plain["losses"][-1] < plain["losses"][0]  # 3 optimizer steps on two repeated batches: it learns
+    assert r["paths"] == {"norm": "torch ops", "rope": "torch ops", "add_norm": "torch ops",
+                          "silu_mul": "torch silu(gate) * up"}
+
+
+def test_fused_layers_is_refused_for_a_model_that_is_not_llama(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 300, "n_positions": 64}))
+    cfg = load_config(None, [f"model.name_or_path={tmp_path}", "model.fused_layers=true", "data.seq_len=32",
+                             "scaling.use_gpu=false"])
+    with pytest.raises(ConfigError, match="model.fused_layers=true fuses Llama decoder layers only, and this "
+                                          "model is gpt2: set model.fused_layers=false"):
+        resolve_run(cfg, ClusterShape(num_workers=1, use_gpu=False))
