@@ -18,6 +18,8 @@
 #            DeepSpeed at the same planner-chosen settings if the budget is left (~4 min more).
 # plan13b-twin: the same 13B settings on the bench's plain-DeepSpeed and raytrain paths (~8 min).
 # main1b:    configs/llama-1b-1gpu.yaml through raytrain.main for 16 steps (~3 min).
+# twin1b:    the shipped 1.1B setting on the bench's plain-DeepSpeed and raytrain paths (fused layers), then
+#            plain DeepSpeed with transformers' layers (~4 min).
 # convert1b: a 4-step 1.1B run's checkpoint through DeepSpeed's ds_to_universal, timed (elastic resizes run it).
 # plan7b:    the 7.24B shape with micro-batch, checkpointing and offload "auto", deepspeed + raytrain (~4.5 min).
 # plan1b:    1.1B with the GPU capped at 24 GiB (the full optimizer states plus the shipped micro-batch
@@ -35,7 +37,7 @@
 # Every bench record carries the planner's prediction ("predicted"), the GPU peak (max_memory_allocated)
 # and the host's used memory sampled every 2 s; host_used_mib.txt samples the whole part the same way.
 set -u
-part=${1:?reader, offload, compile, compile-noliger, checks, zeropp, superoffload, offload-max, plan13b, plan13b-twin, plan7b, plan1b, fp16, mfu62, main1b, convert1b, profile or layers}
+part=${1:?reader, offload, compile, compile-noliger, checks, zeropp, superoffload, offload-max, plan13b, plan13b-twin, plan7b, plan1b, fp16, mfu62, main1b, twin1b, convert1b, profile or layers}
 OUT=${OUT:-/tmp/out}; W=/tmp/bench_$part; mkdir -p "$OUT" "$W"
 END=$(( $(date +%s) + ${BUDGET_S:-560} ))
 export TORCH_EXTENSIONS_DIR=/tmp/torch_ext
@@ -52,7 +54,7 @@ S13=(--hidden-size 5120 --num-layers 40 --num-heads 40 --num-kv-heads 40 --inter
 BF16_STATES=(--set deepspeed.bf16.bf16_master_weights_and_grads=true --set deepspeed.bf16.bf16_optimizer_states=true)
 # 24 GiB and 84 GiB of the H200's 143,771 MiB (torch.cuda.set_per_process_memory_fraction and the planner)
 CAP24=0.171; CAP84=0.598
-case $part in plan*|fp16|mfu62|main1b|convert1b|profile|layers|superoffload)
+case $part in plan*|fp16|mfu62|main1b|twin1b|convert1b|profile|layers|superoffload)
   (while true; do free -m | awk 'NR==2{print $3}'; sleep 2; done) > "$W/host_used_mib.txt" & hostmem=$!
   { python -c 'import torch; print("torch", torch.__version__)'; nproc; free -g | head -2; ulimit -l
     strings "$(python -c 'import torch, os; print(os.path.dirname(torch.__file__))')/lib/libc10.so" \
@@ -169,6 +171,12 @@ plan13b-twin)  # 13B at the planner's settings on both bench paths (the part pla
   T13=(--paths deepspeed "${S13[@]}" "${AUTO[@]}" "${BF16_STATES[@]}" "${Z[@]}" --grad-accum 1 --steps 4 --warmup-steps 2 --window 2 --no-profile)
   variant 13b-deepspeed 280 "${T13[@]}"
   variant 13b-raytrain 300 "${T13[@]}" --paths raytrain
+  ;;
+twin1b)  # the shipped 1.1B setting on both bench paths (fused layers, "auto"), then plain DeepSpeed with
+  # transformers' layers: raytrain against plain DeepSpeed in one call (~4 min)
+  E=(--micro-batch 24 --grad-accum 4 --steps 4 --warmup-steps 2 --window 2 "${Z[@]}" --set scaling.cpus_per_worker=14 --no-profile)
+  variant 1b-fused-both 170 --paths deepspeed,raytrain "${E[@]}"
+  variant 1b-plain-layers 80 --paths deepspeed "${E[@]}" --set model.fused_layers=false
   ;;
 main1b)  # the shipped 1.1B config through python -m raytrain.main, as a user runs it (after the merges of issues 12-15)
   t0=$(date +%s)

@@ -216,8 +216,6 @@ GPU_PARTS = [
 
 def published_h200() -> None:
     """Compare the plan with the H200 rows of raytrain.planning.calibration (no GPU needed: same resolution)."""
-    import shlex
-
     from raytrain.planning.calibration import ROWS
     from raytrain.tools.bench import overrides_for, parse_args
     from raytrain.tools.bench_paths import predicted, resolve
@@ -226,7 +224,7 @@ def published_h200() -> None:
           "measured | error | tokens/s predicted | measured | error |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in ROWS:
-        args = parse_args(shlex.split(row.bench_args))
+        args = parse_args(row.argv())
         p = predicted(resolve(overrides_for(args, True) + [f"scaling.cpus_per_worker={row.cpus}"], 1, True),
                       param_groups=row.param_groups)
         host = (f"{p['host_gib']:.1f} | {row.host_used_gib:.1f} | {(p['host_gib'] - row.host_used_gib) / row.host_used_gib:+.1%}"

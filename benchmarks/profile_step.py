@@ -12,7 +12,8 @@ timed steps (tokens/s, MFU = tokens/s x (6N + 12 L H S) / peak), ONE more optimi
 micro-batches) runs under torch.profiler with CUDA activity only, and its GPU kernels are summed by
 category, with the GPU's busy time (union of kernel/memcpy/memset intervals) against the step's wall time.
 
-A variant is a "+"-joined set of features ("shipped" alone: none):
+A variant is a "+"-joined set of features ("shipped" alone: none, transformers' Llama layers with Liger's
+kernels, model.fused_layers=false):
   expandable  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set here, before CUDA starts)
   fused       q/k/v as one Linear and gate/up as one Linear (this benchmark's own patch of transformers'
               Llama classes: renamed parameters), RoPE applied in place on the fused q/k columns with Liger's
@@ -528,7 +529,11 @@ def run_variant(opts: argparse.Namespace, extra: list[str]) -> int:
 
         record["versions"] = bench.versions()
         record["versions"]["cudnn"] = torch.backends.cudnn.version()
-        args = bench.parse_args(SHIPPED_BENCH_ARGS + extra)
+        # Every variant but "layers" profiles transformers' layers (model.fused_layers is "auto", on with
+        # Liger "all" since 2026-12-02): "shipped" is the step as it was before fused layers.
+        layers = ["--set", f"model.fused_layers={'true' if 'layers' in feats else 'false'}"]
+        record["bench_args"] = SHIPPED_BENCH_ARGS + extra + layers
+        args = bench.parse_args(record["bench_args"])
         use_gpu = torch.cuda.is_available()  # CPU: a dry run of this script's code (tiny shapes via --)
         resolved = bench_paths.resolve(bench.overrides_for(args, use_gpu), args.num_gpus, use_gpu)
         if "layers" in feats:
@@ -543,9 +548,6 @@ def run_variant(opts: argparse.Namespace, extra: list[str]) -> int:
                 fused_layers.NORM_BWD_PROGRAMS_PER_SM = 1
             if "noaddmm" in feats:
                 fused_layers._down_add = lambda x, weight, residual: residual + x @ weight.t()
-            args = bench.parse_args(SHIPPED_BENCH_ARGS + extra + ["--set", "model.fused_layers=true"])
-            record["bench_args"] = SHIPPED_BENCH_ARGS + extra + ["--set", "model.fused_layers=true"]
-            resolved = bench_paths.resolve(bench.overrides_for(args, use_gpu), args.num_gpus, use_gpu)
         if "fused" in feats:
             record["fused_check"] = _checked_fused()  # tiny model on this GPU: fused == unfused
             if not record["fused_check"]["ok"]:

@@ -184,6 +184,14 @@ def config_from_facts(facts, cfg: ModelConfig):
     return AutoConfig.for_model(facts.model_type, **{k: v for k, v in facts.hf_config.items() if k != "model_type"})
 
 
+def fused_layers_enabled(cfg: ModelConfig, hf_config) -> bool:
+    """model.fused_layers resolved: true/false as set; "auto" is on for a Llama model with Liger's GPU
+    kernels (liger_kernel=all, measured there) and off otherwise (raytrain/worker/fused.py)."""
+    if cfg.fused_layers == "auto":
+        return cfg.liger_kernel == "all" and not cfg.compile and getattr(hf_config, "model_type", None) == "llama"
+    return bool(cfg.fused_layers)
+
+
 def build_model(cfg: ModelConfig, hf_config, ds_config: dict[str, Any]):
     """Create the model on this worker, partitioned as it is created (ZeRO-3)."""
     import deepspeed

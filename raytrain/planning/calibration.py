@@ -40,6 +40,15 @@ class Row:
     """OpenMP threads of DeepSpeed's CPU Adam (scaling.cpus_per_worker on the raytrain path)."""
     optimizer_s: float | None = None
     """The optimizer step's share of a step (CUDA events), where the row records it."""
+    fused_layers: bool = False
+    """Measured with model.fused_layers=true; the rows before 2026-12-02 ran transformers' own layers
+    (model.fused_layers is "auto" since, on with Liger "all": their arguments now say false)."""
+
+    def argv(self) -> list[str]:
+        """The row as raytrain.tools.bench's argument list, the layers it ran included."""
+        import shlex
+
+        return shlex.split(self.bench_args) + ["--set", f"model.fused_layers={str(self.fused_layers).lower()}"]
 
 
 ISSUE = "issue 14's table (plain DeepSpeed, 2026-12-01)"
@@ -77,6 +86,13 @@ ROWS = (
     Row("8.1b-mb1-ckpt", BENCH, f"--micro-batch 1 --hidden-size 4096 --num-heads 32 --num-kv-heads 8 "
         f"--intermediate-size 14336 --num-layers 36 --liger all {Z} --set model.gradient_checkpointing=true",
         2_072, 127.7, optimizer_s=0.204),
+    # docs/benchmarks.md "fused decoder layers" (2026-12-02, call 2 of gpu_x1.sh layers: another machine, whose
+    # shipped step ran 3.9% faster than 1b-mb24-ga4's): the same step with transformers' layers and with raytrain's
+    # fused ones, the mean of two runs each in one call. Only their ratio is used (FUSED_LAYERS_FACTOR).
+    Row("1b-ga4-layers-off-1202", BENCH, f"--micro-batch 24 --grad-accum 4 --liger all {Z} "
+        "--set scaling.cpus_per_worker=14", 77_167, 78.5),
+    Row("1b-ga4-layers-1202", BENCH, f"--micro-batch 24 --grad-accum 4 --liger all {Z} "
+        "--set scaling.cpus_per_worker=14", 79_555, 78.6, fused_layers=True),
     # offload-max: `free -m` used, sampled every 5 s, peaked at 128,395 MiB (the host's OOM edge).
     Row("6.74b-mb1-ckpt-offload", BENCH, "--micro-batch 1 --hidden-size 4096 --num-layers 32 --num-heads 32 "
         f"--num-kv-heads 32 --intermediate-size 11008 --liger all {Z} --set model.gradient_checkpointing=true "

@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from raytrain.model import ParamStats
+from raytrain.model import ParamStats, fused_layers_enabled
 from raytrain.planning import zero_layout
 from raytrain.planning.activations import activation_bytes
 
@@ -107,6 +107,8 @@ class MemoryFacts:
     pin_memory: bool = True
     bf16_master: bool = False
     bf16_states: bool = False
+    fused_layers: bool = False
+    """model.fused_layers as the worker resolves it (throughput only: its memory is transformers' layers' +0.1%)."""
 
     @property
     def pb(self) -> int:
@@ -143,7 +145,8 @@ def memory_facts(ds: dict[str, Any], run, *, use_gpu: bool, world_size: int, wor
         zero=zero, attn_implementation=run.model.attn_implementation, liger_kernel=run.model.liger_kernel,
         raytrain_optimizer="optimizer" not in ds, pin_memory=any(pins) if pins else True,
         bf16_master=bool(bf16.get("bf16_master_weights_and_grads")),
-        bf16_states=bool(bf16.get("bf16_optimizer_states")))
+        bf16_states=bool(bf16.get("bf16_optimizer_states")),
+        fused_layers=fused_layers_enabled(run.model, hf_config))
 
 
 def activation_options(f: MemoryFacts) -> dict[str, Any]:

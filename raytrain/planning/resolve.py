@@ -236,7 +236,7 @@ def _check_model_options(cfg: RunConfig, hf_config, shape: ClusterShape) -> None
                               f"model is {getattr(hf_config, 'model_type', '?')}: set model.liger_kernel=none")
         if cfg.model.liger_kernel == "all" and not shape.use_gpu:
             raise ConfigError("model.liger_kernel=all needs GPUs (triton kernels): use loss or none on CPU")
-    if cfg.model.fused_layers:
+    if cfg.model.fused_layers is True:
         if getattr(hf_config, "model_type", None) != "llama":
             raise ConfigError(f"model.fused_layers=true fuses Llama decoder layers only, and this model is "
                               f"{getattr(hf_config, 'model_type', '?')}: set model.fused_layers=false")

@@ -1,7 +1,7 @@
 """The throughput model: predicted step time and tokens/s of a `Setting`, to rank the planner's candidates.
 
     t_step = GA * t_micro(mb) + T_STEP_FIXED + t_optimizer
-    t_micro = F * mb * S * c_ckpt / (peak * eta(x) * k_liger)     F = 6N + 12 L H S (flops per token)
+    t_micro = F * mb * S * c_ckpt / (peak * eta(x) * k_liger * k_fused)     F = 6N + 12 L H S (flops per token)
       eta(x): the GPU's efficiency on forward + backward, a function of x = mb * S * H^2 / (24 * 2048 * 2048^2)
               (host work per layer, ZeRO-3's hooks and launches, is fixed; GPU work per layer grows as
               tokens x H^2): piecewise linear through ETA_POINTS, flat from x = 1
@@ -41,6 +41,9 @@ X_REF_TOKENS_H2 = 24 * 2048 * 2048**2  # 1.1B (hidden 2048) at micro-batch 24 x 
 # 1b-mb24-liger-zero (54,532 / 73,122) for "loss"; row 1b-mb16 over 1b-mb16-liger (50,654 / 58,411)
 # for "none" (measured at micro-batch 16, applied everywhere).
 LIGER_FACTOR = {"all": 1.0, "loss": 0.746, "none": 0.867}
+# model.fused_layers (raytrain/worker/fused.py) on the same kernels: rows 1b-ga4-layers-1202 over
+# 1b-ga4-layers-off-1202 (79,555 / 77,167, one call; measured at 1.1B, mb 24, applied everywhere).
+FUSED_LAYERS_FACTOR = 1.031
 # The optimizer step without offload, T_STEP_FIXED + (3 mw + 2 st + 2) N / HBM_ADAM_BYTES_PER_S (norms,
 # flatten and cast, the fused AdamW pass, the copy back): rows 1b-mb24-liger-zero (opt 0.041 s at
 # 1.10B) and 8.1b-mb1-ckpt (opt 0.204 s at 8.11B), 30 bytes per parameter with fp32 states.
@@ -114,6 +117,8 @@ def predict(f: MemoryFacts, e: Estimate, *, grad_accum: int, cpus_per_worker: fl
         attention = 12 * cfg.num_hidden_layers * cfg.hidden_size * f.seq_len
         ckpt = (8 * n + attention * 4 / 3) / fpt
     efficiency = eta(cfg.hidden_size, s.micro_batch, f.seq_len) * LIGER_FACTOR.get(f.liger_kernel, 1.0)
+    if f.fused_layers:
+        efficiency *= FUSED_LAYERS_FACTOR
     t_micro = fpt * tokens * ckpt / (peak_flops * efficiency)
     if s.offload_param:
         t_micro += (3 if s.gradient_checkpointing else 2) * f.pb * n / PCIE_BYTES_PER_S

@@ -19,7 +19,7 @@ from raytrain import compat
 from raytrain.config import TrainingConfig
 from raytrain.console import emit
 from raytrain.deepspeed_config import DeepSpeedFacts
-from raytrain.model import build_model, config_from_facts
+from raytrain.model import build_model, config_from_facts, fused_layers_enabled
 from raytrain.run_spec import ResolvedRun
 from raytrain.worker.kernels import apply_liger
 from raytrain.worker.ops import ensure_built, fix_cuda_arch_list, required_ops
@@ -50,14 +50,15 @@ def build_engine(spec: ResolvedRun, device: torch.device, ds_config: dict[str, A
     apply_liger(cfg.model.liger_kernel)  # patches the model classes: before they are built
     hf_config = config_from_facts(spec.model, cfg.model)
     model = build_model(cfg.model, hf_config, ds_config)
-    if cfg.model.fused_layers:
+    if fused_layers_enabled(cfg.model, hf_config):
         from raytrain.worker.fused import fuse_llama_layers
 
         fused = fuse_llama_layers(model)
-        if fused["skipped"] and torch.distributed.get_rank() == 0:
-            emit(f"raytrain: note: model.fused_layers: {len(fused['skipped'])} of "
-                 f"{len(fused['skipped']) + fused['fused']} layers keep transformers' forward "
-                 f"({next(iter(fused['skipped'].values()))})")
+        if torch.distributed.get_rank() == 0:
+            skipped = fused["skipped"]
+            why = f"; {len(skipped)} keep transformers' forward ({next(iter(skipped.values()))})" if skipped else ""
+            emit(f"raytrain: model.fused_layers={cfg.model.fused_layers}: {fused['fused']} decoder layers fused "
+                 f"(q/k/v and gate/up one GEMM each, residual adds fused){why}")
     if transform is not None:
         model = transform(model)
     optimizer, scheduler = build_optimizer(model, cfg.training, spec.deepspeed, device)

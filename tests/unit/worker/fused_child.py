@@ -1,10 +1,11 @@
 """One run of test_fused.py: raytrain's worker engine (raytrain.worker.engine.build_engine) on real DeepSpeed
-ZeRO-3, gloo on CPU, 2 ranks, each rank holding half of every parameter: the same seed and batches once with
-transformers' Llama layers and once with model.fused_layers=true, in the same processes.
+ZeRO-3, gloo on CPU, 2 ranks, each rank holding half of every parameter: the same seed and batches with
+transformers' Llama layers, with model.fused_layers=true, and with both fused layers and activation
+checkpointing (the fused forward runs again in the backward), one engine after the other in the same processes.
 
     python fused_child.py OUT.json KEY=VALUE ...
 
-Writes rank 0's view of both runs: the losses (averaged over the ranks), the parameter names of each
+Writes rank 0's view of each run: the losses (averaged over the ranks), the parameter names of each
 engine's module, the layer classes, and how much of a weight each rank holds.
 """
 
@@ -35,22 +36,24 @@ def rank_main(rank: int, world: int, port: int, out_path: str, overrides: list[s
 
     out: dict = {}
     try:
-        for name, flag in (("plain", "false"), ("fused", "true")):
-            cfg = load_config(None, overrides + [f"model.fused_layers={flag}"])
+        for name, flag, ckpt in (("plain", "false", "false"), ("fused", "true", "false"),
+                                 ("fused-checkpointing", "true", "true")):
+            cfg = load_config(None, overrides + [f"model.fused_layers={flag}", f"model.gradient_checkpointing={ckpt}"])
             resolved = resolve_run(cfg, ClusterShape(num_workers=world, use_gpu=False))
             engine, _, _ = build_engine(resolved, torch.device("cpu"))
             g = torch.Generator().manual_seed(100 + rank)
             vocab, micro, seq = resolved.model.vocab_size, resolved.deepspeed.micro_batch_per_gpu, cfg.data.seq_len
             fixed = [{"input_ids": torch.randint(0, vocab, (micro, seq), generator=g)} for _ in range(2)]
             batches = iter(fixed * STEPS * resolved.deepspeed.gradient_accumulation_steps)
-            losses = []
+            losses, accumulation = [], resolved.deepspeed.gradient_accumulation_steps
             for _ in range(STEPS):
-                loss, _ = train_step(engine, batches, resolved.deepspeed.gradient_accumulation_steps, torch.device("cpu"))
+                loss, _ = train_step(engine, batches, accumulation, torch.device("cpu"))
                 torch.distributed.all_reduce(loss)
                 losses.append(loss.item() / world)
             layer = engine.module.model.layers[0]
             out[name] = {"losses": losses, "params": [n for n, _ in engine.module.named_parameters()],
                          "layer_class": type(layer).__name__, "attention_class": type(layer.self_attn).__name__,
+                         "checkpointing": bool(getattr(engine.module, "is_gradient_checkpointing", False)),
                          "partition_numel": int(layer.mlp.gate_proj.weight.ds_tensor.numel()),
                          "full_numel": int(layer.mlp.gate_proj.weight.ds_numel)}
             engine.destroy()

@@ -15,7 +15,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from raytrain.config import ConfigError, load_config
+from raytrain.config import ConfigError, ModelConfig, load_config
+from raytrain.model import fused_layers_enabled
 from raytrain.planning.resolve import resolve_run
 from raytrain.run_spec import ClusterShape
 from raytrain.worker.fused import fuse_llama_layers
@@ -37,16 +38,23 @@ def tiny_llama(**overrides):
     return LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa").train()
 
 
-def test_same_loss_gradients_and_names_as_transformers_layers():
+@pytest.mark.parametrize("per_document", [False, True], ids=["positions", "per-document-positions"])
+def test_same_loss_gradients_and_names_as_transformers_layers(per_document):
+    """per_document: positions restart inside each row (data.position_ids=per_document), so RoPE's cos/sin
+    differ per row of the batch."""
     plain = tiny_llama()
     fused = copy.deepcopy(plain)
     assert fuse_llama_layers(fused) == {"fused": 2, "skipped": {}}
     assert type(fused.model.layers[0]).__name__ == "FusedLlamaDecoderLayer"
-    assert [(k, v.shape) for k, v in fused.state_dict().items()] == [(k, v.shape) for k, v in plain.state_dict().items()]
+    shapes = lambda model: [(k, v.shape) for k, v in model.state_dict().items()]  # noqa: E731
+    assert shapes(fused) == shapes(plain)
     ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(1))
+    positions = torch.cat([torch.arange(12), torch.arange(20)]).repeat(2, 1) if per_document else None
+    if per_document:
+        positions[1] = torch.cat([torch.arange(25), torch.arange(7)])
     losses = []
     for model in (plain, fused):
-        loss = model(input_ids=ids, labels=ids).loss
+        loss = model(input_ids=ids, labels=ids, position_ids=positions).loss
         loss.backward()
         losses.append(loss.item())
     assert losses[0] == pytest.approx(losses[1], rel=1e-6)
@@ -70,12 +78,10 @@ def test_layers_with_biases_keep_transformers_forward():
     assert type(model.model.layers[0]).__name__ == "LlamaDecoderLayer"
 
 
-@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointing"])
-def test_zero3_over_two_ranks_trains_the_same_as_transformers_layers(checkpointing, tmp_path):
-    """With checkpointing the layer's forward runs again in the backward (hooks and gathers again)."""
+def test_zero3_over_two_ranks_trains_the_same_as_transformers_layers(tmp_path):
+    """Also with checkpointing: the fused layer's forward runs again in the backward (hooks and gathers again)."""
     out = tmp_path / "fused.json"
-    overrides = TINY + [f"model.gradient_checkpointing={str(checkpointing).lower()}"]
-    p = subprocess.run([sys.executable, str(CHILD), str(out), *overrides], cwd=REPO, capture_output=True, text=True,
+    p = subprocess.run([sys.executable, str(CHILD), str(out), *TINY], cwd=REPO, capture_output=True, text=True,
                        timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     r = json.loads(out.read_text())
@@ -86,6 +92,9 @@ def test_zero3_over_two_ranks_trains_the_same_as_transformers_layers(checkpointi
     assert fused["partition_numel"] * 2 == fused["full_numel"]  # each rank holds half: the hooks gather the rest
     assert fused["params"] == plain["params"]  # checkpoints, export and resharding see the same names
     assert fused["losses"] == pytest.approx(plain["losses"], rel=1e-5)
+    assert r["fused-checkpointing"]["losses"] == pytest.approx(plain["losses"], rel=1e-5)
+    assert r["fused-checkpointing"]["layer_class"] == "FusedLlamaDecoderLayer"
+    assert (plain["checkpointing"], r["fused-checkpointing"]["checkpointing"]) == (False, True)
     assert plain["losses"][-1] < plain["losses"][0]  # 3 optimizer steps on two repeated batches: it learns
     assert r["paths"] == {"norm": "torch ops", "rope": "torch ops", "add_norm": "torch ops",
                           "silu_mul": "torch silu(gate) * up"}
@@ -99,3 +108,18 @@ def test_fused_layers_is_refused_for_a_model_that_is_not_llama(tmp_path):
     with pytest.raises(ConfigError, match="model.fused_layers=true fuses Llama decoder layers only, and this "
                                           "model is gpt2: set model.fused_layers=false"):
         resolve_run(cfg, ClusterShape(num_workers=1, use_gpu=False))
+
+
+@pytest.mark.parametrize("setting, liger, compile_, model_type, on", [
+    ("auto", "all", False, "llama", True),    # Liger's GPU kernels on a Llama model: where it was measured
+    ("auto", "loss", False, "llama", False),
+    ("auto", "none", False, "llama", False),  # CPU runs (Liger "all" needs a GPU)
+    ("auto", "all", True, "llama", False),    # not with torch.compile
+    ("auto", "all", False, "mistral", False),
+    (True, "none", False, "llama", True),     # explicit values win
+    (False, "all", False, "llama", False),
+])
+def test_auto_is_on_for_llama_with_liger_all_and_explicit_values_win(setting, liger, compile_, model_type, on):
+    cfg = ModelConfig(fused_layers=setting, liger_kernel=liger, compile=compile_)
+    hf_config = LlamaConfig() if model_type == "llama" else type("Config", (), {"model_type": model_type})()
+    assert fused_layers_enabled(cfg, hf_config) is on
