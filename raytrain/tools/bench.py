@@ -8,7 +8,9 @@ The paths, each in its own process (so each gets the whole GPU and a clean CUDA 
   (built-in corpus, tokenized and packed while training) + DeepSpeed ZeRO-3 in the worker.
 - `deepspeed`: what raytrain's worker does, without Ray: one process, `zero.Init` +
   `deepspeed.initialize` with the same model builder, optimizer and DeepSpeed dict, synthetic tokens
-  already on the GPU.
+  already on the GPU. Also raytrain's model options: with `--liger all` that includes the fused
+  decoder layers ("auto"); `--set model.fused_layers=false` gives transformers' own layers, the step
+  DeepSpeed alone would run.
 - `torch`: plain PyTorch, no DeepSpeed: fp32 weights, bf16 autocast, fused AdamW (where it fits).
 
 All three get the DeepSpeed dict that raytrain resolves from the same overrides for a world of
