@@ -15,7 +15,8 @@ concatenates the weights (a copy of ~10 MB and ~46 MB per layer at 1.1B, made ag
 instead of being kept), so pretrained loading, the HF export, checkpoints and resharding are untouched.
 Under ZeRO-3 the attention module and the decoder layer gather their children's weights
 (`deepspeed.zero.register_external_parameter`): the children's forwards, whose hooks would, never run.
-Layers with biases or another norm, and a KV cache (generation), take transformers' own forward.
+Layers with biases or another norm, a KV cache (generation) and torch.autocast take transformers' own
+forward.
 
 GPU: Liger's kernels where liger-kernel is installed (RoPE in place on the fused q/k columns, SiLU-mul
 on the gate|up buffer, RMSNorm and fused add+RMSNorm, their backward launched with more programs).
@@ -280,7 +281,7 @@ def _classes():
         """LlamaAttention whose q/k/v projections run as one GEMM (same parameters)."""
 
         def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
-            if kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None:
+            if _unfused(hidden_states, kwargs):
                 return super().forward(hidden_states, position_embeddings=position_embeddings,
                                        attention_mask=attention_mask, **kwargs)
             kwargs.pop("cache", None)
@@ -297,7 +298,7 @@ def _classes():
         gate/up as one GEMM feeding the SiLU-mul (same parameters)."""
 
         def forward(self, hidden_states, *args, **kwargs):
-            if kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None or args:
+            if args or _unfused(hidden_states, kwargs):
                 return super().forward(hidden_states, *args, **kwargs)
             residual = hidden_states
             norm = self.input_layernorm
@@ -323,6 +324,15 @@ def _down_add(x, weight, residual):
 
 def _eps(norm) -> float:
     return getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
+
+
+def _unfused(hidden_states, kwargs) -> bool:
+    """Take transformers' forward: with a KV cache (generation), or under torch.autocast (a DeepSpeed
+    JSON's torch_autocast), where the residual stream stays fp32 while the projections run in bf16 and
+    the fused kernels, written for one dtype, would round it."""
+    if kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None:
+        return True
+    return torch.is_autocast_enabled(hidden_states.device.type)
 
 
 def attend_and_project(attn, q, k, v, attention_mask, input_shape, **kwargs):

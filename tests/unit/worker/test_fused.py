@@ -71,6 +71,18 @@ def test_generation_with_a_kv_cache_takes_transformers_forward():
     assert torch.equal(plain.generate(prompt, **kw), fused.generate(prompt, **kw))
 
 
+def test_autocast_takes_transformers_forward():
+    """Under autocast (DeepSpeed's torch_autocast) the residual stream is fp32 and the projections bf16:
+    the fused layer steps aside rather than round the stream."""
+    plain = tiny_llama()
+    fused = copy.deepcopy(plain)
+    fuse_llama_layers(fused)
+    ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        losses = [model(input_ids=ids, labels=ids).loss.item() for model in (plain, fused)]
+    assert losses[0] == losses[1]
+
+
 def test_layers_with_biases_keep_transformers_forward():
     model = tiny_llama(attention_bias=True)
     result = fuse_llama_layers(model)
