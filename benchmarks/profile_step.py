@@ -296,19 +296,15 @@ def check_fused_layers(device_name: str | None = None) -> dict[str, Any]:
     return result
 
 
-def _two_kernel_add_norm(x, residual, weight, eps: float):
+def _two_kernel_add_norm(norm, x, residual):
     """noaddnorm: the residual add, then Liger's RMSNorm (on a GPU), as transformers' layer runs them."""
     s = residual + x
     if s.is_cuda:
         from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 
         fused_layers.PATHS["add_norm"] = "add, then liger LigerRMSNormFunction (two kernels)"
-        return LigerRMSNormFunction.apply(s, weight, eps, 0.0, "llama", False), s
-    import torch
-
-    h = s.to(torch.float32)
-    h = h * (h.pow(2).mean(-1, keepdim=True) + eps).rsqrt()
-    return weight * h.to(s.dtype), s
+        return LigerRMSNormFunction.apply(s, norm.weight, fused_layers._eps(norm), 0.0, "llama", False), s
+    return norm(s), s
 
 
 # ---------------------------------------------------------------------------------------------

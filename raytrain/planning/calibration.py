@@ -13,6 +13,7 @@ DeepSpeed 0.19.8, transformers 5.17, liger-kernel 0.8.5; seq 2048, bf16, SDPA (c
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 
 # The ZeRO-3 buckets and thresholds of docs/benchmarks.md ("ZeRO tuned", gpu_x1.sh's $Z).
@@ -46,8 +47,6 @@ class Row:
 
     def argv(self) -> list[str]:
         """The row as raytrain.tools.bench's argument list, the layers it ran included."""
-        import shlex
-
         return shlex.split(self.bench_args) + ["--set", f"model.fused_layers={str(self.fused_layers).lower()}"]
 
 

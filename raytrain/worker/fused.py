@@ -25,6 +25,7 @@ CPU, or without Liger: the same math with torch ops (the path the CPU tests run 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -54,6 +55,7 @@ class CatLinear(torch.autograd.Function):
         return (dx, *dw.split([w.shape[0] for w in weights]))
 
 
+@functools.cache
 def _liger_rope_kernel():
     """Liger's RoPE Triton kernel, if its argument list is the one this code passes (liger-kernel 0.8.5)."""
     try:
@@ -126,17 +128,22 @@ class QKVRope(torch.autograd.Function):
         return g, None, None, None, None, None
 
 
+@functools.cache
+def _liger_gate_up_silu_mul():
+    try:
+        from liger_kernel.ops.swiglu import LigerFusedGateUpSiLUMulFunction
+    except ImportError:
+        return None
+    return LigerFusedGateUpSiLUMulFunction
+
+
 def _silu_mul_fused(y):
     """silu(gate) * up for y = gate|up on the last dim."""
-    if y.is_cuda:
-        try:
-            from liger_kernel.ops.swiglu import LigerFusedGateUpSiLUMulFunction
-        except ImportError:
-            LigerFusedGateUpSiLUMulFunction = None
-        if LigerFusedGateUpSiLUMulFunction is not None:
-            PATHS["silu_mul"] = "liger LigerFusedGateUpSiLUMulFunction on the gate|up buffer"
-            shape = y.shape
-            return LigerFusedGateUpSiLUMulFunction.apply(y.view(-1, shape[-1]), False).view(*shape[:-1], -1)
+    function = _liger_gate_up_silu_mul() if y.is_cuda else None
+    if function is not None:
+        PATHS["silu_mul"] = "liger LigerFusedGateUpSiLUMulFunction on the gate|up buffer"
+        shape = y.shape
+        return function.apply(y.view(-1, shape[-1]), False).view(*shape[:-1], -1)
     PATHS.setdefault("silu_mul", "torch silu(gate) * up")
     gate, up = y.chunk(2, dim=-1)
     return F.silu(gate) * up
@@ -158,27 +165,23 @@ _NORM_KERNEL_ARGS = {
                                             "W_row_stride", "RSTD_ptr", "RSTD_row_stride", "dW_ptr", "dW_row_stride",
                                             "n_rows", "n_cols", "offset", "rows_per_program", "casting_mode",
                                             "BLOCK_SIZE", "has_dS_out", "COMPUTE_DW"]}
-_LIGER_NORM: dict[str, Any] = {}
-
-
-def _liger_norm():
+@functools.cache
+def _liger_norm() -> dict[str, Any]:
     """Liger's RMSNorm and fused add+RMSNorm forward functions and backward kernels, if liger-kernel is
     installed and the kernels take the arguments this module passes (liger-kernel 0.8.5); else {}."""
-    if not _LIGER_NORM:
-        try:
-            from liger_kernel.ops import fused_add_rms_norm as fa
-            from liger_kernel.ops import rms_norm as rn
-            from liger_kernel.ops.utils import torch_to_triton_dtype
-        except ImportError:
-            _LIGER_NORM["ok"] = False
-            return {}
-        kernels = {"_rms_norm_backward_kernel": rn._rms_norm_backward_kernel,
-                   "_fused_add_rms_norm_backward_kernel": fa._fused_add_rms_norm_backward_kernel}
-        ok = all(list(getattr(k, "arg_names", []))[:len(_NORM_KERNEL_ARGS[n])] == _NORM_KERNEL_ARGS[n]
-                 for n, k in kernels.items())
-        _LIGER_NORM.update(ok=ok, rms_forward=rn.rms_norm_forward, add_forward=fa.fused_add_rms_norm_forward,
-                           dtype=torch_to_triton_dtype, **kernels)
-    return _LIGER_NORM if _LIGER_NORM["ok"] else {}
+    try:
+        from liger_kernel.ops import fused_add_rms_norm as fa
+        from liger_kernel.ops import rms_norm as rn
+        from liger_kernel.ops.utils import torch_to_triton_dtype
+    except ImportError:
+        return {}
+    kernels = {"_rms_norm_backward_kernel": rn._rms_norm_backward_kernel,
+               "_fused_add_rms_norm_backward_kernel": fa._fused_add_rms_norm_backward_kernel}
+    if not all(list(getattr(k, "arg_names", []))[:len(_NORM_KERNEL_ARGS[n])] == _NORM_KERNEL_ARGS[n]
+               for n, k in kernels.items()):
+        return {}
+    return dict(rms_forward=rn.rms_norm_forward, add_forward=fa.fused_add_rms_norm_forward,
+                dtype=torch_to_triton_dtype, **kernels)
 
 
 def _norm_backward(lib, dY, dS_out, X, W, RSTD, block: int, warps: int, casting_mode: int, stages=None):
@@ -247,27 +250,26 @@ class AddRMSNorm(torch.autograd.Function):
         return dx, dx, dw, None
 
 
-def _rms_norm(x, weight, eps: float):
-    """rmsnorm(x) * weight as transformers' LlamaRMSNorm computes it (normalisation in fp32)."""
+def _rms_norm(norm, x):
+    """norm(x) for the layer's RMSNorm module: Liger's kernels with the faster backward on a GPU, else the
+    module's own forward (transformers' LlamaRMSNorm, or LigerRMSNorm)."""
     if x.is_cuda and _liger_norm():
         PATHS["norm"] = f"liger rms_norm_forward, backward kernel at {NORM_BWD_PROGRAMS_PER_SM} programs per SM"
-        return RMSNorm.apply(x, weight, eps)
-    PATHS.setdefault("norm", "torch ops")
-    h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
+        return RMSNorm.apply(x, norm.weight, _eps(norm))
+    PATHS.setdefault("norm", "the norm module's forward")
+    return norm(x)
 
 
-def _add_rms_norm(x, residual, weight, eps: float):
-    """(rmsnorm(x + residual) * weight, x + residual), as transformers' layer computes them (the sum in
-    the activations' dtype, the normalisation in fp32)."""
+def _add_rms_norm(norm, x, residual):
+    """(norm(x + residual), x + residual), as transformers' layer computes them (the sum in the
+    activations' dtype): one Liger kernel each way on a GPU, else the add and the module's forward."""
     if x.is_cuda and _liger_norm():
         PATHS["add_norm"] = (f"liger fused_add_rms_norm_forward, backward kernel at {NORM_BWD_PROGRAMS_PER_SM} "
                              f"programs per SM")
-        return AddRMSNorm.apply(x, residual, weight, eps)
-    PATHS.setdefault("add_norm", "torch ops")
+        return AddRMSNorm.apply(x, residual, norm.weight, _eps(norm))
+    PATHS.setdefault("add_norm", "add, then the norm module's forward")
     s = residual + x
-    return _rms_norm(s, weight, eps), s
+    return _rms_norm(norm, s), s
 
 
 def _classes():
@@ -301,11 +303,9 @@ def _classes():
             if args or _unfused(hidden_states, kwargs):
                 return super().forward(hidden_states, *args, **kwargs)
             residual = hidden_states
-            norm = self.input_layernorm
-            hidden_states = _rms_norm(hidden_states, norm.weight, _eps(norm))
+            hidden_states = _rms_norm(self.input_layernorm, hidden_states)
             attn, _ = self.self_attn(hidden_states=hidden_states, **kwargs)
-            norm = self.post_attention_layernorm
-            hidden_states, residual = _add_rms_norm(attn, residual, norm.weight, _eps(norm))
+            hidden_states, residual = _add_rms_norm(self.post_attention_layernorm, attn, residual)
             mlp = self.mlp
             y = CatLinear.apply(hidden_states, mlp.gate_proj.weight, mlp.up_proj.weight)
             return _down_add(_silu_mul_fused(y), mlp.down_proj.weight, residual)

@@ -108,8 +108,8 @@ def test_zero3_over_two_ranks_trains_the_same_as_transformers_layers(tmp_path):
     assert r["fused-checkpointing"]["layer_class"] == "FusedLlamaDecoderLayer"
     assert (plain["checkpointing"], r["fused-checkpointing"]["checkpointing"]) == (False, True)
     assert plain["losses"][-1] < plain["losses"][0]  # 3 optimizer steps on two repeated batches: it learns
-    assert r["paths"] == {"norm": "torch ops", "rope": "torch ops", "add_norm": "torch ops",
-                          "silu_mul": "torch silu(gate) * up"}
+    assert r["paths"] == {"norm": "the norm module's forward", "rope": "torch ops",
+                          "add_norm": "add, then the norm module's forward", "silu_mul": "torch silu(gate) * up"}
 
 
 def test_fused_layers_is_refused_for_a_model_that_is_not_llama(tmp_path):
