@@ -25,6 +25,12 @@
 # plan1b:    1.1B with the GPU capped at 24 GiB (the full optimizer states plus the shipped micro-batch
 #            cannot fit), "auto", deepspeed + raytrain, then the uncapped no-offload reference at GA 4
 #            (~4.5 min); then the planner's runner-up forced, and a cap of 84 GiB (~2 min more).
+# caps1b:    1.1B uncapped, then "auto" at 70 GiB (the shipped micro-batch cannot fit; offload is optional) and at
+#            24 GiB (offload forced), then 70 GiB with the best offload setting forced (~6 min).
+# eta1b:     1.1B without offload at micro-batch 4, 8, 12, 16, then 24 with checkpointing: the throughput model's
+#            micro-batch curve and checkpointing cost (~5 min).
+# eta2:      host-bound micro-batches: 1.1B mb 4 with checkpointing and with transformers' layers, 7.24B mb 1
+#            without and with checkpointing (~5 min).
 # fp16:      the seed's fp16 with full offload vs bf16 at the same settings, and fp16 without offload (~4 min).
 # mfu62:     1.1B mb 24 x GA 4 bf16: as shipped, ZeRO stage 2, every parameter persistent, torchao float8 (~4.5 min).
 # profile:   the same 1.1B step under torch.profiler (benchmarks/profile_step.py): GPU time by kernel category, idle
@@ -37,11 +43,14 @@
 # Every bench record carries the planner's prediction ("predicted"), the GPU peak (max_memory_allocated)
 # and the host's used memory sampled every 2 s; host_used_mib.txt samples the whole part the same way.
 set -u
-part=${1:?reader, offload, compile, compile-noliger, checks, zeropp, superoffload, offload-max, plan13b, plan13b-twin, plan7b, plan1b, fp16, mfu62, main1b, twin1b, convert1b, profile or layers}
+part=${1:?reader, offload, compile, compile-noliger, checks, zeropp, superoffload, offload-max, plan13b, plan13b-twin, plan13b-nooff, plan7b, plan1b, caps1b, eta1b, eta2, fp16, mfu62, main1b, twin1b, convert1b, profile or layers}
 OUT=${OUT:-/tmp/out}; W=/tmp/bench_$part; mkdir -p "$OUT" "$W"
 END=$(( $(date +%s) + ${BUDGET_S:-560} ))
 export TORCH_EXTENSIONS_DIR=/tmp/torch_ext
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$W/gpus.csv" 2>&1
+# Power limit and clocks: the same shipped step ran 58.3-60.1% MFU on different H200 machines (docs/benchmarks.md)
+nvidia-smi --query-gpu=power.limit,power.max_limit,clocks.max.sm,clocks.sm,clocks.mem,temperature.gpu,pstate \
+  --format=csv >> "$W/gpus.csv" 2>&1
 echo "TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST-unset} nproc=$(nproc)" >> "$W/status.txt"
 Z=(--liger all --set deepspeed.zero_optimization.reduce_bucket_size=500000000
    --set deepspeed.zero_optimization.stage3_prefetch_bucket_size=200000000
@@ -53,8 +62,8 @@ S7=(--hidden-size 4096 --num-layers 32 --num-heads 32 --num-kv-heads 8 --interme
 S13=(--hidden-size 5120 --num-layers 40 --num-heads 40 --num-kv-heads 40 --intermediate-size 13824)
 BF16_STATES=(--set deepspeed.bf16.bf16_master_weights_and_grads=true --set deepspeed.bf16.bf16_optimizer_states=true)
 # 24 GiB and 84 GiB of the H200's 143,771 MiB (torch.cuda.set_per_process_memory_fraction and the planner)
-CAP24=0.171; CAP84=0.598
-case $part in plan*|fp16|mfu62|main1b|twin1b|convert1b|profile|layers|superoffload)
+CAP24=0.171; CAP70=0.4986; CAP84=0.598
+case $part in plan*|caps1b|eta*|fp16|mfu62|main1b|twin1b|convert1b|profile|layers|superoffload)
   (while true; do free -m | awk 'NR==2{print $3}'; sleep 2; done) > "$W/host_used_mib.txt" & hostmem=$!
   { python -c 'import torch; print("torch", torch.__version__)'; nproc; free -g | head -2; ulimit -l
     strings "$(python -c 'import torch, os; print(os.path.dirname(torch.__file__))')/lib/libc10.so" \
@@ -209,6 +218,45 @@ plan1b)  # in order of value: the decision under test, its reference, its runner
     --set model.gradient_checkpointing=true --set scaling.cpus_per_worker=14 --gpu-memory-fraction $CAP24 --no-profile
   variant 1b-cap84-auto 100 --paths deepspeed "${AUTO[@]}" --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" \
     --gpu-memory-fraction $CAP84 --no-profile
+  ;;
+caps1b)  # the uncapped reference, then "auto" under a cap that leaves the shipped micro-batch no room (70 GiB: the
+  # planner keeps every state on the GPU at a smaller micro-batch) and one that forces offload (24 GiB), then the
+  # fastest offload setting at 70 GiB forced (the planner's pick with offload on; mb 24 does not fit there even with
+  # full offload): one call, plain-DeepSpeed path (~6 min)
+  variant 1b-ref-nocap 110 --paths deepspeed "${GAS4[@]}" "${Z[@]}" --set scaling.cpus_per_worker=14 --no-profile
+  variant 1b-cap70-auto 110 --paths deepspeed "${AUTO[@]}" --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" \
+    --gpu-memory-fraction $CAP70 --no-profile
+  variant 1b-cap24-auto 170 --paths deepspeed "${AUTO[@]}" --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" \
+    --gpu-memory-fraction $CAP24 --no-profile
+  variant 1b-cap70-offload 110 --paths deepspeed --micro-batch 22 --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" --offload \
+    --set scaling.cpus_per_worker=14 --set deepspeed.zero_optimization.offload_optimizer.ratio=0.8636 \
+    --set deepspeed.zero_optimization.sub_group_size=100000000 --gpu-memory-fraction $CAP70 --no-profile
+  ;;
+eta1b)  # the throughput model's micro-batch curve (planning/throughput.py ETA_POINTS) at today's 1.1B step: no offload,
+  # GA 4, fused layers ("auto"), micro-batch 4 to 16, then the shipped micro-batch with checkpointing (~5 min)
+  for mb in 4 8 12 16; do
+    variant 1b-mb$mb 75 --paths deepspeed --micro-batch $mb --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" \
+      --set scaling.cpus_per_worker=14 --no-profile
+  done
+  variant 1b-mb24-ckpt 90 --paths deepspeed "${GAS4[@]}" "${Z[@]}" --set scaling.cpus_per_worker=14 \
+    --set model.gradient_checkpointing=true --no-profile
+  ;;
+eta2)  # where a micro-batch is host-bound (ZeRO-3's hooks and launches per layer): 1.1B at micro-batch 4 with
+  # checkpointing and with transformers' layers, 7.24B at micro-batch 1 without and with checkpointing (~5 min)
+  variant 1b-mb4-ckpt 60 --paths deepspeed --micro-batch 4 --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" \
+    --set scaling.cpus_per_worker=14 --set model.gradient_checkpointing=true --no-profile
+  variant 1b-mb4-unfused 60 --paths deepspeed --micro-batch 4 --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" \
+    --set scaling.cpus_per_worker=14 --set model.fused_layers=false --no-profile
+  variant 7b-mb1 100 --paths deepspeed "${S7[@]}" --micro-batch 1 --grad-accum 2 "${STEPS4[@]}" "${Z[@]}" \
+    --set scaling.cpus_per_worker=14 --no-profile
+  variant 7b-mb1-ckpt 100 --paths deepspeed "${S7[@]}" --micro-batch 1 --grad-accum 2 "${STEPS4[@]}" "${Z[@]}" \
+    --set scaling.cpus_per_worker=14 --set model.gradient_checkpointing=true --no-profile
+  ;;
+plan13b-nooff)  # 13B at the setting the recalibrated planner picks on the H200 (micro-batch 3, bf16 states on the GPU,
+  # no offload, checkpointing): does it fit and how fast (~2 min on the plain-DeepSpeed path)
+  variant 13b-mb3-nooffload 200 --paths deepspeed "${S13[@]}" --micro-batch 3 --grad-accum 1 "${BF16_STATES[@]}" "${Z[@]}" \
+    --set model.gradient_checkpointing=true --set scaling.cpus_per_worker=14 --steps 2 --warmup-steps 1 --window 1 \
+    --no-profile
   ;;
 fp16)  # the seed JSON's precision and offload at the shipped batch; bf16 the same; fp16 without offload
   E=(--paths deepspeed "${GAS4[@]}" "${Z[@]}" --set scaling.cpus_per_worker=14 --no-profile)
