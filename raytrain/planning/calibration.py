@@ -20,7 +20,10 @@ from dataclasses import dataclass
 Z = ("--set deepspeed.zero_optimization.reduce_bucket_size=500000000 "
      "--set deepspeed.zero_optimization.stage3_prefetch_bucket_size=200000000 "
      "--set deepspeed.zero_optimization.stage3_param_persistence_threshold=10000000")
+# The GPU caps of benchmarks/gpu_x1.sh (fractions of the H200's 143,771 MiB): 24 and 70 GiB.
+CAP24, CAP70 = 0.171, 0.4986
 SHAPE_7B = "--hidden-size 4096 --num-layers 32 --num-heads 32 --num-kv-heads 8 --intermediate-size 14336"
+SHAPE_13B = "--hidden-size 5120 --num-layers 40 --num-heads 40 --num-kv-heads 40 --intermediate-size 13824"
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,66 @@ ROWS = (
         "--set scaling.cpus_per_worker=14", 77_167, 78.5),
     Row("1b-ga4-layers-1202", BENCH, f"--micro-batch 24 --grad-accum 4 --liger all {Z} "
         "--set scaling.cpus_per_worker=14", 79_555, 78.6, fused_layers=True),
+    # The planner's choices of 2026-12-01 for the issue's 7.24B and 13B targets (docs/benchmarks.md, "the planner's
+    # choices", calls 2 and 5; plain-DeepSpeed path, transformers' layers): held out, no constant is fitted on them.
+    Row("7b-mb14-ga2-ckpt", BENCH, f"{SHAPE_7B} --micro-batch 14 --grad-accum 2 --liger all {Z} "
+        "--set model.gradient_checkpointing=true --set scaling.cpus_per_worker=14", 9_952, 120.5, host_used_gib=16.2,
+        optimizer_s=0.185),
+    Row("13b-mb17-ratio0.17-ckpt", BENCH, f"{SHAPE_13B} --micro-batch 17 --grad-accum 1 --liger all {Z} --offload "
+        "--set deepspeed.zero_optimization.offload_optimizer.ratio=0.1699 "
+        "--set deepspeed.zero_optimization.sub_group_size=100000000 --set model.gradient_checkpointing=true "
+        "--set deepspeed.bf16.bf16_master_weights_and_grads=true --set deepspeed.bf16.bf16_optimizer_states=true "
+        "--set scaling.cpus_per_worker=14", 4_829, 126.7, host_used_gib=69.8, optimizer_s=1.309),
+    # 2026-12-02, a later session (docs/benchmarks.md "the throughput model's micro-batch curve"): three freshly
+    # started machines, rows of one machine compared with each other only. Machine "b" (calls 6-7, caps1b and
+    # eta1b): the shipped micro-batch and smaller ones, checkpointing, and the planner's choices under GPU caps.
+    Row("1b-mb24-1202b", BENCH, f"--micro-batch 24 --grad-accum 4 --liger all {Z} --set scaling.cpus_per_worker=14",
+        77_756, 78.6, optimizer_s=0.041, fused_layers=True),
+    Row("1b-mb18-cap70-1202b", BENCH, f"--micro-batch 18 --grad-accum 4 --liger all {Z} "
+        f"--set scaling.cpus_per_worker=14 --gpu-memory-fraction {CAP70}", 76_223, 63.3, optimizer_s=0.041,
+        fused_layers=True),
+    Row("1b-mb16-1202b", BENCH, f"--micro-batch 16 --grad-accum 4 --liger all {Z} --set scaling.cpus_per_worker=14",
+        75_472, 58.2, optimizer_s=0.042, fused_layers=True),
+    Row("1b-mb12-1202b", BENCH, f"--micro-batch 12 --grad-accum 4 --liger all {Z} --set scaling.cpus_per_worker=14",
+        74_212, 48.0, optimizer_s=0.043, fused_layers=True),
+    Row("1b-mb8-1202b", BENCH, f"--micro-batch 8 --grad-accum 4 --liger all {Z} --set scaling.cpus_per_worker=14",
+        68_865, 37.8, optimizer_s=0.043, fused_layers=True),
+    Row("1b-mb4-1202b", BENCH, f"--micro-batch 4 --grad-accum 4 --liger all {Z} --set scaling.cpus_per_worker=14",
+        37_191, 27.7, optimizer_s=0.045, fused_layers=True),
+    Row("1b-mb24-ckpt-1202b", BENCH, f"--micro-batch 24 --grad-accum 4 --liger all {Z} "
+        "--set scaling.cpus_per_worker=14 --set model.gradient_checkpointing=true", 62_711, 25.3, optimizer_s=0.044,
+        fused_layers=True),
+    Row("1b-mb33-cap24-1202b", BENCH, f"--micro-batch 33 --grad-accum 4 --liger all {Z} --offload "
+        "--set deepspeed.zero_optimization.offload_optimizer.ratio=0.5909 "
+        "--set deepspeed.zero_optimization.sub_group_size=100000000 --set model.gradient_checkpointing=true "
+        f"--set scaling.cpus_per_worker=14 --gpu-memory-fraction {CAP24}", 53_651, 20.4, host_used_gib=17.4,
+        optimizer_s=0.630, fused_layers=True),
+    Row("1b-mb22-cap70-offload-1202b", BENCH, f"--micro-batch 22 --grad-accum 4 --liger all {Z} --offload "
+        "--set deepspeed.zero_optimization.offload_optimizer.ratio=0.8636 "
+        "--set deepspeed.zero_optimization.sub_group_size=100000000 "
+        f"--set scaling.cpus_per_worker=14 --gpu-memory-fraction {CAP70}", 52_982, 60.8, host_used_gib=22.7,
+        optimizer_s=0.900, fused_layers=True),
+    # Machine "c" (call 8, eta2): host-bound micro-batches, with and without fused layers and checkpointing.
+    Row("1b-mb4-ckpt-1202c", BENCH, f"--micro-batch 4 --grad-accum 4 --liger all {Z} --set scaling.cpus_per_worker=14 "
+        "--set model.gradient_checkpointing=true", 35_257, 23.0, optimizer_s=0.038, fused_layers=True),
+    Row("1b-mb4-unfused-1202c", BENCH, f"--micro-batch 4 --grad-accum 4 --liger all {Z} "
+        "--set scaling.cpus_per_worker=14", 24_242, 27.7, optimizer_s=0.043),
+    Row("7b-mb1-1202c", BENCH, f"{SHAPE_7B} --micro-batch 1 --grad-accum 2 --liger all {Z} "
+        "--set scaling.cpus_per_worker=14", 5_109, 118.1, optimizer_s=0.182, fused_layers=True),
+    Row("7b-mb1-ckpt-1202c", BENCH, f"{SHAPE_7B} --micro-batch 1 --grad-accum 2 --liger all {Z} "
+        "--set scaling.cpus_per_worker=14 --set model.gradient_checkpointing=true", 4_164, 115.2, optimizer_s=0.180,
+        fused_layers=True),
+    # Machine "d" (call 9, plan13b-nooff): the 13B at the recalibrated planner's pick for the H200 (no offload, bf16
+    # states on the GPU, checkpointing, micro-batch 3): held out. One timed step after one warm-up step.
+    Row("13b-mb3-nooffload-1202d", BENCH, f"{SHAPE_13B} --micro-batch 3 --grad-accum 1 --liger all {Z} "
+        "--set model.gradient_checkpointing=true --set deepspeed.bf16.bf16_master_weights_and_grads=true "
+        "--set deepspeed.bf16.bf16_optimizer_states=true --set scaling.cpus_per_worker=14", 4_732, 126.5,
+        host_used_gib=26.5, optimizer_s=0.241, fused_layers=True),
+    # Machine "a" (call 5, twin1b): fused against transformers' layers once more, the shipped setting.
+    Row("1b-ga4-layers-off-1202a", BENCH, f"--micro-batch 24 --grad-accum 4 --liger all {Z} "
+        "--set scaling.cpus_per_worker=14", 74_758, 78.5, optimizer_s=0.040),
+    Row("1b-ga4-layers-1202a", BENCH, f"--micro-batch 24 --grad-accum 4 --liger all {Z} "
+        "--set scaling.cpus_per_worker=14", 77_113, 78.6, optimizer_s=0.041, fused_layers=True),
     # offload-max: `free -m` used, sampled every 5 s, peaked at 128,395 MiB (the host's OOM edge).
     Row("6.74b-mb1-ckpt-offload", BENCH, "--micro-batch 1 --hidden-size 4096 --num-layers 32 --num-heads 32 "
         f"--num-kv-heads 32 --intermediate-size 11008 --liger all {Z} --set model.gradient_checkpointing=true "

@@ -1,11 +1,15 @@
 """The throughput model: predicted step time and tokens/s of a `Setting`, to rank the planner's candidates.
 
     t_step = GA * t_micro(mb) + T_STEP_FIXED + t_optimizer
-    t_micro = F * mb * S * c_ckpt / (peak * eta(x) * k_liger * k_fused)     F = 6N + 12 L H S (flops per token)
-      eta(x): the GPU's efficiency on forward + backward, a function of x = mb * S * H^2 / (24 * 2048 * 2048^2)
-              (host work per layer, ZeRO-3's hooks and launches, is fixed; GPU work per layer grows as
-              tokens x H^2): piecewise linear through ETA_POINTS, flat from x = 1
-      c_ckpt = (8N + 16 L H S) / (6N + 12 L H S) with activation checkpointing (forward recomputed), else 1
+    t_micro = (t_gpu^P + t_host^P)^(1/P)          the larger of the two, blended where they are close
+    t_gpu = F * mb * S * c_ckpt / (peak * eta(x) * k_liger * k_fused)     F = 6N + 12 L H S (flops per token)
+      eta(x): the GPU's efficiency on forward + backward, ETA_PLATEAU from x = 1 down to ETA_PLATEAU * (1 -
+              ETA_SLOPE) at x = 0, x = mb * S * H^2 / (24 * 2048 * 2048^2) (smaller GEMMs)
+      c_ckpt = 1 + RECOMPUTE_COST * (2 N_layers + 4 L H S) / F with activation checkpointing (the decoder
+              layers' forward runs again; embedding, LM head and loss do not), else 1
+    t_host = L * HOST_S_PER_LAYER[fused] * (HOST_CKPT_FACTOR[fused] with checkpointing): the host's work per
+      decoder layer and micro-batch (ZeRO-3's fetch and release hooks, autograd, launches), measured the same
+      at hidden 2048 and 4096; it bounds small micro-batches (1.1B at micro-batch 4, 7.24B at 1)
     t_optimizer, no optimizer offload: the fused AdamW pass over HBM, (3 mw + 2 st + 2) N / HBM_ADAM_BYTES_PER_S
     with optimizer offload (DeepSpeed 0.19.8 keeps every micro-batch's gradients in pinned host memory,
     whatever the ratio: 2N bytes D2H at the first micro-batch, 4N round trip at each further one):
@@ -29,18 +33,33 @@ from dataclasses import dataclass
 
 from raytrain.planning.estimate import Estimate, MemoryFacts
 
-# eta at the calibration points (x, eta, row of raytrain.planning.calibration): forward + backward time
-# per micro-batch = the row's step time minus its optimizer step (below), GA micro-batches per step.
-# Linear between the points, flat above x = 1 (rows 1b-mb24-liger-zero and 1b-mb32-liger-zero, 73,122
-# vs 73,074 tok/s, show the plateau), proportional to x below the first (host-bound: a micro-batch
-# takes as long whatever its tokens, as the 8.1B row's micro-batch of 1 does).
-ETA_POINTS = ((1 / 6, 0.184, "8.1b-mb1-ckpt"), (1 / 3, 0.391, "7b-mb2-ga8-ckpt"), (2 / 3, 0.491, "1b-mb16-liger"),
-              (1.0, 0.588, "1b-mb24-ga4"))
+# The GPU's efficiency at x >= 1: row 1b-mb24-ga4 (forward + backward time per micro-batch = the row's step time
+# minus its optimizer step, below; flat above x = 1: rows 1b-mb24-liger-zero and 1b-mb32-liger-zero, 73,122 vs
+# 73,074 tok/s). Below x = 1 it falls linearly, by ETA_SLOPE at x = 0: rows 1b-mb12-1202b, 1b-mb16-1202b and
+# 1b-mb18-cap70-1202b against 1b-mb24-1202b (one machine; 95.4%, 97.1%, 98.0% of its tokens/s).
+ETA_PLATEAU = 0.588
+ETA_SLOPE = 0.04
 X_REF_TOKENS_H2 = 24 * 2048 * 2048**2  # 1.1B (hidden 2048) at micro-batch 24 x 2048 tokens: x = 1
-# Liger's kernels change the kernels, not the shape of the curve: row 1b-mb24-loss-zero over
-# 1b-mb24-liger-zero (54,532 / 73,122) for "loss"; row 1b-mb16 over 1b-mb16-liger (50,654 / 58,411)
-# for "none" (measured at micro-batch 16, applied everywhere).
-LIGER_FACTOR = {"all": 1.0, "loss": 0.746, "none": 0.867}
+# Host seconds per decoder layer and micro-batch, keyed by model.fused_layers (the fused layers run fewer
+# modules, so fewer ZeRO-3 hooks: 1.1B at micro-batch 4 runs its forward in 87 ms fused against 183 ms): fused,
+# rows 1b-mb4-1202b (9.5 ms) and 7b-mb1-1202c (9.7 ms); transformers' layers, row 1b-mb4-unfused-1202c (14.9 ms).
+HOST_S_PER_LAYER = {True: 0.0096, False: 0.0149}
+# ... times this with activation checkpointing (each layer's forward runs again): fused, rows 7b-mb1-ckpt-1202c
+# over 7b-mb1-1202c (1.30, one machine) and 1b-mb4-ckpt-1202c over 1b-mb4-1202b (1.07, two machines);
+# transformers' layers, rows 7b-mb2-ga8-ckpt and 8.1b-mb1-ckpt (20.6 and 21.8 ms per layer: 1.38, 1.46).
+HOST_CKPT_FACTOR = {True: 1.18, False: 1.42}
+# How sharply the micro-batch's time turns from host-bound to GPU-bound: row 1b-mb8-1202b, where the two are
+# equal (0.21 s each), took 0.227 s.
+HOST_GPU_BLEND_P = 8
+# Checkpointing's recompute (the decoder layers' forward: 2 N_layers + 4 L H S flops per token) costs this
+# much GPU time per flop against the forward + backward average (a forward runs its GEMMs and attention faster
+# than a backward): rows 1b-mb24-ckpt-1202b over 1b-mb24-1202b (one machine: the step 24.3% longer, for
+# 29.9% more flops). Held out: rows 7b-mb14-ga2-ckpt and 13b-mb17-ratio0.17-ckpt.
+RECOMPUTE_COST = 0.81
+# Liger's kernels change the GPU's kernels, not the host's work: row 1b-mb24-loss-zero over 1b-mb24-liger-zero
+# (54,532 / 73,122) for "loss"; row 1b-mb16 over 1b-mb16-liger (50,654 / 58,411) for "none" (measured at
+# micro-batch 16, where the host's term adds 1.4% to the Liger row's time: 0.85 reproduces the ratio).
+LIGER_FACTOR = {"all": 1.0, "loss": 0.746, "none": 0.85}
 # model.fused_layers (raytrain/worker/fused.py) on the same kernels: rows 1b-ga4-layers-1202 over
 # 1b-ga4-layers-off-1202 (79,555 / 77,167, one call; measured at 1.1B, mb 24, applied everywhere).
 FUSED_LAYERS_FACTOR = 1.031
@@ -77,14 +96,24 @@ def flops_per_token(num_params: int, num_layers: int, hidden: int, seq_len: int)
     return 6 * num_params + 12 * num_layers * hidden * seq_len
 
 
+def recompute_flops_per_token(hf_config, num_params: int, seq_len: int) -> float:
+    """The decoder layers' forward, which activation checkpointing runs again: 2 flops per parameter outside the
+    embedding, the LM head (unless tied) and the final norm, plus the attention's forward."""
+    hidden, layers = hf_config.hidden_size, hf_config.num_hidden_layers
+    embedding = getattr(hf_config, "vocab_size", 0) * hidden
+    untied_head = 0 if getattr(hf_config, "tie_word_embeddings", False) else embedding
+    return 2 * max(num_params - embedding - untied_head - hidden, 0) + 4 * layers * hidden * seq_len
+
+
 def eta(hidden: int, micro_batch: int, seq_len: int) -> float:
-    """The GPU's efficiency on forward + backward at this micro-batch (model FLOPs / peak / time)."""
+    """The GPU's efficiency on forward + backward at this micro-batch (model FLOPs / peak / GPU time)."""
     x = micro_batch * seq_len * hidden**2 / X_REF_TOKENS_H2
-    points = [(0.0, 0.0)] + [(px, pe) for px, pe, _ in ETA_POINTS]
-    if x >= points[-1][0]:
-        return points[-1][1]
-    (x0, e0), (x1, e1) = next((a, b) for a, b in zip(points, points[1:]) if x < b[0])
-    return e0 + (e1 - e0) * (x - x0) / (x1 - x0)
+    return ETA_PLATEAU * (1 - ETA_SLOPE * (1 - min(x, 1.0)))
+
+
+def host_s(num_layers: int, fused_layers: bool, checkpointing: bool) -> float:
+    """The host's time per micro-batch, forward + backward (the floor of a small micro-batch's time)."""
+    return num_layers * HOST_S_PER_LAYER[fused_layers] * (HOST_CKPT_FACTOR[fused_layers] if checkpointing else 1.0)
 
 
 def cpu_adam_s_per_param(threads: float, bf16_states: bool) -> float:
@@ -114,12 +143,14 @@ def predict(f: MemoryFacts, e: Estimate, *, grad_accum: int, cpus_per_worker: fl
     tokens = s.micro_batch * f.seq_len
     ckpt = 1.0
     if s.gradient_checkpointing:
-        attention = 12 * cfg.num_hidden_layers * cfg.hidden_size * f.seq_len
-        ckpt = (8 * n + attention * 4 / 3) / fpt
+        ckpt = 1 + RECOMPUTE_COST * recompute_flops_per_token(cfg, n, f.seq_len) / fpt
     efficiency = eta(cfg.hidden_size, s.micro_batch, f.seq_len) * LIGER_FACTOR.get(f.liger_kernel, 1.0)
     if f.fused_layers:
         efficiency *= FUSED_LAYERS_FACTOR
-    t_micro = fpt * tokens * ckpt / (peak_flops * efficiency)
+    t_gpu = fpt * tokens * ckpt / (peak_flops * efficiency)
+    t_host = host_s(cfg.num_hidden_layers, f.fused_layers, s.gradient_checkpointing)
+    p = HOST_GPU_BLEND_P
+    t_micro = (t_gpu**p + t_host**p) ** (1 / p)
     if s.offload_param:
         t_micro += (3 if s.gradient_checkpointing else 2) * f.pb * n / PCIE_BYTES_PER_S
     mw, st = f.mw, f.st

@@ -8,9 +8,18 @@ import pytest
 from raytrain.planning import calibration, throughput
 from raytrain.tools import bench, bench_paths
 
-# The rows each throughput constant is fitted on (raytrain/planning/throughput.py names them).
+# The rows each throughput constant is fitted on (raytrain/planning/throughput.py names them): reproduced
+# within 3% (constants fitted on several rows at once, one value for all, do not meet each row exactly).
 FITTED = ("1b-mb24-ga4", "1b-mb24-ga4-offload", "1b-mb24-ga4-ratio0.5", "1b-mb24-ga4-ratio0.25", "7b-mb2-ga8-ckpt",
-          "1b-mb16-liger", "8.1b-mb1-ckpt")
+          "8.1b-mb1-ckpt", "1b-mb4-1202b", "7b-mb1-1202c", "1b-mb4-unfused-1202c")
+# Rows whose tokens/s the model is not meant to reproduce: the first round's micro-batch 16 ran DeepSpeed's default
+# ZeRO-3 buckets and thresholds at GA 1 (15-18% slower than the tuned ones the model is calibrated on); only
+# their ratio is used (LIGER_FACTOR["none"]).
+NOT_MODELLED = {"1b-mb16", "1b-mb16-liger"}
+# The micro-batch curve and checkpointing's cost, as ratios of rows measured on one machine (machine "b",
+# one session): each row's tokens/s over the same machine's shipped micro-batch.
+SAME_MACHINE = ("1b-mb18-cap70-1202b", "1b-mb16-1202b", "1b-mb12-1202b", "1b-mb8-1202b", "1b-mb4-1202b",
+                "1b-mb24-ckpt-1202b", "1b-mb33-cap24-1202b", "1b-mb22-cap70-offload-1202b")
 
 
 def prediction(row: calibration.Row) -> dict:
@@ -39,7 +48,37 @@ def test_host_peak_within_10_percent(row, predictions):
 @pytest.mark.parametrize("row_id", FITTED)
 def test_throughput_reproduces_the_rows_it_is_fitted_on(row_id, predictions):
     row = calibration.BY_ID[row_id]
-    assert predictions[row_id]["tokens_per_s"] == pytest.approx(row.tokens_per_s, rel=0.01)
+    assert predictions[row_id]["tokens_per_s"] == pytest.approx(row.tokens_per_s, rel=0.03)
+
+
+@pytest.mark.parametrize("row", [r for r in calibration.ROWS if r.id not in NOT_MODELLED], ids=lambda r: r.id)
+def test_throughput_within_11_percent_of_every_row(row, predictions):
+    """Held-out rows included (the 7.24B and 13B planner choices, the capped and offloaded 1.1B runs). The
+    worst are the host-bound checkpointed micro-batches (-10.5% and +8.1%: one factor for both models)."""
+    assert predictions[row.id]["tokens_per_s"] == pytest.approx(row.tokens_per_s, rel=0.11)
+
+
+@pytest.mark.parametrize("row_id", SAME_MACHINE)
+def test_micro_batch_curve_and_checkpointing_match_one_machines_ratios(row_id, predictions):
+    """Machines differ by a few percent at the same setting; within one machine the model must rank right."""
+    ref = "1b-mb24-1202b"
+    measured = calibration.BY_ID[row_id].tokens_per_s / calibration.BY_ID[ref].tokens_per_s
+    predicted = predictions[row_id]["tokens_per_s"] / predictions[ref]["tokens_per_s"]
+    # 4%: the offloaded row's constants come from other rows (-1.6% and +1.9% against this machine's)
+    assert predicted == pytest.approx(measured, rel=0.04), (predicted, measured)
+
+
+def test_liger_none_factor_reproduces_its_pair_of_rows(predictions):
+    ratio = predictions["1b-mb16"]["tokens_per_s"] / predictions["1b-mb16-liger"]["tokens_per_s"]
+    assert ratio == pytest.approx(50_654 / 58_411, rel=0.01)
+
+
+def test_a_small_micro_batch_is_host_bound():
+    """Below the micro-batch where the host's per-layer work exceeds the GPU's, a smaller micro-batch takes
+    as long (1.1B at 4 and 8 sequences: 0.209 s and 0.227 s measured), so tokens/s fall in proportion."""
+    assert throughput.host_s(22, True, False) == pytest.approx(0.209, rel=0.02)
+    assert throughput.host_s(22, False, False) > 1.5 * throughput.host_s(22, True, False)
+    assert throughput.host_s(22, True, True) > throughput.host_s(22, True, False)
 
 
 def test_fused_layers_factor_reproduces_its_pair_of_rows(predictions):
@@ -52,8 +91,10 @@ def test_fused_layers_factor_reproduces_its_pair_of_rows(predictions):
 
 def test_every_fitted_row_is_named_by_a_constant():
     source = open(throughput.__file__).read()
-    assert all(row_id in source for row_id in FITTED)
-    assert all(row_id in calibration.BY_ID for _, _, row_id in throughput.ETA_POINTS)
+    assert all(row_id in source for row_id in FITTED + SAME_MACHINE[:4])
+    named = {word.strip(",.():;") for word in source.split()}
+    rows = {w for w in named if w.startswith(("1b-", "7b-", "8.1b-", "13b-"))}
+    assert rows <= set(calibration.BY_ID), rows - set(calibration.BY_ID)  # no constant names a row that is gone
 
 
 def test_flops_per_token_is_the_workers():

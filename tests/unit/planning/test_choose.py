@@ -48,33 +48,50 @@ def in_repo_root(monkeypatch):
     monkeypatch.chdir(pathlib.Path(__file__).resolve().parents[3])
 
 
-def test_1b_with_the_whole_gpu_keeps_the_shipped_setting():
+def predicted_tokens_per_s(resolved) -> float:
+    return float(resolved.plan[0].split(" tokens/s")[0].split(": ")[-1].replace(",", ""))
+
+
+def test_1b_with_the_whole_gpu_keeps_about_the_shipped_setting():
+    # Past micro-batch ~20 the 1.1B step is flat (measured: mb 18 98.0%, mb 24 100%, mb 32 99.9%): the planner
+    # takes the smallest micro-batch within TIE of the best, just under the shipped 24.
     r = resolve()
     c = chosen(r)
-    assert c["micro_batch"] == 24 and c["checkpointing"] is False and c["offload"] == {"device": "none"}
+    assert 20 <= c["micro_batch"] <= 24 and c["checkpointing"] is False and c["offload"] == {"device": "none"}
     assert r.deepspeed.gradient_accumulation_steps == 4  # not a planner output
-    assert len(r.plan) == 2 and r.plan[0].startswith("chose micro-batch 24 x 4 accumulation, no offload")
+    assert len(r.plan) == 2 and r.plan[0].startswith(f"chose micro-batch {c['micro_batch']} x 4 accumulation, no offload")
     assert "tokens/s per GPU predicted" in r.plan[0] and r.plan[1].startswith("runner-up ")
+    shipped = resolve("training.micro_batch_size_per_gpu=24", auto=[a for a in AUTO if "micro_batch" not in a])
+    assert predicted_tokens_per_s(r) >= predicted_tokens_per_s(shipped) * 0.99
 
 
 def test_1b_capped_where_the_shipped_micro_batch_no_longer_fits_shrinks_it_rather_than_offload():
     # 84 GiB: mb 24 without offload needs 77.8 of 75.6 usable; partial offload of a few sub-groups
     # needs *more* GPU memory (a persistent fp32 gradient buffer per GPU sub-group) and a host round
-    # trip of every micro-batch's gradients, so one sequence less wins.
+    # trip of every micro-batch's gradients, so a smaller micro-batch wins (70 GiB, measured: mb 18 without
+    # offload 76,223 tokens/s, mb 22 with 86% of the states offloaded 52,982).
     c = chosen(resolve(gpu_gib=84))
-    assert c["micro_batch"] == 23 and c["offload"] == {"device": "none"} and c["checkpointing"] is False
+    assert 16 <= c["micro_batch"] < 24 and c["offload"] == {"device": "none"} and c["checkpointing"] is False
+
+
+def test_1b_capped_at_24_gib_checkpoints_rather_than_offload():
+    # The optimizer states (16.4 GiB) still fit: checkpointing at micro-batch ~12 beats moving them to the host
+    # (measured at 24 GiB: offload + checkpointing at mb 33 made 69% of uncapped; checkpointing alone at mb 24
+    # makes 80.7%, host-bound micro-batches below ~8 much less).
+    r = resolve(gpu_gib=24)
+    c = chosen(r)
+    assert c["offload"] == {"device": "none"} and c["checkpointing"] is True and 8 <= c["micro_batch"] <= 16
+    assert "runner-up" in r.plan[1] and "offload" in r.plan[1].split("runner-up")[1].split(":")[0]
 
 
 def test_1b_capped_below_its_optimizer_states_offloads_part_of_them_with_checkpointing():
-    r = resolve(gpu_gib=24)
+    r = resolve(gpu_gib=22)
     c = chosen(r)
     assert c["offload"]["device"] == "cpu" and 0 < c["offload"]["ratio"] < 1 and c["checkpointing"] is True
     assert c["sub_group_size"] < 1_000_000_000  # the default's 3 sub-groups are too coarse a split
-    assert "runner-up micro-batch 13 x 4 accumulation, no offload, checkpointing" in r.plan[1]
+    assert "no offload, checkpointing" in r.plan[1]
     # DeepSpeed 0.19.8 moves every micro-batch's gradients through the host: far below 90% of uncapped
-    capped, uncapped = (float(x.plan[0].split(" tokens/s")[0].split(": ")[-1].replace(",", ""))
-                        for x in (r, resolve()))
-    assert 0.6 < capped / uncapped < 0.75
+    assert 0.6 < predicted_tokens_per_s(r) / predicted_tokens_per_s(resolve()) < 0.75
 
 
 def test_7b_on_one_h200_checkpoints_without_offload_at_over_40_percent_mfu():
@@ -82,7 +99,8 @@ def test_7b_on_one_h200_checkpoints_without_offload_at_over_40_percent_mfu():
     c = chosen(r)
     assert c["offload"] == {"device": "none"} and c["checkpointing"] is True and 8 <= c["micro_batch"] <= 20
     mfu = float(r.plan[0].split("% MFU")[0].split("(")[-1])
-    assert 40 <= mfu <= 46  # best hand setting measured: 33.2% (mb 4, ratio 0.6, no checkpointing)
+    # measured at the choice of 2026-12-01 (mb 14): 47.0%; best hand setting: 33.2% (mb 4, ratio 0.6)
+    assert 40 <= mfu <= 50
 
 
 def test_13b_fits_only_with_bf16_states_and_says_so():
@@ -161,7 +179,7 @@ def test_auto_without_a_known_gpu_memory_names_how_to_plan():
 def test_plan_command_prints_the_choice_and_the_table_of_that_setting(capsys):
     from raytrain.tools.plan import main as plan_main
 
-    code = plan_main(["--config", "configs/llama-1b-1gpu.yaml", "--gpu-memory-gib", "24", "--host-memory-gib", "125",
+    code = plan_main(["--config", "configs/llama-1b-1gpu.yaml", "--gpu-memory-gib", "22", "--host-memory-gib", "125",
                       "--gpus-per-node", "1", *AUTO, *Z])
     out = capsys.readouterr().out
     assert code == 0, out
