@@ -29,11 +29,23 @@ from typing import Any
 
 import ray
 import ray.train
+from ray.exceptions import GetTimeoutError
 
 from raytrain import compat
 from raytrain.checkpoint import layout
 from raytrain.console import emit, say
 from raytrain.data.progress import DataProgress, RunSummary
+
+
+def stopped_by_bad_record(progress: DataProgress, timeout_s: float = 60) -> bool:
+    """The driver's poll of the counter, every 0.5 s while the run trains: whether a bad record has stopped
+    the run. A counter that does not answer in time (a starved machine: a 2-core CI box under load left it
+    silent for over 60 s) counts as "not yet": the poll only decides when to quiet the workers' logs, and
+    the run's outcome, the bad record included, is read from the counter once fit() returns."""
+    try:
+        return progress.stopped_by_bad_record(timeout_s=timeout_s)
+    except GetTimeoutError:
+        return False
 
 
 class Interrupted(Exception):
@@ -92,7 +104,7 @@ def run_trainer(trainer, progress: DataProgress, run_uri: str, max_steps: int, c
         quiet = False
         while thread.is_alive():
             thread.join(timeout=0.5)  # a timed wait: Ctrl-C interrupts it at once
-            if not quiet and progress.stopped_by_bad_record():
+            if not quiet and stopped_by_bad_record(progress):
                 # The counter has stopped the run; what its workers and tasks print while Ray kills
                 # them is consequence, not news (a task killed in a finalizer prints a traceback): the
                 # user's one line is the error. One actor call per 0.5 s until then.
