@@ -57,7 +57,9 @@ def quickstart(tmp_path_factory):
     os.killpg(first.pid, signal.SIGINT)
     rest, _ = first.communicate(timeout=300)
     interrupted = "".join(lines) + rest
-    dashboard = int(re.search(r"dashboard http://127.0.0.1:(\d+)", interrupted).group(1))
+    started = re.search(r"dashboard http://127.0.0.1:(\d+)", interrupted)
+    assert started, interrupted[-4000:]  # what the run said instead (a slow machine's dashboard may not start)
+    dashboard = int(started.group(1))
     command = re.search(r"^raytrain: interrupted .*; to continue: (.*)$", interrupted, re.M).group(1)
     continuable = unfinished(storage, argv)
     cmd = shlex.split(command)
