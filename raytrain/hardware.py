@@ -1,4 +1,5 @@
-"""What a machine has: its GPUs (one nvidia-smi query) and host RAM; and the memory a plan targets.
+"""What a machine has: its GPUs (one nvidia-smi query) and host RAM; the memory a plan targets; the
+allocator setting under which the plan's GPU reserve holds (`allocator_env`).
 
 Used on the driver (planning for this machine), in zero-CPU probe tasks on each node of a live
 cluster (raytrain.driver.cluster) and by the preflight's workers.
@@ -6,7 +7,9 @@ cluster (raytrain.driver.cluster) and by the preflight's workers.
 
 from __future__ import annotations
 
+import os
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -61,3 +64,24 @@ def this_machine() -> Target:
     found = gpus()
     return Target(gpu_memory_bytes=min((g.memory_bytes for g in found), default=None),
                   host_memory_bytes=host_memory_bytes(), gpus_per_node=len(found) or None)
+
+
+# The variables that configure torch's CUDA caching allocator (PYTORCH_ALLOC_CONF is torch >= 2.9's name).
+ALLOCATOR_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+def allocator_env(use_gpu: bool, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """GPU workers' allocator default: expandable segments, unless the driver's environment (the user's
+    shell or the job's runtime_env) says anything about the allocator; then the workers keep theirs.
+
+    Why: torch's default allocator keeps the blocks it splits; a checkpointed large micro-batch
+    (recomputed 2.4 GiB MLP tensors) left 6.2 GiB of a 24 GiB cap reserved but unusable, and a setting
+    the planner had found to fit (1.1B, mb 55, full offload) ran out of memory at 15.7 GiB allocated
+    (2026-12-02, docs/benchmarks.md). The planner models allocated bytes plus a 10% reserve; expandable
+    segments map pages into one growing segment, so that reserve holds. Cost: none measured at the
+    shipped 1.1B step (76,297 vs 76,112 tokens/s, same call). Set at process start (runtime_env), since
+    the allocator reads it once, when CUDA first allocates.
+    """
+    if not use_gpu or any(k in environ for k in ALLOCATOR_VARS):
+        return {}
+    return {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}

@@ -315,7 +315,7 @@ def _trainer(spec: RunSpec, datasets: dict[str, Any], progress: DataProgress) ->
             # they say in its own lines. Warnings and errors still show; the log files keep all.
             logging_config=ray.train.LoggingConfig(log_level="WARNING"),
             callbacks=watch_callbacks(progress, cfg.checkpoint.max_failures),
-            worker_runtime_env={"env_vars": _tracking_env(cfg)}),
+            worker_runtime_env={"env_vars": {**_tracking_env(cfg), **hardware.allocator_env(shape.use_gpu)}}),
         datasets=datasets,
         dataset_config=ShardedIngest(cfg.data.num_shards),
         # raytrain's backend sets each node's NCCL/Gloo environment before the process group exists.

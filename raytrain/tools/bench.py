@@ -49,6 +49,7 @@ import traceback
 from typing import Any
 
 from raytrain.config import DEFAULT_DEEPSPEED
+from raytrain.hardware import ALLOCATOR_VARS, allocator_env
 from raytrain.console import parse_progress
 from raytrain.tools.bench_report import HostSampler, markdown_table  # noqa: F401  (markdown_table: this module's API)
 
@@ -211,7 +212,9 @@ def run_child(args: argparse.Namespace) -> int:
 
     from raytrain.tools import bench_paths  # the child only: the parent never imports torch or DeepSpeed
 
-    record: dict[str, Any] = {"path": args.child}
+    # the allocator this child ran under (hardware.allocator_env's default unless the caller set one)
+    record: dict[str, Any] = {"path": args.child, "alloc_conf": {k: os.environ[k] for k in ALLOCATOR_VARS
+                                                                 if k in os.environ}}
     try:
         use_gpu = torch.cuda.is_available()
         overrides = overrides_for(args, use_gpu)
@@ -244,7 +247,8 @@ def run_path(path: str, args: argparse.Namespace, argv: list[str], log_path: str
     host = HostSampler()
     with host, open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                # the workers' allocator default on every path (raytrain's driver sets it for its own)
+                                env={**os.environ, **allocator_env(use_gpu=True), "PYTHONUNBUFFERED": "1"},
                                 start_new_session=True)  # its own process group: a timeout kills Ray too
         record: dict[str, Any] | None = None
         prelim: dict[str, Any] = {}

@@ -3,11 +3,13 @@ through the command line as a user runs it; the fused-loss lm_head under ZeRO-3 
 
 import json
 import math
+import os
 import subprocess
 import sys
 
 import pytest
 
+from raytrain.hardware import ALLOCATOR_VARS
 from raytrain.tools import bench, bench_paths
 
 TINY = ["--hidden-size", "64", "--num-layers", "2", "--num-heads", "4", "--num-kv-heads", "2",
@@ -36,6 +38,9 @@ def test_deepspeed_path_runs_zero3_and_writes_json_and_markdown(cli_run):
     assert 4 < record["loss"] < 7  # ~ln(320) = 5.77 at init
     assert record["num_params"] == 115_008
     assert record["command"].startswith("python -m raytrain.tools.bench --paths deepspeed")
+    # each path's child runs under the GPU workers' allocator default (raytrain.hardware.allocator_env)
+    users = {k: os.environ[k] for k in ALLOCATOR_VARS if k in os.environ}
+    assert record["alloc_conf"] == (users or {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
     table = (out / "results.md").read_text().splitlines()
     assert table[0].startswith("| variant | path | status") and "| deepspeed | ok |" in table[2]
 
