@@ -25,6 +25,8 @@
 # plan1b:    1.1B with the GPU capped at 24 GiB (the full optimizer states plus the shipped micro-batch
 #            cannot fit), "auto", deepspeed + raytrain, then the uncapped no-offload reference at GA 4
 #            (~4.5 min); then the planner's runner-up forced, and a cap of 84 GiB (~2 min more).
+# alloc1b:   1.1B with the workers' allocator default (expandable segments) and without, at the shipped step and
+#            the 24 GiB pick; then the 24 GiB runner-up that ran out of memory without it (~6 min).
 # caps1b:    1.1B uncapped, then "auto" at 70 GiB (the shipped micro-batch cannot fit; offload is optional) and at
 #            24 GiB (offload forced), then 70 GiB with the best offload setting forced (~6 min).
 # eta1b:     1.1B without offload at micro-batch 4, 8, 12, 16, then 24 with checkpointing: the throughput model's
@@ -43,7 +45,7 @@
 # Every bench record carries the planner's prediction ("predicted"), the GPU peak (max_memory_allocated)
 # and the host's used memory sampled every 2 s; host_used_mib.txt samples the whole part the same way.
 set -u
-part=${1:?reader, offload, compile, compile-noliger, checks, zeropp, superoffload, offload-max, plan13b, plan13b-twin, plan13b-nooff, plan7b, plan1b, caps1b, eta1b, eta2, fp16, mfu62, main1b, twin1b, convert1b, profile or layers}
+part=${1:?reader, offload, alloc1b, compile, compile-noliger, checks, zeropp, superoffload, offload-max, plan13b, plan13b-twin, plan13b-nooff, plan7b, plan1b, caps1b, eta1b, eta2, fp16, mfu62, main1b, twin1b, convert1b, profile or layers}
 OUT=${OUT:-/tmp/out}; W=/tmp/bench_$part; mkdir -p "$OUT" "$W"
 END=$(( $(date +%s) + ${BUDGET_S:-560} ))
 export TORCH_EXTENSIONS_DIR=/tmp/torch_ext
@@ -61,9 +63,9 @@ AUTO=(--micro-batch auto --offload auto --set model.gradient_checkpointing=auto 
 S7=(--hidden-size 4096 --num-layers 32 --num-heads 32 --num-kv-heads 8 --intermediate-size 14336)
 S13=(--hidden-size 5120 --num-layers 40 --num-heads 40 --num-kv-heads 40 --intermediate-size 13824)
 BF16_STATES=(--set deepspeed.bf16.bf16_master_weights_and_grads=true --set deepspeed.bf16.bf16_optimizer_states=true)
-# 24 GiB and 84 GiB of the H200's 143,771 MiB (torch.cuda.set_per_process_memory_fraction and the planner)
-CAP24=0.171; CAP70=0.4986; CAP84=0.598
-case $part in plan*|caps1b|eta*|fp16|mfu62|main1b|twin1b|convert1b|profile|layers|superoffload)
+# 20, 24, 70 and 84 GiB of the H200's 143,771 MiB (torch.cuda.set_per_process_memory_fraction and the planner)
+CAP20=0.1425; CAP24=0.171; CAP70=0.4986; CAP84=0.598
+case $part in plan*|caps1b|alloc1b|eta*|fp16|mfu62|main1b|twin1b|convert1b|profile|layers|superoffload)
   (while true; do free -m | awk 'NR==2{print $3}'; sleep 2; done) > "$W/host_used_mib.txt" & hostmem=$!
   { python -c 'import torch; print("torch", torch.__version__)'; nproc; free -g | head -2; ulimit -l
     strings "$(python -c 'import torch, os; print(os.path.dirname(torch.__file__))')/lib/libc10.so" \
@@ -214,10 +216,27 @@ plan1b)  # in order of value: the decision under test, its reference, its runner
   variant 1b-cap24-auto 250 --paths deepspeed,raytrain "${AUTO[@]}" --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" \
     --gpu-memory-fraction $CAP24 --no-profile
   variant 1b-ref-nocap 110 --paths deepspeed "${GAS4[@]}" "${Z[@]}" --set scaling.cpus_per_worker=14 --no-profile
-  variant 1b-cap24-runnerup 100 --paths deepspeed --micro-batch 13 --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" \
+  # the recalibrated planner's runner-up at 24 GiB (2026-12-02): full offload + checkpointing at mb 55
+  variant 1b-cap24-runnerup 140 --paths deepspeed --micro-batch 55 --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" --offload \
     --set model.gradient_checkpointing=true --set scaling.cpus_per_worker=14 --gpu-memory-fraction $CAP24 --no-profile
+  # 20 GiB: no setting without offload fits; "auto" picks partial offload + checkpointing (both paths)
+  variant 1b-cap20-auto 330 --paths deepspeed,raytrain "${AUTO[@]}" --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" \
+    --gpu-memory-fraction $CAP20 --no-profile
   variant 1b-cap84-auto 100 --paths deepspeed "${AUTO[@]}" --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" \
     --gpu-memory-fraction $CAP84 --no-profile
+  ;;
+alloc1b)  # the workers' allocator default (expandable segments: raytrain.hardware.allocator_env) against torch's own
+  # (PYTORCH_CUDA_ALLOC_CONF set empty: the user's opt-out), at the shipped step and the 24 GiB pick; then the 24 GiB
+  # runner-up that ran out of memory under torch's default (6.2 GiB reserved, unusable) (~6 min)
+  variant 1b-ref-nocap-exp 110 --paths deepspeed "${GAS4[@]}" "${Z[@]}" --set scaling.cpus_per_worker=14 --no-profile
+  PYTORCH_CUDA_ALLOC_CONF= variant 1b-ref-nocap-noexp 110 --paths deepspeed "${GAS4[@]}" "${Z[@]}" \
+    --set scaling.cpus_per_worker=14 --no-profile
+  variant 1b-cap24-auto-exp 110 --paths deepspeed "${AUTO[@]}" --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" \
+    --gpu-memory-fraction $CAP24 --no-profile
+  PYTORCH_CUDA_ALLOC_CONF= variant 1b-cap24-auto-noexp 110 --paths deepspeed "${AUTO[@]}" --grad-accum 4 \
+    "${STEPS4[@]}" "${Z[@]}" --gpu-memory-fraction $CAP24 --no-profile
+  variant 1b-cap24-runnerup-exp 150 --paths deepspeed --micro-batch 55 --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" --offload \
+    --set model.gradient_checkpointing=true --set scaling.cpus_per_worker=14 --gpu-memory-fraction $CAP24 --no-profile
   ;;
 caps1b)  # the uncapped reference, then "auto" under a cap that leaves the shipped micro-batch no room (70 GiB: the
   # planner keeps every state on the GPU at a smaller micro-batch) and one that forces offload (24 GiB), then the

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 Z = ("--set deepspeed.zero_optimization.reduce_bucket_size=500000000 "
      "--set deepspeed.zero_optimization.stage3_prefetch_bucket_size=200000000 "
      "--set deepspeed.zero_optimization.stage3_param_persistence_threshold=10000000")
-# The GPU caps of benchmarks/gpu_x1.sh (fractions of the H200's 143,771 MiB): 24 and 70 GiB.
-CAP24, CAP70 = 0.171, 0.4986
+# The GPU caps of benchmarks/gpu_x1.sh (fractions of the H200's 143,771 MiB): 20, 24 and 70 GiB.
+CAP20, CAP24, CAP70 = 0.1425, 0.171, 0.4986
 SHAPE_7B = "--hidden-size 4096 --num-layers 32 --num-heads 32 --num-kv-heads 8 --intermediate-size 14336"
 SHAPE_13B = "--hidden-size 5120 --num-layers 40 --num-heads 40 --num-kv-heads 40 --intermediate-size 13824"
 
@@ -155,6 +155,35 @@ ROWS = (
         "--set scaling.cpus_per_worker=14", 74_758, 78.5, optimizer_s=0.040),
     Row("1b-ga4-layers-1202a", BENCH, f"--micro-batch 24 --grad-accum 4 --liger all {Z} "
         "--set scaling.cpus_per_worker=14", 77_113, 78.6, optimizer_s=0.041, fused_layers=True),
+    # 2026-12-02, session 29 (docs/benchmarks.md "the recalibrated planner's picks, measured"), all held out.
+    # Machine "e" (calls 10-11, plan13b and plan1b): the 13B pick again, and the 1.1B pick at 24 GiB.
+    Row("13b-mb3-nooffload-1202e", BENCH, f"{SHAPE_13B} --micro-batch 3 --grad-accum 1 --liger all {Z} "
+        "--set model.gradient_checkpointing=true --set deepspeed.bf16.bf16_master_weights_and_grads=true "
+        "--set deepspeed.bf16.bf16_optimizer_states=true --set scaling.cpus_per_worker=14", 4_605, 126.5,
+        host_used_gib=26.5, optimizer_s=0.252, fused_layers=True),
+    Row("1b-mb24-1202e", BENCH, f"--micro-batch 24 --grad-accum 4 --liger all {Z} --set scaling.cpus_per_worker=14",
+        77_869, 78.6, optimizer_s=0.041, fused_layers=True),
+    Row("1b-mb12-cap24-ckpt-1202e", BENCH, f"--micro-batch 12 --grad-accum 4 --liger all {Z} "
+        "--set model.gradient_checkpointing=true --set deepspeed.zero_optimization.sub_group_size=200000000 "
+        f"--set scaling.cpus_per_worker=14 --gpu-memory-fraction {CAP24}", 59_628, 21.3, optimizer_s=0.045,
+        fused_layers=True),
+    # Machine "f" (calls 12-14, alloc1b and plan1b's cap20; expandable segments, the workers' default since): the
+    # uncapped step, the picks at 24 GiB (no offload) and 20 GiB (no setting without offload fits), and the
+    # 24 GiB runner-up, which ran out of memory under torch's default allocator (6.2 GiB reserved, unusable).
+    Row("1b-mb24-1202f", BENCH, f"--micro-batch 24 --grad-accum 4 --liger all {Z} --set scaling.cpus_per_worker=14",
+        78_497, 78.6, optimizer_s=0.040, fused_layers=True),
+    Row("1b-mb12-cap24-ckpt-1202f", BENCH, f"--micro-batch 12 --grad-accum 4 --liger all {Z} "
+        "--set model.gradient_checkpointing=true --set deepspeed.zero_optimization.sub_group_size=200000000 "
+        f"--set scaling.cpus_per_worker=14 --gpu-memory-fraction {CAP24}", 61_108, 21.3, optimizer_s=0.041,
+        fused_layers=True),
+    Row("1b-mb55-cap24-offload-ckpt-1202f", BENCH, f"--micro-batch 55 --grad-accum 4 --liger all {Z} --offload "
+        f"--set model.gradient_checkpointing=true --set scaling.cpus_per_worker=14 --gpu-memory-fraction {CAP24}",
+        54_710, 21.1, host_used_gib=24.9, optimizer_s=0.930, fused_layers=True),
+    Row("1b-mb37-cap20-ratio0.86-ckpt-1202f", BENCH, f"--micro-batch 37 --grad-accum 4 --liger all {Z} --offload "
+        "--set deepspeed.zero_optimization.offload_optimizer.ratio=0.8636 "
+        "--set deepspeed.zero_optimization.sub_group_size=100000000 --set model.gradient_checkpointing=true "
+        f"--set scaling.cpus_per_worker=14 --gpu-memory-fraction {CAP20}", 53_134, 16.8, host_used_gib=22.8,
+        optimizer_s=0.890, fused_layers=True),
     # offload-max: `free -m` used, sampled every 5 s, peaked at 128,395 MiB (the host's OOM edge).
     Row("6.74b-mb1-ckpt-offload", BENCH, "--micro-batch 1 --hidden-size 4096 --num-layers 32 --num-heads 32 "
         f"--num-kv-heads 32 --intermediate-size 11008 --liger all {Z} --set model.gradient_checkpointing=true "
