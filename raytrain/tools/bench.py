@@ -49,8 +49,8 @@ import traceback
 from typing import Any
 
 from raytrain.config import DEFAULT_DEEPSPEED
-from raytrain.hardware import ALLOCATOR_VARS, allocator_env
 from raytrain.console import parse_progress
+from raytrain.hardware import ALLOCATOR_VARS, allocator_env
 from raytrain.tools.bench_report import HostSampler, markdown_table  # noqa: F401  (markdown_table: this module's API)
 
 PATHS = ("raytrain", "deepspeed", "torch")
