@@ -22,6 +22,12 @@ Z = ("--set deepspeed.zero_optimization.reduce_bucket_size=500000000 "
      "--set deepspeed.zero_optimization.stage3_param_persistence_threshold=10000000")
 # The GPU caps of benchmarks/gpu_x1.sh (fractions of the H200's 143,771 MiB): 20, 24 and 70 GiB.
 CAP20, CAP24, CAP70 = 0.1425, 0.171, 0.4986
+# The shipped 1.1B setting (mb 24 x GA 4) with CPU Adam's threads, and the planner's pick for it under a 24 GiB
+# cap since 2026-12-02 (no offload, checkpointing, mb 12): rows of several machines ran them.
+SHIPPED_1B = f"--micro-batch 24 --grad-accum 4 --liger all {Z} --set scaling.cpus_per_worker=14"
+PICK_24 = (f"--micro-batch 12 --grad-accum 4 --liger all {Z} --set model.gradient_checkpointing=true "
+           f"--set deepspeed.zero_optimization.sub_group_size=200000000 --set scaling.cpus_per_worker=14 "
+           f"--gpu-memory-fraction {CAP24}")
 SHAPE_7B = "--hidden-size 4096 --num-layers 32 --num-heads 32 --num-kv-heads 8 --intermediate-size 14336"
 SHAPE_13B = "--hidden-size 5120 --num-layers 40 --num-heads 40 --num-kv-heads 40 --intermediate-size 13824"
 
@@ -79,8 +85,7 @@ ROWS = (
     # "0.79 s per optimizer step on 16 threads": the bench's plain path then used torch's default threads
     Row("1b-mb24x4-offload-bench", BENCH, f"--micro-batch 24 --grad-accum 4 --liger all {Z} --offload", 56_941, 64.1,
         cpus=16),
-    Row("1b-mb24x4-raytrain", BENCH, f"--micro-batch 24 --grad-accum 4 --liger all {Z} "
-        "--set scaling.cpus_per_worker=14", 74_924, 78.5, path="raytrain"),
+    Row("1b-mb24x4-raytrain", BENCH, SHIPPED_1B, 74_924, 78.5, path="raytrain"),
     Row("1b-mb24x4-offload-raytrain-14cpu", BENCH, f"--micro-batch 24 --grad-accum 4 --liger all {Z} --offload "
         "--set scaling.cpus_per_worker=14", 50_698, 64.1, path="raytrain"),
     Row("1b-mb24x4-offload-raytrain-1cpu", BENCH, f"--micro-batch 24 --grad-accum 4 --liger all {Z} --offload "
@@ -91,10 +96,8 @@ ROWS = (
     # docs/benchmarks.md "fused decoder layers" (2026-12-02, call 2 of gpu_x1.sh layers: another machine, whose
     # shipped step ran 3.9% faster than 1b-mb24-ga4's): the same step with transformers' layers and with raytrain's
     # fused ones, the mean of two runs each in one call. Only their ratio is used (FUSED_LAYERS_FACTOR).
-    Row("1b-ga4-layers-off-1202", BENCH, f"--micro-batch 24 --grad-accum 4 --liger all {Z} "
-        "--set scaling.cpus_per_worker=14", 77_167, 78.5),
-    Row("1b-ga4-layers-1202", BENCH, f"--micro-batch 24 --grad-accum 4 --liger all {Z} "
-        "--set scaling.cpus_per_worker=14", 79_555, 78.6, fused_layers=True),
+    Row("1b-ga4-layers-off-1202", BENCH, SHIPPED_1B, 77_167, 78.5),
+    Row("1b-ga4-layers-1202", BENCH, SHIPPED_1B, 79_555, 78.6, fused_layers=True),
     # The planner's choices of 2026-12-01 for the issue's 7.24B and 13B targets (docs/benchmarks.md, "the planner's
     # choices", calls 2 and 5; plain-DeepSpeed path, transformers' layers): held out, no constant is fitted on them.
     Row("7b-mb14-ga2-ckpt", BENCH, f"{SHAPE_7B} --micro-batch 14 --grad-accum 2 --liger all {Z} "
@@ -108,7 +111,7 @@ ROWS = (
     # 2026-12-02, a later session (docs/benchmarks.md "the throughput model's micro-batch curve"): three freshly
     # started machines, rows of one machine compared with each other only. Machine "b" (calls 6-7, caps1b and
     # eta1b): the shipped micro-batch and smaller ones, checkpointing, and the planner's choices under GPU caps.
-    Row("1b-mb24-1202b", BENCH, f"--micro-batch 24 --grad-accum 4 --liger all {Z} --set scaling.cpus_per_worker=14",
+    Row("1b-mb24-1202b", BENCH, SHIPPED_1B,
         77_756, 78.6, optimizer_s=0.041, fused_layers=True),
     Row("1b-mb18-cap70-1202b", BENCH, f"--micro-batch 18 --grad-accum 4 --liger all {Z} "
         f"--set scaling.cpus_per_worker=14 --gpu-memory-fraction {CAP70}", 76_223, 63.3, optimizer_s=0.041,
@@ -151,30 +154,24 @@ ROWS = (
         "--set deepspeed.bf16.bf16_optimizer_states=true --set scaling.cpus_per_worker=14", 4_732, 126.5,
         host_used_gib=26.5, optimizer_s=0.241, fused_layers=True),
     # Machine "a" (call 5, twin1b): fused against transformers' layers once more, the shipped setting.
-    Row("1b-ga4-layers-off-1202a", BENCH, f"--micro-batch 24 --grad-accum 4 --liger all {Z} "
-        "--set scaling.cpus_per_worker=14", 74_758, 78.5, optimizer_s=0.040),
-    Row("1b-ga4-layers-1202a", BENCH, f"--micro-batch 24 --grad-accum 4 --liger all {Z} "
-        "--set scaling.cpus_per_worker=14", 77_113, 78.6, optimizer_s=0.041, fused_layers=True),
+    Row("1b-ga4-layers-off-1202a", BENCH, SHIPPED_1B, 74_758, 78.5, optimizer_s=0.040),
+    Row("1b-ga4-layers-1202a", BENCH, SHIPPED_1B, 77_113, 78.6, optimizer_s=0.041, fused_layers=True),
     # 2026-12-02, session 29 (docs/benchmarks.md "the recalibrated planner's picks, measured"), all held out.
     # Machine "e" (calls 10-11, plan13b and plan1b): the 13B pick again, and the 1.1B pick at 24 GiB.
     Row("13b-mb3-nooffload-1202e", BENCH, f"{SHAPE_13B} --micro-batch 3 --grad-accum 1 --liger all {Z} "
         "--set model.gradient_checkpointing=true --set deepspeed.bf16.bf16_master_weights_and_grads=true "
         "--set deepspeed.bf16.bf16_optimizer_states=true --set scaling.cpus_per_worker=14", 4_605, 126.5,
         host_used_gib=26.5, optimizer_s=0.252, fused_layers=True),
-    Row("1b-mb24-1202e", BENCH, f"--micro-batch 24 --grad-accum 4 --liger all {Z} --set scaling.cpus_per_worker=14",
+    Row("1b-mb24-1202e", BENCH, SHIPPED_1B,
         77_869, 78.6, optimizer_s=0.041, fused_layers=True),
-    Row("1b-mb12-cap24-ckpt-1202e", BENCH, f"--micro-batch 12 --grad-accum 4 --liger all {Z} "
-        "--set model.gradient_checkpointing=true --set deepspeed.zero_optimization.sub_group_size=200000000 "
-        f"--set scaling.cpus_per_worker=14 --gpu-memory-fraction {CAP24}", 59_628, 21.3, optimizer_s=0.045,
+    Row("1b-mb12-cap24-ckpt-1202e", BENCH, PICK_24, 59_628, 21.3, optimizer_s=0.045,
         fused_layers=True),
     # Machine "f" (calls 12-14, alloc1b and plan1b's cap20; expandable segments, the workers' default since): the
     # uncapped step, the picks at 24 GiB (no offload) and 20 GiB (no setting without offload fits), and the
     # 24 GiB runner-up, which ran out of memory under torch's default allocator (6.2 GiB reserved, unusable).
-    Row("1b-mb24-1202f", BENCH, f"--micro-batch 24 --grad-accum 4 --liger all {Z} --set scaling.cpus_per_worker=14",
+    Row("1b-mb24-1202f", BENCH, SHIPPED_1B,
         78_497, 78.6, optimizer_s=0.040, fused_layers=True),
-    Row("1b-mb12-cap24-ckpt-1202f", BENCH, f"--micro-batch 12 --grad-accum 4 --liger all {Z} "
-        "--set model.gradient_checkpointing=true --set deepspeed.zero_optimization.sub_group_size=200000000 "
-        f"--set scaling.cpus_per_worker=14 --gpu-memory-fraction {CAP24}", 61_108, 21.3, optimizer_s=0.041,
+    Row("1b-mb12-cap24-ckpt-1202f", BENCH, PICK_24, 61_108, 21.3, optimizer_s=0.041,
         fused_layers=True),
     Row("1b-mb55-cap24-offload-ckpt-1202f", BENCH, f"--micro-batch 55 --grad-accum 4 --liger all {Z} --offload "
         f"--set model.gradient_checkpointing=true --set scaling.cpus_per_worker=14 --gpu-memory-fraction {CAP24}",

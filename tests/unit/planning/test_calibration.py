@@ -74,10 +74,9 @@ def test_micro_batch_curve_and_checkpointing_match_one_machines_ratios(row_id, p
 
 def test_the_24_gib_pick_beats_its_runner_up_as_measured(predictions):
     """The planner's choice at 24 GiB (no offload, checkpointing, mb 12) against the runner-up it printed (full
-    offload, checkpointing, mb 55), one machine: measured 11.7% apart, the same order as predicted."""
-    pick, runner_up = (calibration.BY_ID[i] for i in ("1b-mb12-cap24-ckpt-1202f", "1b-mb55-cap24-offload-ckpt-1202f"))
-    assert pick.tokens_per_s > 1.05 * runner_up.tokens_per_s
-    assert predictions[pick.id]["tokens_per_s"] > 1.05 * predictions[runner_up.id]["tokens_per_s"]
+    offload, checkpointing, mb 55), measured on one machine 11.7% apart: the model keeps that order."""
+    pick, runner_up = "1b-mb12-cap24-ckpt-1202f", "1b-mb55-cap24-offload-ckpt-1202f"
+    assert predictions[pick]["tokens_per_s"] > 1.05 * predictions[runner_up]["tokens_per_s"]
 
 
 def test_liger_none_factor_reproduces_its_pair_of_rows(predictions):
