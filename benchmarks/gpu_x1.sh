@@ -65,6 +65,10 @@ S13=(--hidden-size 5120 --num-layers 40 --num-heads 40 --num-kv-heads 40 --inter
 BF16_STATES=(--set deepspeed.bf16.bf16_master_weights_and_grads=true --set deepspeed.bf16.bf16_optimizer_states=true)
 # 20, 24, 70 and 84 GiB of the H200's 143,771 MiB (torch.cuda.set_per_process_memory_fraction and the planner)
 CAP20=0.1425; CAP24=0.171; CAP70=0.4986; CAP84=0.598
+# the planner's pick and runner-up at 24 GiB since 2026-12-02 (plan1b, alloc1b)
+AUTO24=(--paths deepspeed "${AUTO[@]}" --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" --gpu-memory-fraction $CAP24 --no-profile)
+RUNNERUP24=(--paths deepspeed --micro-batch 55 --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" --offload
+  --set model.gradient_checkpointing=true --set scaling.cpus_per_worker=14 --gpu-memory-fraction $CAP24 --no-profile)
 case $part in plan*|caps1b|alloc1b|eta*|fp16|mfu62|main1b|twin1b|convert1b|profile|layers|superoffload)
   (while true; do free -m | awk 'NR==2{print $3}'; sleep 2; done) > "$W/host_used_mib.txt" & hostmem=$!
   { python -c 'import torch; print("torch", torch.__version__)'; nproc; free -g | head -2; ulimit -l
@@ -217,8 +221,7 @@ plan1b)  # in order of value: the decision under test, its reference, its runner
     --gpu-memory-fraction $CAP24 --no-profile
   variant 1b-ref-nocap 110 --paths deepspeed "${GAS4[@]}" "${Z[@]}" --set scaling.cpus_per_worker=14 --no-profile
   # the recalibrated planner's runner-up at 24 GiB (2026-12-02): full offload + checkpointing at mb 55
-  variant 1b-cap24-runnerup 140 --paths deepspeed --micro-batch 55 --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" --offload \
-    --set model.gradient_checkpointing=true --set scaling.cpus_per_worker=14 --gpu-memory-fraction $CAP24 --no-profile
+  variant 1b-cap24-runnerup 140 "${RUNNERUP24[@]}"
   # 20 GiB: no setting without offload fits; "auto" picks partial offload + checkpointing (both paths)
   variant 1b-cap20-auto 330 --paths deepspeed,raytrain "${AUTO[@]}" --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" \
     --gpu-memory-fraction $CAP20 --no-profile
@@ -231,12 +234,9 @@ alloc1b)  # the workers' allocator default (expandable segments: raytrain.hardwa
   variant 1b-ref-nocap-exp 110 --paths deepspeed "${GAS4[@]}" "${Z[@]}" --set scaling.cpus_per_worker=14 --no-profile
   PYTORCH_CUDA_ALLOC_CONF= variant 1b-ref-nocap-noexp 110 --paths deepspeed "${GAS4[@]}" "${Z[@]}" \
     --set scaling.cpus_per_worker=14 --no-profile
-  variant 1b-cap24-auto-exp 110 --paths deepspeed "${AUTO[@]}" --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" \
-    --gpu-memory-fraction $CAP24 --no-profile
-  PYTORCH_CUDA_ALLOC_CONF= variant 1b-cap24-auto-noexp 110 --paths deepspeed "${AUTO[@]}" --grad-accum 4 \
-    "${STEPS4[@]}" "${Z[@]}" --gpu-memory-fraction $CAP24 --no-profile
-  variant 1b-cap24-runnerup-exp 150 --paths deepspeed --micro-batch 55 --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" --offload \
-    --set model.gradient_checkpointing=true --set scaling.cpus_per_worker=14 --gpu-memory-fraction $CAP24 --no-profile
+  variant 1b-cap24-auto-exp 110 "${AUTO24[@]}"
+  PYTORCH_CUDA_ALLOC_CONF= variant 1b-cap24-auto-noexp 110 "${AUTO24[@]}"
+  variant 1b-cap24-runnerup-exp 150 "${RUNNERUP24[@]}"
   ;;
 caps1b)  # the uncapped reference, then "auto" under a cap that leaves the shipped micro-batch no room (70 GiB: the
   # planner keeps every state on the GPU at a smaller micro-batch) and one that forces offload (24 GiB), then the
