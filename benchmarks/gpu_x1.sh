@@ -33,7 +33,8 @@
 #            micro-batch curve and checkpointing cost (~5 min).
 # eta2:      host-bound micro-batches: 1.1B mb 4 with checkpointing and with transformers' layers, 7.24B mb 1
 #            without and with checkpointing (~5 min).
-# fp16:      the seed's fp16 with full offload vs bf16 at the same settings, and fp16 without offload (~4 min).
+# fp16:      the seed's fp16 with full offload vs bf16 at the same settings (with and without DeepSpeed's host
+#            overflow scan), and fp16 without offload (~6 min).
 # mfu62:     1.1B mb 24 x GA 4 bf16: as shipped, ZeRO stage 2, every parameter persistent, torchao float8 (~4.5 min).
 # profile:   the same 1.1B step under torch.profiler (benchmarks/profile_step.py): GPU time by kernel category, idle
 #            time, GEMM TFLOP/s; as shipped, fused q/k/v + gate/up projections, SDPA flash only, expandable segments,
@@ -282,6 +283,8 @@ fp16)  # the seed JSON's precision and offload at the shipped batch; bf16 the sa
   FP16=(--set training.precision=fp16 --set deepspeed.fp16.enabled=true)
   variant 1b-bf16-offload 140 "${E[@]}" --offload
   variant 1b-fp16-offload 140 "${E[@]}" --offload "${FP16[@]}"
+  # the same with DeepSpeed's inf/nan scan of the host gradient buffer, which raytrain drops since 2026-12-02
+  variant 1b-fp16-offload-dsscan 140 "${E[@]}" --offload "${FP16[@]}" --deepspeed-overflow-scan
   variant 1b-fp16-nooffload 110 "${E[@]}" "${FP16[@]}"
   ;;
 mfu62)  # levers for 62% MFU at the shipped setting (issue 14 SPEC section 4); accumulation does not count

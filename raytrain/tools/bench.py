@@ -89,6 +89,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--float8", action="store_true",
                      help="deepspeed path: torchao's float8 training for the decoder's Linear layers (not lm_head), "
                           "converted after zero.Init (needs torchao)")
+    run.add_argument("--deepspeed-overflow-scan", action="store_true",
+                     help="deepspeed path, fp16 with offload: keep DeepSpeed's inf/nan scan of the host gradient "
+                          "buffer that raytrain drops (raytrain.compat.skip_host_overflow_scan), to compare")
     run.add_argument("--steps", type=int, default=8, help="timed optimizer steps")
     run.add_argument("--warmup-steps", type=int, default=4, help="untimed optimizer steps first")
     run.add_argument("--window", type=int, default=4,
@@ -200,6 +203,8 @@ def default_label(args: argparse.Namespace) -> str:
         parts.append(f"gpu-fraction{args.gpu_memory_fraction:g}")
     if args.float8:
         parts.append("float8")
+    if args.deepspeed_overflow_scan:
+        parts.append("deepspeed-overflow-scan")
     if args.liger != "none":
         parts.append(f"liger-{args.liger}")
     parts += [o.split("=")[0].split(".")[-1] + "=" + o.split("=", 1)[1] for o in args.overrides]
@@ -344,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
                                               "intermediate_size", "vocab_size", "seq_len", "micro_batch",
                                               "grad_accum", "num_gpus", "offload", "liger", "overrides",
                                               "steps", "warmup_steps", "window", "peak_tflops",
-                                              "gpu_memory_fraction", "float8")}
+                                              "gpu_memory_fraction", "float8", "deepspeed_overflow_scan")}
     info = versions()
     records = []
     stamp = time.strftime("%Y%m%d-%H%M%S")

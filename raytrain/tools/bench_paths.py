@@ -85,8 +85,12 @@ def run_deepspeed(args: argparse.Namespace, resolved: ResolvedRun) -> dict[str, 
     transform = float8_linears if args.float8 else None
     # exactly the worker's setup (Liger from model.liger_kernel; the GPU cap from scaling.gpu_memory_fraction)
     engine, _, _ = build_engine(resolved, device, transform=transform)
+    host_scan_dropped = "has_overflow" in vars(engine.optimizer)  # raytrain.compat.skip_host_overflow_scan
+    if args.deepspeed_overflow_scan and host_scan_dropped:
+        del engine.optimizer.has_overflow  # DeepSpeed's own method again
+        host_scan_dropped = False
     out = _measure(args, resolved, engine, device)
-    out.update(compiled=engine.is_compiled)
+    out.update(compiled=engine.is_compiled, host_overflow_scan_dropped=host_scan_dropped)
     return out
 
 

@@ -163,6 +163,28 @@ def test_deepspeed_builds_the_gpu_side_optimizer_with_a_copy_of_group_0():
     # The workaround itself runs on a real DeepSpeed optimizer in tests/unit/worker/test_engine_offload.py.
 
 
+def test_deepspeeds_stage3_step_finds_an_overflow_again_in_the_offloaded_gradient_norm():
+    """What compat.skip_host_overflow_scan relies on (DeepSpeed 0.19.8, stage3.py): step() checks the raw
+    gradients (has_overflow, the host scan with offload), then marks an inf/nan gradient norm as an overflow;
+    with offload that norm comes from norms taken on the accelerator at the accumulation boundary, in fp64.
+    When this moves, re-check the workaround. (It runs on real DeepSpeed in tests/unit/worker/test_engine_offload.py.)"""
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as Stage3
+
+    def source(method):  # DeepSpeed's instrument_w_nvtx wraps without functools.wraps: its closure holds it
+        return inspect.getsource(inspect.getclosurevars(method).nonlocals.get("func", method))
+
+    step = source(Stage3.step)
+    check = step.index("self._overflow_check_and_loss_scale_update(update_scale=False)")
+    again = step.index("if is_invalid_grad_norm(scaled_global_grad_norm):\n                self.overflow = True")
+    assert check < step.index("norm_groups = self._get_norm_groups()") < again < step.index(
+        "if self._loss_scale_update_and_overflow_cleanup():")
+    assert "self.complete_grad_norm_calculation_for_cpu_offload(" in source(Stage3._get_norm_groups)
+    boundary = source(Stage3._offload_grad_partition_at_boundary)
+    assert "self.norm_for_param_grads[self.get_param_id(param)] = self._constant_buffered_norm2(grad_buffer)" in boundary
+    assert "get_norm_dtype()" in source(Stage3._constant_buffered_norm2)
+    assert "self.check_overflow()" in source(Stage3._overflow_check_and_loss_scale_update)
+
+
 def test_deepspeed_config_is_built_the_way_its_init_builds_it():
     from deepspeed.runtime.config import DeepSpeedConfig
 

@@ -41,6 +41,8 @@ def test_deepspeed_path_runs_zero3_and_writes_json_and_markdown(cli_run):
     # each path's child runs under the GPU workers' allocator default (raytrain.hardware.allocator_env)
     users = {k: os.environ[k] for k in ALLOCATOR_VARS if k in os.environ}
     assert record["alloc_conf"] == (users or {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    assert record["host_overflow_scan_dropped"] is False  # fp32 here: no loss scale, DeepSpeed's path untouched
+    assert record["settings"]["deepspeed_overflow_scan"] is False
     table = (out / "results.md").read_text().splitlines()
     assert table[0].startswith("| variant | path | status") and "| deepspeed | ok |" in table[2]
 

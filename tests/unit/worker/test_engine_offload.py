@@ -33,12 +33,25 @@ PARTIAL = TINY + BF16_STATES + [
     f"deepspeed.zero_optimization.sub_group_size={SUB_GROUP_SIZE}"]
 
 
-def run_child(tmp_path, name, overrides):
+# fp16 from a loss scale of 2^24 with the whole optimizer on the host (the seed JSON's precision and
+# offload): the first steps overflow and are skipped, then the scale grows back after 2 good steps.
+# A GPU run's resolution (fp16 needs one), executed on this CPU.
+FP16_OFFLOAD = [o for o in TINY if not o.startswith(("training.precision", "scaling.use_gpu"))] + [
+    "training.precision=fp16", "scaling.use_gpu=true", "deepspeed.bf16.enabled=false", "training.max_steps=8",
+    'deepspeed.fp16={"enabled": "auto", "loss_scale": 0, "initial_scale_power": 24, "loss_scale_window": 2, '
+    '"hysteresis": 1, "min_loss_scale": 1}',
+    'deepspeed.zero_optimization.offload_optimizer={"device": "cpu", "pin_memory": true}']
+
+
+def run_child(tmp_path, name, overrides, *flags):
     out = tmp_path / f"{name}.json"
-    p = subprocess.run([sys.executable, str(CHILD), str(out), *overrides], cwd=REPO, capture_output=True, text=True,
-                       timeout=900)
+    p = subprocess.run([sys.executable, str(CHILD), str(out), *flags, *overrides], cwd=REPO, capture_output=True,
+                       text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    return json.loads(out.read_text())
+    result = json.loads(out.read_text())
+    if "skipped" in result:
+        pytest.skip(result["skipped"])
+    return result
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +98,23 @@ def test_bf16_states_without_offload_run_with_torch_adamw(tmp_path):
     assert r["cpu_optimizer"] == "AdamW" and r["master_dtype"] == "torch.bfloat16" and not r["has_backup_optimizer"]
     assert all(s["moments"] == ["torch.bfloat16"] for s in r["states"] if s["moments"])
     assert r["losses"][-1] < r["losses"][0], r["losses"]
+
+
+def test_fp16_with_offload_skips_the_same_steps_without_deepspeeds_host_scan(tmp_path):
+    """raytrain.compat.skip_host_overflow_scan: with fp16 and the optimizer on the host, DeepSpeed's inf/nan
+    scan of the host gradient buffer is dropped (0.8 s a step at 1.1B on an H200's host) and the
+    gradient-norm check of the same step() finds the overflows instead: the same steps skipped, the same
+    loss scales, the same losses as with DeepSpeed's scan put back, bit for bit."""
+    dropped = run_child(tmp_path, "fp16_offload", FP16_OFFLOAD)
+    kept = run_child(tmp_path, "fp16_offload_scan", FP16_OFFLOAD, "--deepspeed-overflow-scan")
+    assert dropped["cpu_optimizer"] == "DeepSpeedCPUAdam" and dropped["host_overflow_scan_dropped"] is True
+    scales = dropped["loss_scales"]
+    assert scales[0] == 2 ** 23 and dropped["skipped_steps"] >= 1, scales  # step 1 overflowed: skipped, halved
+    assert any(b > a for a, b in zip(scales, scales[1:])), scales  # then good steps: it grows again
+    assert all(math.isfinite(x) for x in dropped["losses"]) and dropped["losses"][-1] < dropped["losses"][0]
+    assert (dropped["loss_scales"], dropped["skipped_steps"], dropped["losses"]) == \
+        (kept["loss_scales"], kept["skipped_steps"], kept["losses"])
+
+
+def test_bf16_keeps_deepspeeds_overflow_path(partial):
+    assert partial["host_overflow_scan_dropped"] is False  # bf16 has no loss scale and no scan to drop
