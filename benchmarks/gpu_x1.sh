@@ -152,7 +152,7 @@ from deepspeed.ops.op_builder import QuantizerBuilder; QuantizerBuilder().load()
 superoffload)  # issue 14's must-offload lever: DeepSpeed's SuperOffload steps CPU Adam per sub-group while the
   # backward still runs (only without gradient clipping: superoffload_stage3.py), against the same offload without it
   # and the no-offload reference, 1.1B mb 24 x GA 4, 100M-parameter sub-groups (one 1.1B group would finish last)
-  E=(--paths deepspeed "${GAS4[@]}" "${Z[@]}" --set scaling.cpus_per_worker=14 --no-profile)
+  E=(--paths "${FP16_PATHS:-deepspeed}" "${GAS4[@]}" "${Z[@]}" --set scaling.cpus_per_worker=14 --no-profile)
   OFF=(--offload --set training.gradient_clipping=0 --set deepspeed.zero_optimization.sub_group_size=100000000)
   variant 1b-nooffload 110 "${E[@]}"
   variant 1b-superoffload 150 "${E[@]}" "${OFF[@]}" --set deepspeed.zero_optimization.offload_optimizer.super_offload=true
@@ -279,13 +279,16 @@ plan13b-nooff)  # 13B at the setting the recalibrated planner picks on the H200 
     --no-profile
   ;;
 fp16)  # the seed JSON's precision and offload at the shipped batch; bf16 the same; fp16 without offload
-  E=(--paths deepspeed "${GAS4[@]}" "${Z[@]}" --set scaling.cpus_per_worker=14 --no-profile)
+  # FP16_PATHS=deepspeed,raytrain: both paths, each variant given twice the time
+  E=(--paths "${FP16_PATHS:-deepspeed}" "${GAS4[@]}" "${Z[@]}" --set scaling.cpus_per_worker=14 --no-profile)
+  n=$(( $(tr -cd , <<< "${FP16_PATHS:-deepspeed}" | wc -c) + 1 ))
   FP16=(--set training.precision=fp16 --set deepspeed.fp16.enabled=true)
-  variant 1b-bf16-offload 140 "${E[@]}" --offload
-  variant 1b-fp16-offload 140 "${E[@]}" --offload "${FP16[@]}"
+  variant 1b-bf16-offload $(( 140 * n )) "${E[@]}" --offload
+  variant 1b-fp16-offload $(( 140 * n )) "${E[@]}" --offload "${FP16[@]}"
   # the same with DeepSpeed's inf/nan scan of the host gradient buffer, which raytrain drops since 2026-12-02
-  variant 1b-fp16-offload-dsscan 140 "${E[@]}" --offload "${FP16[@]}" --deepspeed-overflow-scan
-  variant 1b-fp16-nooffload 110 "${E[@]}" "${FP16[@]}"
+  # (the deepspeed path only: it puts DeepSpeed's method back after build_engine)
+  variant 1b-fp16-offload-dsscan 140 "${E[@]/raytrain/}" --offload "${FP16[@]}" --deepspeed-overflow-scan
+  variant 1b-fp16-nooffload $(( 110 * n )) "${E[@]}" "${FP16[@]}"
   ;;
 mfu62)  # levers for 62% MFU at the shipped setting (issue 14 SPEC section 4); accumulation does not count
   B=(--paths deepspeed "${GAS4[@]}" "${Z[@]}")

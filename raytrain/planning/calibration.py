@@ -181,6 +181,12 @@ ROWS = (
         "--set deepspeed.zero_optimization.sub_group_size=100000000 --set model.gradient_checkpointing=true "
         f"--set scaling.cpus_per_worker=14 --gpu-memory-fraction {CAP20}", 53_134, 16.8, host_used_gib=22.8,
         optimizer_s=0.890, fused_layers=True),
+    # Machine "g" (call 15, fp16; session 30): full offload at the shipped batch, bf16 and fp16 (the seed JSON's
+    # precision), fp16 without DeepSpeed's host-side overflow scan (raytrain.compat.skip_host_overflow_scan).
+    Row("1b-mb24x4-offload-1202g", BENCH, f"{SHIPPED_1B} --offload", 55_962, 64.2, host_used_gib=23.9,
+        optimizer_s=0.836, fused_layers=True),
+    Row("1b-mb24x4-fp16-offload-1202g", BENCH, f"{SHIPPED_1B} --offload --set training.precision=fp16 "
+        "--set deepspeed.fp16.enabled=true", 55_775, 64.2, host_used_gib=25.3, optimizer_s=0.782, fused_layers=True),
     # offload-max: `free -m` used, sampled every 5 s, peaked at 128,395 MiB (the host's OOM edge).
     Row("6.74b-mb1-ckpt-offload", BENCH, "--micro-batch 1 --hidden-size 4096 --num-layers 32 --num-heads 32 "
         f"--num-kv-heads 32 --intermediate-size 11008 --liger all {Z} --set model.gradient_checkpointing=true "

@@ -16,7 +16,8 @@
       K_VISIBLE * (2N + 4N (GA - 1)) / PCIE_BYTES_PER_S
       + N_host * CPU_ADAM_S_PER_PARAM(threads, states)        boundary copies, CPU Adam, cast, H2D
       + N_gpu * (3 mw + 2 st + mw) / HBM_ADAM_BYTES_PER_S     torch's AdamW on the GPU sub-groups
-      + N * FP16_OVERFLOW_SCAN_S_PER_PARAM (fp16 only)        isinf/isnan over the pinned host buffer
+    (fp16 costs the same: DeepSpeed's host-side inf/nan scan, 0.98 s a step at 1.1B, is dropped by
+    raytrain.compat.skip_host_overflow_scan; rows 1b-mb24x4-offload-1202g / -fp16-offload-1202g)
     parameter offload: every forward and backward pass copies the parameters H2D: 2N (3N with
     checkpointing) bytes per micro-batch at PCIE_BYTES_PER_S, not overlapped (an upper bound).
 
@@ -84,11 +85,6 @@ CPU_ADAM_THREAD_EXPONENT = 0.529
 # (issue 14 research, cpu_microbench.py): x 0.6 assumed. NOT YET MEASURED ON THE H200
 # (benchmarks/gpu_x1.sh part plan13b measures it).
 CPU_ADAM_BF16_FACTOR = 0.6
-# fp16 only: the overflow check scans the pinned host gradient buffer on the CPU every step
-# (stage3.py:2811-2816, 3009-3030). From issue 14's seed-config comparison (fp16 41k vs bf16 50.7k
-# tok/s, same offload, GA 4, 1.1B): 0.92 s per step for 1.1B. NOT SEPARATED FROM OTHER CAUSES
-# (benchmarks/gpu_x1.sh part fp16 measures it).
-FP16_OVERFLOW_SCAN_S_PER_PARAM = 0.84e-9
 
 
 def flops_per_token(num_params: int, num_layers: int, hidden: int, seq_len: int) -> float:
@@ -159,8 +155,6 @@ def predict(f: MemoryFacts, e: Estimate, *, grad_accum: int, cpus_per_worker: fl
         t_opt = (K_VISIBLE * f.pb * n_rank * (1 + 2 * (grad_accum - 1)) / PCIE_BYTES_PER_S
                  + e.params_on_host * cpu_adam_s_per_param(cpus_per_worker, f.bf16_states)
                  + e.params_on_gpu * (3 * mw + 2 * st + mw) / HBM_ADAM_BYTES_PER_S)
-        if f.precision == "fp16":
-            t_opt += n_rank * FP16_OVERFLOW_SCAN_S_PER_PARAM
     else:
         t_opt = n_rank * (3 * mw + 2 * st + 2) / HBM_ADAM_BYTES_PER_S
     step = grad_accum * t_micro + T_STEP_FIXED + t_opt

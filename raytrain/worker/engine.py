@@ -67,7 +67,7 @@ def build_engine(spec: ResolvedRun, device: torch.device, ds_config: dict[str, A
     if compat.share_backup_optimizer_param_groups(engine.optimizer) and torch.distributed.get_rank() == 0:
         emit("raytrain: note: offload_optimizer.ratio < 1: the GPU side's AdamW now follows the LR schedule "
              "(a DeepSpeed 0.19.8 bug left its first param group at the initial LR; raytrain.compat)")
-    compat.skip_host_overflow_scan(engine.optimizer)  # fp16 + offload: 0.8 s a step less at 1.1B, same skips
+    compat.skip_host_overflow_scan(engine.optimizer)  # fp16 + offload: ~1 s a step less at 1.1B, same skips
     if cfg.model.compile:
         # Through the engine, not torch.compile(model): DeepSpeed keeps its ZeRO-3 hooks out of the
         # graphs (or, with compile.deepcompile, replaces them with its own compiled schedule).

@@ -79,6 +79,15 @@ def test_the_24_gib_pick_beats_its_runner_up_as_measured(predictions):
     assert predictions[pick]["tokens_per_s"] > 1.05 * predictions[runner_up]["tokens_per_s"]
 
 
+def test_fp16_with_offload_is_planned_as_fast_as_bf16_as_measured(predictions):
+    """raytrain drops DeepSpeed's host-side overflow scan (compat.skip_host_overflow_scan), so fp16 with the
+    optimizer on the host steps as fast as bf16 (99.7% measured in one call; 78% with the scan): the model
+    must not charge fp16 for it."""
+    bf16, fp16 = (calibration.BY_ID[i] for i in ("1b-mb24x4-offload-1202g", "1b-mb24x4-fp16-offload-1202g"))
+    ratio = predictions[fp16.id]["tokens_per_s"] / predictions[bf16.id]["tokens_per_s"]
+    assert ratio == pytest.approx(fp16.tokens_per_s / bf16.tokens_per_s, rel=0.01)
+
+
 def test_liger_none_factor_reproduces_its_pair_of_rows(predictions):
     none, liger = (calibration.BY_ID[i] for i in ("1b-mb16", "1b-mb16-liger"))
     ratio = predictions[none.id]["tokens_per_s"] / predictions[liger.id]["tokens_per_s"]
