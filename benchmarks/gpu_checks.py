@@ -1,6 +1,7 @@
 """Precisions and ZeRO features that only run on GPUs, executed for real with the worker's own engine.
 
     python benchmarks/gpu_checks.py fp16 fp16-offload bf16            # one GPU (gpu_x1.sh checks)
+    python benchmarks/gpu_checks.py fp16-offload-overflow fp16-offload-overflow-dsscan  # the overflow path, both ways
     torchrun --nproc-per-node 2 benchmarks/gpu_checks.py zeropp      # two GPUs or more (gpu_x2.sh zeropp)
 
 Each variant builds a small Llama (hidden 512, 4 layers, seq 512) with raytrain's own config
@@ -52,6 +53,12 @@ VARIANTS = {
     "fp16-offload": ["training.precision=fp16", 'deepspeed.fp16={"enabled": "auto", "initial_scale_power": 16}',
                      "deepspeed.bf16.enabled=false",
                      ZERO + '.offload_optimizer={"device": "cpu", "pin_memory": true}'],
+    # the same from a loss scale of 2^28 that overflows at once: the first steps are skipped and the scale
+    # halves (hysteresis 1), found without DeepSpeed's host-side scan (raytrain.compat.skip_host_overflow_scan);
+    # -dsscan puts DeepSpeed's own check back: the same number of steps must be skipped
+    "fp16-offload-overflow": ["training.precision=fp16", "deepspeed.bf16.enabled=false",
+                              'deepspeed.fp16={"enabled": "auto", "initial_scale_power": 28, "hysteresis": 1}',
+                              ZERO + '.offload_optimizer={"device": "cpu", "pin_memory": true}'],
     "bf16": ["training.precision=bf16"],
     # ZeRO++: hpZ (a secondary partition per node), qwZ (int8 weights in the all-gather), qgZ
     # (int4 gradients in the reduce-scatter)
@@ -59,6 +66,7 @@ VARIANTS = {
                f"{ZERO}.zero_quantized_gradients=true"],
     "zero3": [],  # the reference for zeropp's losses: plain ZeRO-3, same model, data and world size
 }
+VARIANTS["fp16-offload-overflow-dsscan"] = VARIANTS["fp16-offload-overflow"]
 SHARE_GPU = os.environ.get("GPU_CHECKS_SHARE_GPU") == "1"
 
 
@@ -110,6 +118,10 @@ def run(name: str, world: int, device) -> dict:
         count_calls(stage3, "all_to_all_quant_reduce", counts, "qgz_all_to_all_reduce")
         count_calls(pp.Init, "_partition_param_sec", counts, "hpz_secondary_partitions")
     engine, scheduler, _ = build_engine(resolved, device)
+    scan_dropped = "has_overflow" in vars(engine.optimizer)  # raytrain.compat.skip_host_overflow_scan
+    if name.endswith("-dsscan") and scan_dropped:
+        del engine.optimizer.has_overflow
+        scan_dropped = False
     g = torch.Generator().manual_seed(0)
     data = torch.randint(0, 32000, (4, cfg.training.micro_batch_size_per_gpu, 512), generator=g).to(device)
     batches = iter({"input_ids": data[i % 4]} for i in range(10**9))
@@ -125,10 +137,14 @@ def run(name: str, world: int, device) -> dict:
              "zero_quantized_weights": engine.zero_quantized_weights(),
              "zero_quantized_gradients": engine.zero_quantized_gradients(),
              "optimizer": type(engine.optimizer.optimizer).__name__,
-             "skipped_steps": engine.skipped_steps}
+             "skipped_steps": engine.skipped_steps, "host_overflow_scan_dropped": scan_dropped,
+             "loss_scale": float(getattr(engine.optimizer, "loss_scale", 1.0))}
     # hpZ: parameters that keep a secondary (intra-group) partition to gather from in the backward
     secondary = sum(getattr(p, "ds_secondary_tensor", None) is not None for p in engine.module.parameters())
     expected = {"fp16": {"fp16": True}, "fp16-offload": {"fp16": True, "offload_optimizer": True},
+                "fp16-offload-overflow": {"fp16": True, "offload_optimizer": True, "host_overflow_scan_dropped": True},
+                "fp16-offload-overflow-dsscan": {"fp16": True, "offload_optimizer": True,
+                                                 "host_overflow_scan_dropped": False},
                 "bf16": {"bf16": True},
                 "zeropp": {"zero_hpz_partition_size": 2, "zero_quantized_weights": True,
                            "zero_quantized_gradients": True},
@@ -138,6 +154,8 @@ def run(name: str, world: int, device) -> dict:
     falling = sum(losses[-5:]) / 5 < 0.85 * sum(losses[:5]) / 5
     # ZeRO++'s paths ran, not only its flags: each of the three counted calls
     ran = name != "zeropp" or all(v > 0 for v in counts.values())
+    if "overflow" in name:  # the overflows were found: steps skipped, the scale below its 2^28 start
+        ran = flags["skipped_steps"] >= 1 and flags["loss_scale"] < 2**28
     counts["hpz_params_with_secondary_at_end"] = secondary
     ok = not wrong and finite and falling and ran and flags["zero_stage"] == 3
     return {"variant": name, "ok": ok, "world_size": world, "shared_gpu": SHARE_GPU and use_gpu,
