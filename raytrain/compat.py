@@ -361,17 +361,17 @@ def skip_host_overflow_scan(zero_optimizer) -> bool:
 
     DeepSpeed 0.19.8, runtime/zero/stage3.py: with fp16, step() first calls has_overflow(), which runs
     torch.isinf(...).any() and torch.isnan(...).any() over `grad_partitions_flat_buffer`, on the CPU
-    when the optimizer is offloaded (every gradient element, twice, in host memory). Measured on an H200
-    host, 1.1B, 14 CPU Adam threads (docs/benchmarks.md): optimizer step 1.76 s with it, 0.78 s without
-    (bf16, which never scans, 0.84 s); fp16 went from 78% to 99.7% of bf16's tokens/s.
-    Then, with no overflow found, it takes the gradient norm from `norm_for_param_grads`, which
+    when the optimizer is offloaded (every gradient element, twice, in host memory). Then, with no
+    overflow found, it takes the gradient norm from `norm_for_param_grads`, which
     `_offload_grad_partition_at_boundary` computed on the accelerator (in fp64, so finite gradients never
     make it inf) from the very buffers the scan reads, all-reduces it over the ranks, and sets
     `self.overflow = True` when it is inf or nan (`is_invalid_grad_norm`): the same step is skipped, the
     loss scale lowered the same way. The scan only decides earlier, and before Muon (the raw gradients
     must be checked before Muon's update replaces them: not dropped then), and ZenFlow has its own step.
+    Measured on an H200 host, 1.1B, 14 CPU Adam threads (docs/benchmarks.md): optimizer step 1.76 s with
+    the scan, 0.78 s without (bf16, which never scans, 0.84 s); fp16 went from 78% to 99.7% of bf16's tokens/s.
     tests/unit/test_compat.py pins that order in step(); tests/unit/worker/test_engine_offload.py runs
-    an fp16 overflow through it on real DeepSpeed.
+    an fp16 overflow through it on real DeepSpeed (and benchmarks/gpu_checks.py on a GPU).
     """
     from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 
