@@ -99,6 +99,7 @@ def flat_all_gather_for_gloo() -> None:
 
 
 def run(name: str, world: int, device) -> dict:
+    from raytrain import compat
     from raytrain.config import load_config
     from raytrain.planning.resolve import resolve_run
     from raytrain.run_spec import ClusterShape
@@ -118,10 +119,8 @@ def run(name: str, world: int, device) -> dict:
         count_calls(stage3, "all_to_all_quant_reduce", counts, "qgz_all_to_all_reduce")
         count_calls(pp.Init, "_partition_param_sec", counts, "hpz_secondary_partitions")
     engine, scheduler, _ = build_engine(resolved, device)
-    scan_dropped = "has_overflow" in vars(engine.optimizer)  # raytrain.compat.skip_host_overflow_scan
-    if name.endswith("-dsscan") and scan_dropped:
-        del engine.optimizer.has_overflow
-        scan_dropped = False
+    if name.endswith("-dsscan"):
+        compat.restore_host_overflow_scan(engine.optimizer)
     g = torch.Generator().manual_seed(0)
     data = torch.randint(0, 32000, (4, cfg.training.micro_batch_size_per_gpu, 512), generator=g).to(device)
     batches = iter({"input_ids": data[i % 4]} for i in range(10**9))
@@ -137,7 +136,8 @@ def run(name: str, world: int, device) -> dict:
              "zero_quantized_weights": engine.zero_quantized_weights(),
              "zero_quantized_gradients": engine.zero_quantized_gradients(),
              "optimizer": type(engine.optimizer.optimizer).__name__,
-             "skipped_steps": engine.skipped_steps, "host_overflow_scan_dropped": scan_dropped,
+             "skipped_steps": engine.skipped_steps,
+             "host_overflow_scan_dropped": compat.host_overflow_scan_dropped(engine.optimizer),
              "loss_scale": float(getattr(engine.optimizer, "loss_scale", 1.0))}
     # hpZ: parameters that keep a secondary (intra-group) partition to gather from in the backward
     secondary = sum(getattr(p, "ds_secondary_tensor", None) is not None for p in engine.module.parameters())

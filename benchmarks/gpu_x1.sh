@@ -152,7 +152,7 @@ from deepspeed.ops.op_builder import QuantizerBuilder; QuantizerBuilder().load()
 superoffload)  # issue 14's must-offload lever: DeepSpeed's SuperOffload steps CPU Adam per sub-group while the
   # backward still runs (only without gradient clipping: superoffload_stage3.py), against the same offload without it
   # and the no-offload reference, 1.1B mb 24 x GA 4, 100M-parameter sub-groups (one 1.1B group would finish last)
-  E=(--paths "${FP16_PATHS:-deepspeed}" "${GAS4[@]}" "${Z[@]}" --set scaling.cpus_per_worker=14 --no-profile)
+  E=(--paths deepspeed "${GAS4[@]}" "${Z[@]}" --set scaling.cpus_per_worker=14 --no-profile)
   OFF=(--offload --set training.gradient_clipping=0 --set deepspeed.zero_optimization.sub_group_size=100000000)
   variant 1b-nooffload 110 "${E[@]}"
   variant 1b-superoffload 150 "${E[@]}" "${OFF[@]}" --set deepspeed.zero_optimization.offload_optimizer.super_offload=true

@@ -385,8 +385,18 @@ def skip_host_overflow_scan(zero_optimizer) -> bool:
     def has_overflow(partition_gradients=True):
         return False if partition_gradients else scan(partition_gradients)
 
-    zero_optimizer.has_overflow = has_overflow  # this instance only; `del` it to get DeepSpeed's back
+    zero_optimizer.has_overflow = has_overflow  # this instance only: restore_host_overflow_scan removes it
     return True
+
+
+def host_overflow_scan_dropped(zero_optimizer) -> bool:
+    """Whether skip_host_overflow_scan replaced this optimizer's has_overflow."""
+    return "has_overflow" in vars(zero_optimizer)
+
+
+def restore_host_overflow_scan(zero_optimizer) -> None:
+    """DeepSpeed's own has_overflow again (the class's method), for the comparisons that measure the scan."""
+    vars(zero_optimizer).pop("has_overflow", None)
 
 
 def parse_deepspeed_config(param_dict, world_size: int):

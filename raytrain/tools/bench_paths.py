@@ -22,7 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import raytrain
-from raytrain import hardware
+from raytrain import compat, hardware
 from raytrain.config import RunConfig, load_config
 from raytrain.deepspeed_config import DeepSpeedFacts
 from raytrain.model import config_from_facts
@@ -85,12 +85,10 @@ def run_deepspeed(args: argparse.Namespace, resolved: ResolvedRun) -> dict[str, 
     transform = float8_linears if args.float8 else None
     # exactly the worker's setup (Liger from model.liger_kernel; the GPU cap from scaling.gpu_memory_fraction)
     engine, _, _ = build_engine(resolved, device, transform=transform)
-    host_scan_dropped = "has_overflow" in vars(engine.optimizer)  # raytrain.compat.skip_host_overflow_scan
-    if args.deepspeed_overflow_scan and host_scan_dropped:
-        del engine.optimizer.has_overflow  # DeepSpeed's own method again
-        host_scan_dropped = False
+    if args.deepspeed_overflow_scan:
+        compat.restore_host_overflow_scan(engine.optimizer)
     out = _measure(args, resolved, engine, device)
-    out.update(compiled=engine.is_compiled, host_overflow_scan_dropped=host_scan_dropped)
+    out.update(compiled=engine.is_compiled, host_overflow_scan_dropped=compat.host_overflow_scan_dropped(engine.optimizer))
     return out
 
 

@@ -21,6 +21,7 @@ import torch
 
 
 def main(out_path: str, overrides: list[str], keep_scan: bool) -> None:
+    from raytrain import compat
     from raytrain.config import load_config
     from raytrain.planning.resolve import resolve_run
     from raytrain.run_spec import ClusterShape
@@ -47,9 +48,9 @@ def main(out_path: str, overrides: list[str], keep_scan: bool) -> None:
         return
     engine, scheduler, _ = build_engine(resolved, device)
     zopt = engine.optimizer
-    scan_dropped = "has_overflow" in vars(zopt)  # raytrain.compat.skip_host_overflow_scan's override
+    scan_dropped = compat.host_overflow_scan_dropped(zopt)  # before the comparison run puts it back
     if keep_scan:
-        del zopt.has_overflow
+        compat.restore_host_overflow_scan(zopt)
     backup = getattr(zopt, "backup_optimizer", None)
     out = {"ds_config": resolved.ds_config, "zero_optimizer": type(zopt).__name__,
            "cpu_optimizer": type(zopt.optimizer).__name__,

@@ -102,7 +102,7 @@ def test_bf16_states_without_offload_run_with_torch_adamw(tmp_path):
 
 def test_fp16_with_offload_skips_the_same_steps_without_deepspeeds_host_scan(tmp_path):
     """raytrain.compat.skip_host_overflow_scan: with fp16 and the optimizer on the host, DeepSpeed's inf/nan
-    scan of the host gradient buffer is dropped (0.8 s a step at 1.1B on an H200's host) and the
+    scan of the host gradient buffer is dropped (0.98 s a step at 1.1B on an H200's host) and the
     gradient-norm check of the same step() finds the overflows instead: the same steps skipped, the same
     loss scales, the same losses as with DeepSpeed's scan put back, bit for bit."""
     dropped = run_child(tmp_path, "fp16_offload", FP16_OFFLOAD)
