@@ -99,7 +99,9 @@ def _validated(build, overrides: dict[str, Any]):
 
 
 @functools.lru_cache(maxsize=4)
-def _cached_tokenizer(spec: str | None, trust_remote_code: bool):
+def _cached_tokenizer(spec: str | None, trust_remote_code: bool, key: str = "model.tokenizer"):
+    """`key`: the setting `spec` came from, named by the errors (model.name_or_path when
+    model.tokenizer is unset)."""
     if spec is None:
         return byte_tokenizer()
     from transformers import AutoTokenizer
@@ -108,18 +110,23 @@ def _cached_tokenizer(spec: str | None, trust_remote_code: bool):
         tok = AutoTokenizer.from_pretrained(spec, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"model.tokenizer={spec!r}: cannot load it ({first}); give a local directory or hub id") from None
+        fix = ("give a local directory or hub id" if key == "model.tokenizer"
+               else "set model.tokenizer to a directory or hub id that holds one")
+        raise ConfigError(f"{key}={spec!r}: cannot load its tokenizer ({first}); {fix}") from None
     if not tok.is_fast:
-        raise ConfigError(f"model.tokenizer={spec!r} is a slow tokenizer: raytrain needs a fast (Rust) tokenizer")
+        raise ConfigError(f"{key}={spec!r} has a slow tokenizer: raytrain needs a fast (Rust) tokenizer"
+                          + ("" if key == "model.tokenizer" else "; set model.tokenizer to one"))
     if tok.eos_token_id is None:
-        raise ConfigError(f"model.tokenizer={spec!r} has no eos_token: documents are separated by EOS; "
-                          f"use a tokenizer with one")
+        raise ConfigError(f"{key}={spec!r}: its tokenizer has no eos_token: documents are separated by EOS; "
+                          + ("use a tokenizer with one" if key == "model.tokenizer"
+                             else "set model.tokenizer to a tokenizer with one"))
     return tok
 
 
 def load_tokenizer(cfg: ModelConfig):
     """The tokenizer named by the config (cached per process: tokenization tasks call this per batch)."""
-    return _cached_tokenizer(cfg.tokenizer or cfg.name_or_path, cfg.trust_remote_code)
+    key = "model.tokenizer" if cfg.tokenizer else "model.name_or_path"
+    return _cached_tokenizer(cfg.tokenizer or cfg.name_or_path, cfg.trust_remote_code, key)
 
 
 def byte_tokenizer():

@@ -108,11 +108,14 @@ class MicroBatches:
 
     `digests`: also keep an 8-byte digest of every row handed out (computed on the reading side),
     for `pop_digests` (the data audit of raytrain.worker.samples).
+
+    `counter`: the run's counter actor (raytrain.data.progress), told when the data holds not one
+    step: the user's mistake, which stops the run with one line and no retry (a bad record).
     """
 
     def __init__(self, group: ShardGroup, micro_batch: int, step_rows: int, device, seed: int,
                  shuffle_buffer_size: int, position: tuple[int, int] = (0, 0), prefetch: int = 0,
-                 digests: bool = False):
+                 digests: bool = False, counter: str | None = None):
         rows_per_step = step_rows * len(group.shards)
         if rows_per_step % micro_batch:
             raise ValueError(f"a step of {step_rows} rows from each of {len(group.shards)} shards ({rows_per_step}) "
@@ -125,6 +128,7 @@ class MicroBatches:
         self._torch = torch
         self.group, self.device, self.seed, self.shuffle_rows = group, device, seed, shuffle_buffer_size
         self.micro_batch, self.step_rows, self._digests = micro_batch, step_rows, digests
+        self._counter = counter
         self.epoch, self.rows = position  # of the next micro-batch handed out
         self._read_epoch, self._read_rows = position  # after the step being read
         self._step: dict[str, np.ndarray] | None = None  # the step being cut into micro-batches
@@ -232,15 +236,26 @@ class MicroBatches:
             parts = [reader.take(self.step_rows) for reader in self._readers]
             if any(p is None for p in parts):
                 if self._read_rows == 0:
-                    raise RuntimeError(f"the training data yields no step of {self.step_rows} rows per shard "
-                                       f"(epoch {self._read_epoch}): add data, or lower data.seq_len, "
-                                       f"train_batch_size or data.num_shards")
+                    self._no_step()
                 for reader in self._readers:
                     reader.close()
                 self._readers, self._read_epoch, self._read_rows = None, self._read_epoch + 1, 0
                 continue
             self._read_rows += self.step_rows
             return {key: np.concatenate([p[key] for p in parts]).astype(np.int64, copy=False) for key in parts[0]}
+
+    def _no_step(self) -> None:
+        """Not one step in an epoch: the same at every restart, so a bad record (one line, exit 2)."""
+        from raytrain.data.bad_records import BadRecord, BadRecords
+
+        # The same line from every rank: the counter keeps one (raytrain.data.progress.Counter).
+        record = BadRecord(None, f"the training data yields no step of {self.step_rows} rows of data.seq_len "
+                                 f"tokens per shard (epoch {self._read_epoch})",
+                           "lower data.seq_len or raise data.tokenize_batch_size (each tokenize batch's tail "
+                           "shorter than data.seq_len is dropped), add data, or lower train_batch_size or "
+                           "data.num_shards")
+        BadRecords(self._counter).found(record)  # without a counter it raises; with one, the run is stopping
+        raise record
 
     def _start_epoch(self) -> list[_ShardReader]:
         # Each shard's first read waits at Ray Data's epoch barrier until every shard of every

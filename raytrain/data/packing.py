@@ -4,7 +4,13 @@ Start at `tokenize_and_pack`. Packing policy: documents are joined with one EOS 
 and cut into blocks of exactly `seq_len` tokens; a document longer than seq_len continues in the
 next block (never dropped). Packing is done per tokenization batch (`data.tokenize_batch_size`
 documents); the leftover tail of each batch (< seq_len tokens) is dropped, which costs on average
-seq_len / 2 tokens per batch (about 0.1% with 256 documents of 1k tokens at seq_len 2048). With
+seq_len / 2 tokens per batch (about 0.1% with 256 documents of 1k tokens at seq_len 2048, but all
+of a batch holding fewer than seq_len tokens). The dropped tokens are counted and printed at the
+end of the run (raytrain.data.progress). Carrying a tail into the next batch would need one
+stateful packer per stream: with parallel tokenize tasks, which tail joined which batch would
+differ from run to run, and exact resume (raytrain.data.ingest) needs the same blocks every run.
+Text that spells a special token ("</s>") stays text, tokenized as its characters
+(split_special_tokens), never as the control token. With
 `data.position_ids="per_document"` each row also carries `position_ids` that restart at 0 after
 every EOS and at every block start (a block is all the context the model sees).
 """
@@ -93,7 +99,7 @@ def tokenize_and_pack(batch: dict[str, np.ndarray], *, seq_len: int, model: Mode
     if not pretokenized:
         # return_attention_mask=False: the mask is all ones here and building it costs ~half the time.
         encoded = tokenizer(docs, add_special_tokens=False, return_attention_mask=False,
-                            return_token_type_ids=False)["input_ids"] if docs else []
+                            return_token_type_ids=False, split_special_tokens=True)["input_ids"] if docs else []
         docs = [np.asarray(ids, dtype=np.int64) for ids in encoded]
     pieces, lengths = [], []
     for d in docs:
@@ -110,6 +116,8 @@ def tokenize_and_pack(batch: dict[str, np.ndarray], *, seq_len: int, model: Mode
         return _no_blocks(seq_len, position_ids)
     report(progress, rows=len(values), documents=len(docs), tokens=int(flat.size))
     n_blocks = len(flat) // seq_len
+    if len(flat) > n_blocks * seq_len:
+        skipped(counter, tail_tokens=len(flat) - n_blocks * seq_len)  # no counter (tests, bench): not told
     out = {"input_ids": flat[: n_blocks * seq_len].reshape(n_blocks, seq_len).astype(np.int32)}
     if position_ids == "per_document":
         out["position_ids"] = document_positions(np.asarray(lengths, np.int64), n_blocks * seq_len, seq_len)

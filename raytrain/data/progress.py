@@ -47,7 +47,11 @@ REPORT_EVERY_S = 1.0
 
 SKIPS = {"empty": "empty documents skipped (null, \"\", a missing key, an empty file or id list)",
          "invalid_utf8": "documents with invalid UTF-8 decoded with U+FFFD replacement characters "
-                         "(data.invalid_utf8=error stops on them instead)"}
+                         "(data.invalid_utf8=error stops on them instead)",
+         "lone_surrogate": "documents with lone UTF-16 surrogates (JSON \\ud800-\\udfff escapes) read as U+FFFD "
+                           "(data.invalid_utf8=error stops on them instead)",
+         "tail_tokens": "tokens dropped at the end of tokenize batches, each tail shorter than data.seq_len, "
+                        "counted at every read of the data (a larger data.tokenize_batch_size drops fewer)"}
 """What the data policies skip or change, by the name the tasks report them under."""
 
 
@@ -101,7 +105,8 @@ class Counter:
     def bad_record(self, record) -> None:
         """A task found a bad record: the first one stops the run (the others are counted)."""
         if self._bad is not None:
-            self._more_bad += 1
+            # The same record again (every rank finding no step, a retried task) is not another one.
+            self._more_bad += record.line() != self._bad.line()
             return
         self._bad = record
         if self._controller is not None:

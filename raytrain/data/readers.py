@@ -11,11 +11,12 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import re
 from typing import Any, Iterator
 
 from raytrain.data.bad_records import BadRecord, BadRecords
 from raytrain.data.progress import FileReads, skipped
-from raytrain.data.sources import BOM, open_text
+from raytrain.data.sources import BOM, READ_ERRORS, compression_of, open_text, unreadable_fix
 
 logger = logging.getLogger("raytrain.data")
 
@@ -45,30 +46,35 @@ def _read_text_file(path: str, format: str, filesystem, text_column: str, text_d
                     reads: FileReads, bad: BadRecords, counts: collections.Counter) -> Iterator[dict[str, str]]:
     """A text or JSON file (format "text" or "json"), read as `read_documents` says. After a bad
     record the rest of the file is only checked (its bad records counted), not yielded."""
-    import pyarrow as pa
-
-    with open_text(filesystem, path) as stream:  # decompresses .gz/.zst/.br/... by extension
-        # Decompressed bytes are not the file's bytes: a compressed file counts whole when it ends.
-        compressed = isinstance(stream, pa.CompressedInputStream)
-        f = stream if compressed else reads.counting(stream)
-        if format == "text" and text_document == "file":
-            text = _checked(bad, _decode, f.read().removeprefix(BOM), invalid_utf8, path, counts)
-            if text:
-                yield {"text": text}
-            elif text is not None:
-                counts["empty"] += 1
-        elif format == "text":
-            for lineno, raw in _lines(f, f.read(1 << 20).removeprefix(BOM)):
-                raw = raw.rstrip(b"\r")
-                if raw.strip():  # a blank line separates documents, it is not one
-                    text = _checked(bad, _decode, raw, invalid_utf8, f"{path} line {lineno}", counts)
+    # Decompressed bytes are not the file's bytes: a compressed file counts whole when it ends.
+    compressed = compression_of(path) is not None
+    try:
+        with open_text(filesystem, path) as stream:  # decompresses .gz/.zst/.br/.xz/... by suffix
+            f = stream if compressed else reads.counting(stream)
+            if format == "text" and text_document == "file":
+                text = _checked(bad, _decode, f.read().removeprefix(BOM), invalid_utf8, path, counts)
+                if text:
+                    yield {"text": text}
+                elif text is not None:
+                    counts["empty"] += 1
+            elif format == "text":
+                for lineno, raw in _lines(f, f.read(1 << 20).removeprefix(BOM)):
+                    raw = raw.rstrip(b"\r")
+                    if raw.strip():  # a blank line separates documents, it is not one
+                        text = _checked(bad, _decode, raw, invalid_utf8, f"{path} line {lineno}", counts)
+                        if text is not None and not bad.found_any:
+                            yield {"text": text}
+            else:
+                for where, record in _json_records(f, path, invalid_utf8, bad, counts):
+                    text = _checked(bad, _document_of, record, where, text_column, counts)
+                    if text is not None:
+                        text = _checked(bad, _without_surrogates, text, invalid_utf8, where, counts)
                     if text is not None and not bad.found_any:
                         yield {"text": text}
-        else:
-            for where, record in _json_records(f, path, invalid_utf8, bad, counts):
-                text = _checked(bad, _document_of, record, where, text_column, counts)
-                if text is not None and not bad.found_any:
-                    yield {"text": text}
+    except READ_ERRORS as e:
+        # Unreadable, corrupt or truncated (often only at its end, past what the driver checked):
+        # the same file every retry, so a bad record of the file, not a task failure.
+        bad.found(BadRecord(path, f"cannot be read ({_first_line(e)})", unreadable_fix(path)))
     reads.close((lambda: filesystem.get_file_info(path).size) if compressed else None)
 
 
@@ -138,6 +144,32 @@ def _parse_json(text: str, where: str, line: bool = False) -> Any:
     return value
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _without_surrogates(text: str, invalid_utf8: str, where: str, counts: collections.Counter) -> str:
+    """`text` without lone surrogates, which JSON escapes ("\\ud83d" without its pair) decode to:
+    no character, no UTF-8, and the tokenizer refuses them (a TypeError). They follow the policy of
+    invalid UTF-8: U+FFFD and counted, or a bad record under data.invalid_utf8=error."""
+    if text.isascii():  # most documents: one C-speed pass, no regex
+        return text
+    found = _SURROGATE.search(text)
+    if found is None:
+        return text
+    if invalid_utf8 == "error":
+        raise BadRecord(where, f"a lone UTF-16 surrogate \\u{ord(found.group()):04x} at character {found.start()} "
+                               f"(a JSON escape that is not a character)",
+                        "fix the file, or set data.invalid_utf8=replace to read such escapes as U+FFFD "
+                        "(counted and reported)")
+    counts["lone_surrogate"] += 1
+    return _SURROGATE.sub("\ufffd", text)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def _document_of(record: Any, where: str, text_column: str, counts: collections.Counter) -> str | None:
     if not isinstance(record, dict):
         raise BadRecord(where, f"a {type(record).__name__}, not a JSON object", "give one object per line")
@@ -150,15 +182,18 @@ def _read_arrow_file(path: str, filesystem, column: str, reads: FileReads, bad: 
     import pyarrow as pa
 
     row = 0
-    with filesystem.open_input_file(path) as stream:
-        for batch in pa.ipc.open_stream(stream):
-            for value in batch.column(batch.schema.get_field_index(column)).to_pylist():
-                row += 1
-                text = _checked(bad, _document, value, f"{path} row {row}", column, counts)
-                if text is not None and not bad.found_any:
-                    yield {"text": text}
-            reads.at(stream.tell())
-        reads.close(stream.size)  # the IPC stream's end marker is never "read" as a batch
+    try:
+        with filesystem.open_input_file(path) as stream:
+            for batch in pa.ipc.open_stream(stream):
+                for value in batch.column(batch.schema.get_field_index(column)).to_pylist():
+                    row += 1
+                    text = _checked(bad, _document, value, f"{path} row {row}", column, counts)
+                    if text is not None and not bad.found_any:
+                        yield {"text": text}
+                reads.at(stream.tell())
+            reads.close(stream.size)  # the IPC stream's end marker is never "read" as a batch
+    except (OSError, pa.ArrowInvalid) as e:  # unreadable or cut short: the same at every retry
+        bad.found(BadRecord(path, f"cannot be read ({_first_line(e)})", "copy the save_to_disk directory again"))
 
 
 def _document(value: Any, where: str, column: str, counts: collections.Counter) -> str | None:
@@ -175,10 +210,14 @@ def _document(value: Any, where: str, column: str, counts: collections.Counter) 
 def _report_file(path: str, counts: collections.Counter, counter: str | None) -> None:
     """A file's skipped and changed documents: to the run's counter (reported once per run), or logged."""
     if counter is not None:
-        skipped(counter, path, empty=counts["empty"], invalid_utf8=counts["invalid_utf8"])
+        skipped(counter, path, empty=counts["empty"], invalid_utf8=counts["invalid_utf8"],
+                lone_surrogate=counts["lone_surrogate"])
         return
     if counts["invalid_utf8"]:
         logger.warning("raytrain data: %s: %d documents had invalid UTF-8, decoded with U+FFFD replacement "
                        "characters (data.invalid_utf8=error stops on it instead)", path, counts["invalid_utf8"])
+    if counts["lone_surrogate"]:
+        logger.warning("raytrain data: %s: %d documents had lone UTF-16 surrogates (JSON \\ud800-\\udfff escapes), "
+                       "read as U+FFFD (data.invalid_utf8=error stops on them instead)", path, counts["lone_surrogate"])
     if counts["empty"]:
         logger.warning("raytrain data: %s: skipped %d empty documents", path, counts["empty"])

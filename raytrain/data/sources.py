@@ -16,14 +16,20 @@ Documents, by source:
 - pre-tokenized parquet (`data.format=tokenized`, or auto when a parquet file has `input_ids` and
   no text column): each row's `input_ids` is one document, packed as-is (EOS appended unless the
   row already ends with it). Token ids outside the model's embedding table stop the run.
-Text and JSON files may be compressed (.gz, .bz2, .zst, .lz4, .br; detected by pyarrow).
+Text and JSON files may be compressed (.gz, .bz2, .zst, .lz4, .br, .xz, by suffix in any case);
+archives (.zip, .tar, .tar.gz, ...) are refused: they hold many files, read as text they are noise.
 Paths may be local or on any filesystem pyarrow understands (s3://, gs://, hdfs://, abfs://);
-directories are read recursively, skipping names that start with "." or "_". As with Ray Data's
-own readers, a local path must be visible on every node that runs tasks (a shared filesystem).
+directories are read recursively, skipping names that start with "." or "_": with data.format
+"auto" the files whose extension names a format, with data.format set every file (a .parquet file
+among text/JSON ones, or a text/JSON-named one among parquet, is refused). As with Ray Data's own
+readers, a local path must be visible on every node that runs tasks (a shared filesystem).
 
 Bad input, at run time (things only reading all the data can tell):
 - invalid UTF-8 in text/JSON files: `data.invalid_utf8="replace"` (default) decodes the bad bytes
-  as U+FFFD; "error" makes each such line (or file) a bad record, naming the file and line.
+  as U+FFFD; "error" makes each such line (or file) a bad record, naming the file and line. JSON's
+  lone surrogate escapes ("\\ud83d" without its pair: no character) follow the same policy.
+- a file that cannot be read whole (permissions, a corrupt or truncated compressed file) is a bad
+  record naming it (the driver reads the first MiB of the first file, so most fail there).
 - empty documents (null, missing key, "", an empty file or an empty id list) are skipped.
   What both policies skip or change is counted by the run's counter and reported in one line at
   the end of the run (raytrain.data.progress); read outside a run, each task logs it instead.
@@ -45,7 +51,11 @@ from raytrain.run_spec import DataFacts
 FORMATS = ("text", "json", "parquet", "hf", "tokenized")
 _EXTENSIONS = {".txt": "text", ".text": "text", ".md": "text", ".json": "json", ".jsonl": "json",
                ".ndjson": "json", ".parquet": "parquet"}
-_COMPRESSED = (".gz", ".bz2", ".zst", ".lz4", ".br")  # what open_text decompresses
+# What open_text decompresses, by lower-case suffix -> pyarrow codec ("xz": python's lzma, which
+# pyarrow lacks). Named, not pyarrow's "detect": that misses upper-case suffixes and .xz.
+_COMPRESSED = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".lz4": "lz4", ".br": "brotli", ".xz": "xz"}
+# Archives hold many files in one: read as text they would be their binary headers and members.
+_ARCHIVES = (".zip", ".tar", ".tgz", ".tbz2", ".txz", ".7z", ".rar") + tuple(f".tar{c}" for c in _COMPRESSED)
 _HF_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
 BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark is not text
 
@@ -117,11 +127,12 @@ def inspect_source(data: DataConfig, path, key: str = "data.path") -> Source:
         return _check_parquet(source, data, key)
     if all(size == 0 for _, size in files):
         raise ConfigError(f"{key}: every file of {', '.join(paths)} is empty: give files with documents in them")
-    first = next(f for f, size in files if size)  # the first file with something in it
+    nonempty = [f for f, size in files if size]
     if fmt == "json":
-        _check_json_column(source, first, data, key)
+        # The first file with a record: files of blank lines or "[]" hold none (each read is tiny).
+        next((f for f in nonempty if _check_json_column(source, f, data, key)), None)
     elif fmt == "text":
-        _check_text_head(source, first, data)
+        _check_text_head(source, nonempty[0], data, key)
     return source
 
 
@@ -145,8 +156,13 @@ def _file_info(fs, fs_path: str, path: str, key: str):
     except OSError as e:
         raise ConfigError(f"{key}: cannot read {path} ({_first_line(e)}): check the path and credentials") from None
     if info.type == pafs.FileType.NotFound:
-        raise ConfigError(f"{key}: {path} does not exist; give an existing file or directory "
-                          f"(local, s3://, gs://, ...)")
+        if any(c in path for c in "*?["):
+            hint = "patterns are not expanded: give the directory, or list the files"
+        elif "://" not in path and not path.startswith((".", "/", "~")) and path.count("/") == 1:
+            hint = "give an existing file or directory, or for a Hugging Face hub dataset set data.format=hf"
+        else:
+            hint = "give an existing file or directory (local, s3://, gs://, ...)"
+        raise ConfigError(f"{key}: {path} does not exist; {hint}")
     return info
 
 
@@ -166,20 +182,46 @@ def _list_files(paths: list[str], fmt: str, key: str):
         if info.type == pafs.FileType.File:
             files.append((info.path, info.size))
             continue
-        wanted = {"tokenized": "parquet"}.get(fmt, fmt)
         found = []
-        for f in fs.get_file_info(pafs.FileSelector(fs_path, recursive=True)):
+        try:
+            listing = fs.get_file_info(pafs.FileSelector(fs_path, recursive=True))
+        except OSError as e:  # a subdirectory this user cannot list (lost+found, another user's)
+            raise ConfigError(f"{key}: cannot list directory {path} ({_first_line(e)}): make it readable, or "
+                              f"point {key} at the readable files") from None
+        for f in listing:
             rel = os.path.relpath(f.path, fs_path)
             if f.type != pafs.FileType.File or any(p.startswith((".", "_")) for p in rel.split("/")):
                 continue
-            if _format_of(f.path) is not None and (fmt == "auto" or _format_of(f.path) == wanted):
+            # data.format set: every file, as Ray Data's readers take a directory (a stray README.md
+            # then fails loudly, naming itself); auto: the files whose extension names a format.
+            kind = _format_of(f.path)
+            if fmt != "auto" and kind is not None and (kind == "parquet") != (fmt in ("parquet", "tokenized")):
+                # parquet read as text (or text as parquet) would be noise, or fail mid-run
+                raise ConfigError(f"{key}: directory {path} holds {f.path}, a {kind} file, and data.format={fmt}: "
+                                  f"move it out, or list the files to read in {key}")
+            if _is_archive(f.path) or fmt != "auto" or kind is not None:
                 found.append((f.path, f.size))
         if not found:
-            kinds = sorted(ext for ext, f in _EXTENSIONS.items() if fmt == "auto" or f == wanted)
-            raise ConfigError(f"{key}: directory {path} has no {'/'.join(kinds)} files: point it at your data "
-                              f"(or set data.format if the files have other extensions)")
+            if fmt != "auto":
+                raise ConfigError(f"{key}: directory {path} has no files (names starting with '.' or '_' are "
+                                  f"skipped): point it at your data")
+            raise ConfigError(f"{key}: directory {path} has no {'/'.join(sorted(_EXTENSIONS))} files: point it at "
+                              f"your data (or set data.format if the files have other extensions)")
         files.extend(sorted(found))
+    archive = next((f for f, _ in files if _is_archive(f)), None)
+    if archive is not None:
+        raise ConfigError(f"{key}: {archive} is an archive, which raytrain does not unpack: extract it and point "
+                          f"{key} at its files (single-file compression .gz/.bz2/.zst/.lz4/.br/.xz is read)")
+    if fs0 is not None and fs0.type_name == "local":  # one access() per file: cheap, and root reads all
+        unreadable = next((f for f, _ in files if not os.access(f, os.R_OK)), None)
+        if unreadable is not None:
+            raise ConfigError(f"{key}: cannot read {unreadable} (permission denied): make it readable, or "
+                              f"leave it out of {key}")
     return fs0, files
+
+
+def _is_archive(name: str) -> bool:
+    return name.lower().endswith(_ARCHIVES)
 
 
 def _format_of(name: str) -> str | None:
@@ -214,64 +256,124 @@ def _check_parquet(source: Source, data: DataConfig, key: str) -> Source:
 
     first = open_file(source.files[0])
     schema = first.schema_arrow
+    # input_ids and no text column: pre-tokenized, unless the user named a text column (the
+    # default's name is "text"): then a missing column is their mistake, reported below.
     if source.format == "parquet" and data.format == "auto" and data.text_column not in schema.names \
-            and "input_ids" in schema.names:
+            and "input_ids" in schema.names and data.text_column == "text":
         source.format = "tokenized"
     if source.format == "tokenized":
         source.column = "input_ids"
-        field_ = schema.field("input_ids") if "input_ids" in schema.names else None
-        if field_ is None or not (pa.types.is_list(field_.type) or pa.types.is_large_list(field_.type)
-                                  or pa.types.is_fixed_size_list(field_.type)) \
-                or not pa.types.is_integer(field_.type.value_type):
-            found = f"its input_ids is {field_.type}" if field_ else f"columns: {', '.join(schema.names)}"
-            raise ConfigError(f"data.format=tokenized needs an input_ids column of integer lists in "
-                              f"{source.files[0]} ({found}): write token ids there, or set data.format=parquet")
-    else:
+
+    def check(path, schema):
+        if source.format == "tokenized":
+            field_ = schema.field("input_ids") if "input_ids" in schema.names else None
+            if field_ is None or not (pa.types.is_list(field_.type) or pa.types.is_large_list(field_.type)
+                                      or pa.types.is_fixed_size_list(field_.type)) \
+                    or not pa.types.is_integer(field_.type.value_type):
+                found = f"its input_ids is {field_.type}" if field_ else f"columns: {', '.join(schema.names)}"
+                raise ConfigError(f"data.format=tokenized needs an input_ids column of integer lists in "
+                                  f"{path} ({found}): write token ids there, or set data.format=parquet")
+            return
         if data.text_column not in schema.names:
-            raise ConfigError(f"data.text_column={data.text_column!r} is not a column of {source.files[0]} "
+            raise ConfigError(f"data.text_column={data.text_column!r} is not a column of {path} "
                               f"(columns: {', '.join(schema.names)}): set data.text_column")
         t = schema.field(data.text_column).type
+        if pa.types.is_dictionary(t):  # a categorical column: Ray Data reads it as its strings
+            t = t.value_type
         if not (pa.types.is_string(t) or pa.types.is_large_string(t) or getattr(pa.types, "is_string_view", bool)(t)):
-            raise ConfigError(f"data.text_column={data.text_column!r} in {source.files[0]} holds {t}, not strings: "
+            raise ConfigError(f"data.text_column={data.text_column!r} in {path} holds {t}, not strings: "
                               f"set data.text_column to the text column")
+
+    check(source.files[0], schema)
+    column_type = schema.field(source.column).type
     rows = first.metadata.num_rows
+    # Every file's footer on a local filesystem (one small read each); on a remote one only until
+    # the first with rows: a footer there is a request, and thousands of them would hold the start
+    # for minutes (a later file with another schema then fails when Ray Data reads it).
+    local = source.filesystem.type_name == "local"
     for path in source.files[1:]:
-        if rows:
+        if rows and not local:
             break
-        rows = open_file(path).metadata.num_rows  # footers only: stops at the first non-empty file
+        meta = open_file(path)
+        check(path, meta.schema_arrow)
+        if meta.schema_arrow.field(source.column).type != column_type:  # Ray Data cannot merge the two
+            raise ConfigError(f"{key}: {path} holds {source.column} as {meta.schema_arrow.field(source.column).type}"
+                              f", {source.files[0]} as {column_type}: write every file with one type")
+        rows = rows or meta.metadata.num_rows
     if not rows:
         raise ConfigError(f"{key}: the parquet files have no rows ({len(source.files)} files, first "
                           f"{source.files[0]}): give a non-empty dataset")
     return source
 
 
+def compression_of(path: str) -> str | None:
+    """The codec open_text decompresses `path` with (by its suffix, any case), or None."""
+    return next((codec for suffix, codec in _COMPRESSED.items() if path.lower().endswith(suffix)), None)
+
+
 def open_text(filesystem, path: str):
-    """A text/JSON file's stream, decompressed by extension. pyarrow detects .gz, .bz2, .lz4 and
-    .zst itself but not brotli's .br, which it can decode when told."""
-    return filesystem.open_input_stream(path, compression="brotli" if path.endswith(".br") else "detect")
+    """A text/JSON file's stream, decompressed by its suffix (compression_of). Reading a corrupt or
+    truncated file raises one of READ_ERRORS."""
+    codec = compression_of(path)
+    if codec != "xz":
+        return filesystem.open_input_stream(path, compression=codec)
+    return _XzStream(filesystem.open_input_stream(path, compression=None))
 
 
-def _check_json_column(source: Source, path: str, data: DataConfig, key: str) -> None:
-    """The first record of the first file: valid JSON (a line, or an array's first element), an
-    object with `data.text_column`, holding a string (or null), its bytes UTF-8 under
-    data.invalid_utf8=error. One read of up to 1 MiB; the readers check every later record."""
+READ_ERRORS = (OSError, EOFError)
+"""What opening or reading a file through open_text raises when it is unreadable, corrupt or
+truncated: pyarrow's OSError (PermissionError, "zlib inflate failed", "Truncated compressed
+stream"), lzma's EOFError (truncated .xz); _XzStream turns LZMAError into OSError."""
+
+
+class _XzStream:
+    """python's lzma over a pyarrow stream; closes both (LZMAFile leaves a stream it was given open)."""
+
+    def __init__(self, raw):
+        import lzma
+
+        self._raw, self._xz = raw, lzma.LZMAFile(raw)
+
+    def read(self, nbytes: int = -1) -> bytes:
+        import lzma
+
+        try:
+            return self._xz.read(nbytes)
+        except lzma.LZMAError as e:  # a plain Exception: made the OSError of any other codec
+            raise OSError(f"xz: {e}") from None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._xz.close()
+        self._raw.close()
+
+
+def _check_json_column(source: Source, path: str, data: DataConfig, key: str) -> bool:
+    """The first record of `path`: valid JSON (a line, or an array's first element), an object with
+    `data.text_column`, holding a string (or null), its bytes UTF-8 under data.invalid_utf8=error.
+    One read of up to 1 MiB; the readers check every later record. False: the file holds no record."""
     column = data.text_column
-    with open_text(source.filesystem, path) as f:
-        head = f.read(1 << 20)
+    head = _read_head(source, path, key)
     body = head.removeprefix(BOM).lstrip()
+    if not body:
+        return False  # blank lines only: no record to check here
     if body.startswith(b"["):  # one JSON array of records
         where, text = f"{path} (its first record)", _utf8(body[1:], data, path, 1, cut=len(head) == 1 << 20)
+        if text.lstrip().startswith("]"):
+            return False  # an empty array
         try:
             record, _ = json.JSONDecoder().raw_decode(text.lstrip())
         except json.JSONDecodeError as e:
             if len(head) == 1 << 20:
-                return  # a first record over 1 MiB: the reader checks it
+                return True  # a first record over 1 MiB: the reader checks it
             raise ConfigError(f"{key}: {path} is not a valid JSON array ({e.msg} in its first record): "
                               f"give JSON lines or an array of objects") from None
     else:
         line, newline, _ = body.partition(b"\n")
-        if not line or (not newline and len(head) == 1 << 20):
-            return  # an empty first file or a huge first line: the reader checks each record
+        if not newline and len(head) == 1 << 20:
+            return True  # a huge first line: the reader checks each record
         lineno = head.removeprefix(BOM)[:len(head.removeprefix(BOM)) - len(body)].count(b"\n") + 1
         where = f"{path} line {lineno}"
         try:
@@ -288,16 +390,35 @@ def _check_json_column(source: Source, path: str, data: DataConfig, key: str) ->
     if record[column] is not None and not isinstance(record[column], str):
         raise ConfigError(f"data.text_column={column!r} holds {type(record[column]).__name__} values in {where}, "
                           f"not text: set data.text_column to the text key")
+    return True
 
 
-def _check_text_head(source: Source, path: str, data: DataConfig) -> None:
+def _check_text_head(source: Source, path: str, data: DataConfig, key: str) -> None:
     """Under data.invalid_utf8=error, the first MiB of the first file must be UTF-8 (the readers
-    check the rest); under "replace" any bytes are read."""
-    if data.invalid_utf8 != "error":
+    check the rest); under "replace" any bytes are read, and only a compressed file is opened (a
+    mislabelled or corrupt one fails here, not in a task)."""
+    if data.invalid_utf8 != "error" and compression_of(path) is None:
         return
-    with open_text(source.filesystem, path) as f:
-        head = f.read(1 << 20)
+    head = _read_head(source, path, key)
     _utf8(head.removeprefix(BOM), data, path, 1, cut=len(head) == 1 << 20)
+
+
+def _read_head(source: Source, path: str, key: str) -> bytes:
+    """Up to 1 MiB of `path`, decompressed; a file that cannot be read is a one-line ConfigError."""
+    try:
+        with open_text(source.filesystem, path) as f:
+            return f.read(1 << 20)
+    except READ_ERRORS as e:
+        raise ConfigError(f"{key}: cannot read {path} ({_first_line(e)}): {unreadable_fix(path)}") from None
+
+
+def unreadable_fix(path: str) -> str:
+    """The fix for a file open_text cannot read (READ_ERRORS): what the one-line error advises."""
+    codec = compression_of(path)
+    if codec is not None:
+        return (f"its name says {codec}-compressed: re-compress it whole (or fix its name), "
+                f"or leave it out of the data")
+    return "check that it is readable, or leave it out of the data"
 
 
 def _utf8(raw: bytes, data: DataConfig, path: str, first_line: int, cut: bool = False) -> str:
@@ -317,6 +438,7 @@ def _utf8(raw: bytes, data: DataConfig, path: str, first_line: int, cut: bool = 
 def _looks_like_hf(path: str) -> bool:
     if "://" in path:
         return False  # listing a remote directory to sniff it costs requests; say data.format=hf
+    path = os.path.expanduser(path)
     return os.path.isdir(path) and any(os.path.exists(os.path.join(path, m)) for m in _HF_MARKERS)
 
 
@@ -342,6 +464,9 @@ def _inspect_hf(data: DataConfig, paths: list[str], key: str) -> Source:
                 return json.loads(f.read())
         except FileNotFoundError:
             return None
+        except (OSError, ValueError) as e:  # unreadable, or not JSON (UnicodeDecodeError is a ValueError)
+            raise ConfigError(f"{key}: cannot read {p} ({_first_line(e)}): give a directory written by "
+                              f"datasets' save_to_disk, unchanged") from None
 
     splits = read_json_file(f"{root}/dataset_dict.json")
     if splits is not None:  # a DatasetDict: one subdirectory per split
@@ -352,18 +477,31 @@ def _inspect_hf(data: DataConfig, paths: list[str], key: str) -> Source:
     state = read_json_file(f"{root}/state.json")
     if state is None:
         raise ConfigError(f"{key}: {path} has no state.json: give a directory written by datasets' save_to_disk")
-    files = [f"{root}/{f['filename']}" for f in state.get("_data_files", [])]
+    try:
+        files = [f"{root}/{f['filename']}" for f in state.get("_data_files", [])]
+    except (AttributeError, KeyError, TypeError):
+        raise ConfigError(f"{key}: {root}/state.json has no list of _data_files with a filename each: give a "
+                          f"directory written by datasets' save_to_disk, unchanged") from None
+    # One listing call for all shards: a missing one would otherwise fail in a task, mid-run.
+    missing = [i.path for i in fs.get_file_info(files) if i.type != pafs.FileType.File]
+    if missing:
+        raise ConfigError(f"{key}: {missing[0]}, a data file its state.json lists, is missing ({len(missing)} of "
+                          f"{len(files)}): copy the whole save_to_disk directory")
     rows, names, text_type = 0, None, None
     for f in files:  # stream headers only; stops at the first file with a row
-        with fs.open_input_file(f) as stream:
-            reader = pa.ipc.open_stream(stream)
-            names = names or reader.schema.names
-            if text_type is None and data.text_column in reader.schema.names:
-                text_type = reader.schema.field(data.text_column).type
-            for batch in reader:
-                rows += batch.num_rows
-                if rows:
-                    break
+        try:
+            with fs.open_input_file(f) as stream:
+                reader = pa.ipc.open_stream(stream)
+                names = names or reader.schema.names
+                if text_type is None and data.text_column in reader.schema.names:
+                    text_type = reader.schema.field(data.text_column).type
+                for batch in reader:
+                    rows += batch.num_rows
+                    if rows:
+                        break
+        except (OSError, pa.ArrowInvalid) as e:
+            raise ConfigError(f"{key}: {f} is not a readable Arrow stream ({_first_line(e)}): copy the "
+                              f"save_to_disk directory again") from None
         if rows:
             break
     if names is not None and data.text_column not in names:

@@ -123,7 +123,7 @@ def train_loop_per_worker(spec_dict: dict[str, Any]) -> None:
                            facts.train_batch_size // num_shards, device, seed=cfg.training.seed,
                            shuffle_buffer_size=cfg.data.shuffle_buffer_size,
                            position=(data_state["epoch"], data_state["rows"]) if start_step else (0, 0),
-                           prefetch=cfg.data.prefetch_batches, digests=cfg.data.sample_log)
+                           prefetch=cfg.data.prefetch_batches, digests=cfg.data.sample_log, counter=spec.counter)
     evaluator = None
     if spec.data.has_eval:  # Ray Train raises KeyError for a dataset it was not given
         shard = ray.train.get_dataset_shard("eval")

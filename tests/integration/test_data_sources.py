@@ -63,13 +63,17 @@ def test_parquet_with_a_named_text_column_and_a_null_row(tmp_path, model):
     pq.write_table(pa.table({"body": DOCS[:2] + [None]}), tmp_path / "part-0.parquet")
     pq.write_table(pa.table({"body": DOCS[2:]}), tmp_path / "part-1.parquet")
     np.testing.assert_array_equal(build(model, path=str(tmp_path), text_column="body"), expected_blocks(DOCS, 16))
+    for i, docs in enumerate((DOCS[:2] + [None], DOCS[2:])):  # a categorical column, as pandas writes one
+        pq.write_table(pa.table({"body": pa.array(docs).dictionary_encode()}), tmp_path / f"part-{i}.parquet")
+    np.testing.assert_array_equal(build(model, path=str(tmp_path), text_column="body"), expected_blocks(DOCS, 16))
 
 
 def test_json_lines_compressed_with_blank_lines_and_invalid_utf8(tmp_path, model):
     lines = b"\n".join(b'{"text": "%s", "id": %d}' % (d.encode(), i) for i, d in enumerate(DOCS[:3]))
-    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(lines + b'\n\n{"text": "bad \xff byte"}\n'))
+    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(lines + b'\n\n{"text": "bad \xff byte"}\n'
+                                                        b'{"text": "lone \\ud83d surrogate"}\n'))
     blocks = build(model, path=str(tmp_path / "a.jsonl.gz"))
-    np.testing.assert_array_equal(blocks, expected_blocks(DOCS[:3] + ["bad \ufffd byte"], 16))
+    np.testing.assert_array_equal(blocks, expected_blocks(DOCS[:3] + ["bad \ufffd byte", "lone \ufffd surrogate"], 16))
     with pytest.raises(Exception, match="a.jsonl.gz line 5: invalid UTF-8 at byte 14"):
         build(model, path=str(tmp_path / "a.jsonl.gz"), invalid_utf8="error")
 

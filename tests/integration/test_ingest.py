@@ -81,3 +81,14 @@ def test_a_step_is_cut_into_micro_batches_and_its_tail_does_not_depend_on_them(r
 def test_a_step_that_is_not_whole_micro_batches_is_refused(ray_cluster):
     with pytest.raises(ValueError, match="3 shards \\(3\\) is not a whole number of micro-batches of 4"):
         reader(3, micro=4, step_rows=1)
+
+
+def test_data_without_one_step_is_a_one_line_error_naming_seq_len(ray_cluster):
+    """The same at every restart: a user's mistake (a bad record, exit 2), not a retried RuntimeError."""
+    from raytrain.config import ConfigError
+
+    batches = reader(2, micro=4, step_rows=40)  # 20 rows per shard
+    with pytest.raises(ConfigError, match="yields no step of 40 rows of data.seq_len tokens per shard \\(epoch 0\\): "
+                                          "lower data.seq_len"):
+        next(batches)
+    batches.close()

@@ -122,3 +122,21 @@ def test_in_a_run_bad_values_are_reported_once_with_their_count(monkeypatch):
     assert out["input_ids"].shape == (0, 16)  # nothing of a bad batch is trained on
     assert told == [("first", "data.text_column='text' holds int values, not strings: set data.text_column to the "
                               "text column"), ("more", 2)]
+
+
+def test_text_that_spells_a_special_token_stays_text():
+    out = pack([f"a{TOK.eos_token}b"], seq_len=1)["input_ids"].flatten().tolist()
+    assert out == ids("a") + TOK(TOK.eos_token, add_special_tokens=False, split_special_tokens=True)["input_ids"] \
+        + ids("b") + [EOS]
+    assert out.count(EOS) == 1  # only the separator the packer appends
+
+
+def test_each_batchs_dropped_tail_is_counted_for_the_run(monkeypatch):
+    from raytrain.data import packing
+
+    told = []
+    monkeypatch.setattr(packing, "skipped", lambda counter, **counts: told.append((counter, counts)))
+    # "abc" + EOS and "defghij" + EOS: 12 tokens, one block of 8, 4 dropped; then a batch with no block at all
+    assert pack(["abc", "defghij"], seq_len=8, counter="run-counter")["input_ids"].shape == (1, 8)
+    assert pack(["abc"], seq_len=8, counter="run-counter")["input_ids"].shape == (0, 8)
+    assert told == [("run-counter", {"tail_tokens": 4}), ("run-counter", {"tail_tokens": 4})]

@@ -152,6 +152,7 @@ def test_counter_keeps_the_first_bad_record_counts_the_rest_and_the_skips():
     assert counter.summary().bad_record is None and counter.summary().skipped_line() is None
     counter.bad_record(BadRecord("a.jsonl line 3", "not valid JSON", "fix or remove it"))
     counter.bad_record(BadRecord("b.jsonl line 9", "not valid JSON", "fix or remove it"))
+    counter.bad_record(BadRecord("a.jsonl line 3", "not valid JSON", "fix or remove it"))  # again: not another
     counter.more_bad_records(5)
     counter.skipped("a.jsonl", empty=2)
     counter.skipped("b.jsonl", empty=1, invalid_utf8=4)
@@ -163,3 +164,8 @@ def test_counter_keeps_the_first_bad_record_counts_the_rest_and_the_skips():
         "raytrain: data: 3 empty documents skipped (null, \"\", a missing key, an empty file or id list), the first "
         "in a.jsonl; 4 documents with invalid UTF-8 decoded with U+FFFD replacement characters "
         "(data.invalid_utf8=error stops on them instead), the first in b.jsonl")
+
+    counter.skipped(None, tail_tokens=1000)
+    assert counter.summary().skipped_line().endswith(
+        "; 1,000 tokens dropped at the end of tokenize batches, each tail shorter than data.seq_len, counted at "
+        "every read of the data (a larger data.tokenize_batch_size drops fewer)")

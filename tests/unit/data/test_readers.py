@@ -80,7 +80,7 @@ def test_in_a_run_the_first_bad_record_is_reported_the_rest_counted_and_nothing_
                                                 f"double quotes at column 2): fix or remove it"]
     assert counter["more"] == [2]  # line 5 (not an object) and line 6 (not a string)
     # skipped documents go to the counter (printed once per run), not to the log of each task
-    assert counter["skipped"] == [(str(f), {"empty": 1, "invalid_utf8": 0})] and not caplog.text
+    assert counter["skipped"] == [(str(f), {"empty": 1, "invalid_utf8": 0, "lone_surrogate": 0})] and not caplog.text
 
 
 def test_invalid_utf8_under_error_is_a_bad_record_of_its_line_in_a_run(tmp_path, counter):
@@ -89,3 +89,35 @@ def test_invalid_utf8_under_error_is_a_bad_record_of_its_line_in_a_run(tmp_path,
     assert read(f, "text", text_document="line", invalid_utf8="error", counter="c") == ["fine"]
     assert str(counter["bad"][0]).startswith(f"{f} line 2: invalid UTF-8 at byte 4: fix the file")
     assert counter["more"] == [1]
+
+
+def test_lone_surrogate_escapes_follow_the_invalid_utf8_policy(tmp_path, caplog):
+    """JSON's "\\ud83d" without its pair is no character: the tokenizer raised TypeError in a task."""
+    f = tmp_path / "a.jsonl"
+    f.write_text('{"text": "pair \\ud83d\\ude00 ok"}\n{"text": "lone \\ud83d here"}\n')
+    with caplog.at_level(logging.WARNING, logger="raytrain.data"):
+        assert read(f, "json") == ["pair \U0001f600 ok", "lone \ufffd here"]
+    assert f"{f}: 1 documents had lone UTF-16 surrogates" in caplog.text
+    with pytest.raises(ConfigError, match=f"{f} line 2: a lone UTF-16 surrogate \\\\ud83d at character 5 .*: fix the"):
+        read(f, "json", invalid_utf8="error")
+
+
+def test_unreadable_compressed_files_are_a_bad_record_naming_the_file(tmp_path):
+    full = gzip.compress(b"".join(b'{"text": "line %d"}\n' % i for i in range(2000)))
+    (tmp_path / "cut.jsonl.gz").write_bytes(full[: len(full) // 2])
+    (tmp_path / "plain.jsonl.gz").write_text('{"text": "not gzip"}\n')
+    for name, reason in (("cut.jsonl.gz", "Truncated compressed stream"), ("plain.jsonl.gz", "incorrect header")):
+        with pytest.raises(ConfigError, match=f"{tmp_path / name}: cannot be read \\(.*{reason}.*\\): its name says "
+                                              f"gzip-compressed"):
+            read(tmp_path / name, "json")
+
+
+def test_xz_and_upper_case_suffixes_are_decompressed(tmp_path):
+    import lzma
+
+    (tmp_path / "a.TXT.GZ").write_bytes(gzip.compress(b"book one"))
+    (tmp_path / "b.txt.xz").write_bytes(lzma.compress(b"book two"))
+    assert read(tmp_path / "a.TXT.GZ", "text") + read(tmp_path / "b.txt.xz", "text") == ["book one", "book two"]
+    (tmp_path / "c.txt.xz").write_bytes(lzma.compress(b"x" * 1000)[:-20])
+    with pytest.raises(ConfigError, match="c.txt.xz: cannot be read"):
+        read(tmp_path / "c.txt.xz", "text")

@@ -84,3 +84,124 @@ def test_data_config_checks_its_own_fields():
             DataConfig(**kwargs)
     with pytest.raises(ConfigError, match="data.invalid_utf8 must be replace or error"):
         RunConfig.from_dict({"data": {"invalid_utf8": "ignore"}})
+
+
+def test_compression_by_suffix_in_any_case_and_archives_refused(tmp_path):
+    import gzip
+    import lzma
+
+    (tmp_path / "a.TXT.GZ").write_bytes(gzip.compress(b"x"))
+    (tmp_path / "b.txt.xz").write_bytes(lzma.compress(b"x"))
+    assert inspect_source(DataConfig(), str(tmp_path)).files == [str(tmp_path / "a.TXT.GZ"), str(tmp_path / "b.txt.xz")]
+    (tmp_path / "c.jsonl.gz").write_text('{"text": "not gzip"}\n')
+    with pytest.raises(ConfigError, match="data.path: cannot read .*c.jsonl.gz \\(zlib inflate failed.*\\): its name "
+                                          "says gzip-compressed"):
+        inspect_source(DataConfig(), str(tmp_path / "c.jsonl.gz"))
+    (tmp_path / "d.tar.gz").write_bytes(gzip.compress(b"x"))
+    for config in (DataConfig(), DataConfig(format="text")):
+        with pytest.raises(ConfigError, match="d.tar.gz is an archive, which raytrain does not unpack: extract it"):
+            inspect_source(config, str(tmp_path))
+
+
+def test_explicit_format_reads_every_file_of_a_directory(tmp_path):
+    (tmp_path / "a.log").write_text("x")
+    (tmp_path / "_SUCCESS").write_text("")
+    (tmp_path / "b.json.txt").write_text("x")  # named text, read as the format set
+    assert inspect_source(DataConfig(format="text"), str(tmp_path)).files == [str(tmp_path / "a.log"),
+                                                                              str(tmp_path / "b.json.txt")]
+    pq.write_table(pa.table({"text": ["x"]}), tmp_path / "c.parquet")
+    with pytest.raises(ConfigError, match="holds .*c.parquet, a parquet file, and data.format=text: move it out"):
+        inspect_source(DataConfig(format="text"), str(tmp_path))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="directory .*empty has no files .*: point it at your data$"):
+        inspect_source(DataConfig(format="text"), str(tmp_path / "empty"))
+
+
+def test_json_check_reads_past_files_without_records(tmp_path):
+    (tmp_path / "a.jsonl").write_text("\n\n")
+    (tmp_path / "b.json").write_text(" [ ] ")
+    (tmp_path / "c.jsonl").write_text('{"body": "x"}\n')
+    with pytest.raises(ConfigError, match="data.text_column='text' is not a key of the records in .*c.jsonl"):
+        inspect_source(DataConfig(), str(tmp_path))
+
+
+def test_every_local_parquet_schema_is_checked_and_a_named_text_column_is_not_ignored(tmp_path):
+    pq.write_table(pa.table({"text": ["x"]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"body": ["x"]}), tmp_path / "b.parquet")
+    with pytest.raises(ConfigError, match="data.text_column='text' is not a column of .*b.parquet"):
+        inspect_source(DataConfig(), str(tmp_path))
+    pq.write_table(pa.table({"input_ids": [[1, 2]]}), tmp_path / "b.parquet")
+    (tmp_path / "a.parquet").unlink()
+    with pytest.raises(ConfigError, match="data.text_column='body' is not a column of .*b.parquet"):
+        inspect_source(DataConfig(text_column="body"), str(tmp_path))
+    pq.write_table(pa.table({"text": pa.array(["x", "y", "x"]).dictionary_encode()}), tmp_path / "b.parquet")
+    assert inspect_source(DataConfig(), str(tmp_path)).format == "parquet"  # categorical strings are text
+    pq.write_table(pa.table({"text": ["z"]}), tmp_path / "c.parquet")
+    with pytest.raises(ConfigError, match="c.parquet holds text as string, .*b.parquet as dictionary<.*>: write every"):
+        inspect_source(DataConfig(), str(tmp_path))
+
+
+def test_save_to_disk_directory_damage_is_one_line(tmp_path, monkeypatch):
+    import datasets
+
+    datasets.Dataset.from_dict({"text": ["x", "y"]}).save_to_disk(str(tmp_path / "d"), num_shards=2)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert inspect_source(DataConfig(), "~/d").format == "hf"  # detected as save_to_disk through ~
+    (tmp_path / "d" / "data-00001-of-00002.arrow").unlink()
+    with pytest.raises(ConfigError, match="data-00001-of-00002.arrow, a data file its state.json lists, is missing"):
+        inspect_source(DataConfig(), str(tmp_path / "d"))
+    (tmp_path / "d" / "state.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="cannot read .*state.json \\(Expecting property name.*\\): give a directory"):
+        inspect_source(DataConfig(), str(tmp_path / "d"))
+
+
+def test_a_hub_id_or_a_pattern_as_a_path_gets_a_hint(tmp_path):
+    with pytest.raises(ConfigError, match="org/name does not exist; .*for a Hugging Face hub dataset set "
+                                          "data.format=hf"):
+        inspect_source(DataConfig(), "org/name")
+    with pytest.raises(ConfigError, match="patterns are not expanded"):
+        inspect_source(DataConfig(), str(tmp_path / "*.jsonl"))
+
+
+def _unprivileged():
+    """A command prefix under which permission bits apply: none for a normal user; for root (CI
+    containers) setpriv without the capabilities that bypass them. None: not possible here."""
+    import os
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0:
+        return []
+    drop = "-dac_override,-dac_read_search"
+    prefix = ["setpriv", "--bounding-set", drop, "--inh-caps", drop]
+    if shutil.which("setpriv") and subprocess.run(prefix + ["true"], capture_output=True).returncode == 0:
+        return prefix
+    return None
+
+
+def test_unreadable_directories_and_files_are_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    prefix = _unprivileged()
+    if prefix is None:
+        pytest.skip("root without setpriv: permission bits cannot apply")
+    (tmp_path / "d" / "locked").mkdir(parents=True)
+    (tmp_path / "d" / "a.jsonl").write_text('{"text": "x"}\n')
+    (tmp_path / "d" / "locked").chmod(0)
+    (tmp_path / "f").mkdir()
+    (tmp_path / "f" / "a.jsonl").write_text('{"text": "x"}\n')
+    (tmp_path / "f" / "a.jsonl").chmod(0)
+    code = ("import sys\nfrom raytrain.config import ConfigError, DataConfig\n"
+            "from raytrain.data.sources import inspect_source\n"
+            "for path in sys.argv[1:]:\n"
+            "    try:\n        inspect_source(DataConfig(), path)\n"
+            "    except ConfigError as e:\n        print(e)\n")
+    out = subprocess.run(prefix + [sys.executable, "-c", code, str(tmp_path / "d"), str(tmp_path / "f")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout.splitlines() == [
+        f"data.path: cannot list directory {tmp_path / 'd'} ([Errno 13] Cannot list directory "
+        f"'{tmp_path / 'd' / 'locked'}'. Detail: [errno 13] Permission denied): make it readable, or point "
+        f"data.path at the readable files",
+        f"data.path: cannot read {tmp_path / 'f' / 'a.jsonl'} (permission denied): make it readable, or leave it "
+        f"out of data.path"], out.stderr
