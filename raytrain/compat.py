@@ -25,6 +25,11 @@ from ray.train.v2._internal.execution.scaling_policy import (
 )
 from ray.train.v2._internal.execution.callback import ControllerCallback
 
+# Ray Train's only signal that its record of a run names a checkpoint deleted from storage (raised
+# by ray.train.Result.from_path; ray/train/v2/_internal/exceptions.py, ray 2.60.0): raytrain turns it
+# into one line (raytrain.checkpoint.layout.latest_checkpoint).
+from ray.train.v2._internal.exceptions import CheckpointManagerInitializationError  # noqa: F401
+
 CHECKED = {"ray": "2.60.0", "deepspeed": "0.19.8", "torch": "2.13.0"}
 """The versions every entry below was checked against (torch: 2.11 on the GPU image too)."""
 

@@ -16,6 +16,12 @@ tokenizer the run started from are gone. Everything is written into OUT_DIR.tmp-
 and renamed to OUT_DIR at the end: OUT_DIR is complete or absent, never half written. An OUT_DIR
 that exists and is not empty is refused (nothing is overwritten).
 
+The checkpoint and OUT_DIR may be URIs pyarrow knows (s3://, gs://, abfs://, file://), as the run's
+storage may: a cloud checkpoint is downloaded first (Ray Train's Checkpoint.as_directory), and a cloud
+OUT_DIR is written locally, then uploaded with config.json last: an object store has no rename, so a
+cut-short upload leaves files without the config that `from_pretrained` starts from. Local disk: one
+checkpoint plus one model copy.
+
 Trust: reading the shards unpickles them (DeepSpeed's format); only export checkpoints you trust.
 """
 
@@ -31,7 +37,8 @@ import sys
 import tempfile
 import time
 
-from raytrain.checkpoint.layout import MODEL_DIR, METADATA, check_is_checkpoint
+from raytrain.checkpoint.layout import METADATA, MODEL_DIR, check_is_checkpoint, filesystem
+from raytrain.checkpoint.model_files import local_model_files
 from raytrain.config import ConfigError
 from raytrain.console import Meter, say
 from raytrain.model import config_from_facts, load_tokenizer
@@ -41,18 +48,37 @@ PROGRESS_EVERY_S = 5.0
 
 
 def export(checkpoint_dir: str, out_dir: str, max_shard_size: str = "5GB", model_dir: str | None = None) -> str:
-    """Write the Hugging Face directory of `checkpoint_dir` (local) to `out_dir`.
+    """Write the Hugging Face directory of `checkpoint_dir` to `out_dir` (each a local path or a URI).
 
     `model_dir`: the run's copy of the model's files (STORAGE/RUN/model/); default the `model`
     directory next to the checkpoint, else the tokenizer the run was started with."""
+    from ray.train import Checkpoint  # a plain class: no Ray cluster needed
+    import pyarrow.fs
+
     check_is_checkpoint(checkpoint_dir, "the checkpoint")
     check_out_dir(out_dir)
+    source_fs, source = filesystem(checkpoint_dir)
+    fs, out_path = filesystem(out_dir)
+    with contextlib.ExitStack() as stack:
+        local = stack.enter_context(Checkpoint(source.rstrip("/"), filesystem=source_fs).as_directory())
+        if model_dir is None:
+            run = checkpoint_dir.rstrip("/").rpartition("/")[0] if "://" in checkpoint_dir else os.path.dirname(source)
+            model_dir = stack.enter_context(local_model_files(run))
+        if isinstance(fs, pyarrow.fs.LocalFileSystem):
+            return _export(local, out_path, max_shard_size, model_dir)
+        scratch = os.path.join(stack.enter_context(tempfile.TemporaryDirectory(prefix="raytrain-export-")), "out")
+        _export(local, scratch, max_shard_size, model_dir)
+        start = time.perf_counter()
+        upload(scratch, fs, out_path)
+        say(f"raytrain.export: uploaded to {out_dir} in {time.perf_counter() - start:.1f}s")
+        return out_dir
+
+
+def _export(checkpoint_dir: str, out_dir: str, max_shard_size: str, model_dir: str | None) -> str:
+    """The export between local directories: into OUT_DIR.tmp-XXXX, renamed to `out_dir` at the end."""
     with open(os.path.join(checkpoint_dir, METADATA)) as f:
         spec = RunSpec.from_dict(json.load(f)["spec"])
-    if model_dir is None:
-        model_dir = os.path.join(os.path.dirname(os.path.abspath(checkpoint_dir.rstrip("/"))), MODEL_DIR)
     start = time.perf_counter()
-    out_dir = os.path.abspath(os.path.expanduser(out_dir))
     parent = os.path.dirname(out_dir)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=os.path.basename(out_dir) + ".tmp-", dir=parent)
@@ -75,13 +101,33 @@ def export(checkpoint_dir: str, out_dir: str, max_shard_size: str = "5GB", model
     return out_dir
 
 
+def upload(local_dir: str, fs, path: str) -> None:
+    """The files of `local_dir` (flat, as save_pretrained writes them) into `path` on `fs`, config.json last."""
+    import pyarrow.fs
+
+    fs.create_dir(path, recursive=True)
+    for name in sorted(os.listdir(local_dir), key=lambda n: n == "config.json"):
+        pyarrow.fs.copy_files(os.path.join(local_dir, name), f"{path.rstrip('/')}/{name}",
+                              source_filesystem=pyarrow.fs.LocalFileSystem(), destination_filesystem=fs)
+
+
 def check_out_dir(out_dir: str, key: str = "OUT_DIR") -> None:
-    """A one-line ConfigError when `out_dir` exists and is not an empty directory."""
-    path = os.path.expanduser(out_dir)
-    if os.path.isdir(path) and os.listdir(path):
+    """A one-line ConfigError when `out_dir` (a local path or a URI) exists and is not an empty
+    directory, or cannot be reached (a cloud URI is asked, with the driver's credentials)."""
+    import pyarrow.fs
+
+    try:
+        fs, path = filesystem(out_dir)
+        info = fs.get_file_info(path)
+        full = info.type == pyarrow.fs.FileType.Directory and bool(fs.get_file_info(pyarrow.fs.FileSelector(path)))
+    except (OSError, ValueError) as e:  # pyarrow: unknown scheme, no credentials or network (ArrowInvalid: ValueError)
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"{key} {out_dir}: cannot read it ({reason[:300]}): check the path or URI and its "
+                          f"credentials") from None
+    if full:
         raise ConfigError(f"{key} {out_dir} exists and is not empty: give a new directory (the export never "
                           f"overwrites one)")
-    if os.path.exists(path) and not os.path.isdir(path):
+    if info.type == pyarrow.fs.FileType.File:
         raise ConfigError(f"{key} {out_dir} is a file: give a directory to create")
 
 

@@ -9,7 +9,7 @@ gs://, abfs://). Ray Train owns the checkpoint bookkeeping in it; raytrain adds 
             nccl_env_node<N>.json     the NCCL/Gloo environment node N's workers ran with
             latest                    DeepSpeed's pointer to the tag below
             step_00000080/            DeepSpeed's tag: per-rank model and optimizer shards
-        universal/checkpoint_step_*/  DeepSpeed universal copies for another world size (reshard)
+        universal/checkpoint_step_*-<digest>/  DeepSpeed universal copies for another world size (reshard)
         model/                        the model's config, tokenizer and generation config, copied at start
         tensorboard/, summary.md, loss_curve.png
 
@@ -26,6 +26,8 @@ from typing import Any
 from raytrain.config import ConfigError
 
 METADATA = "raytrain.json"
+LATEST = "latest"
+"""DeepSpeed's file naming the tag directory `engine.load_checkpoint` reads."""
 UNIVERSAL_DIR = "universal"
 MODEL_DIR = "model"
 
@@ -61,29 +63,56 @@ def exists(uri: str) -> bool:
     return fs.get_file_info(path).type != pyarrow.fs.FileType.NotFound
 
 
+class BrokenRun(ConfigError):
+    """Ray Train's record of a run names a checkpoint that is gone (deleted from storage by hand):
+    Ray Train refuses to continue that run, so raytrain does too, in one line."""
+
+
 def latest_checkpoint(run: str):
     """The run's latest reported checkpoint (a ray.train.Checkpoint), or None when the run has none.
 
     Read through Ray Train's own `Result.from_path`, which is what a restarted worker group's
     `ray.train.get_checkpoint()` is based on; a run directory without Ray Train's bookkeeping
-    (never reached its first checkpoint) has none.
+    (never reached its first checkpoint) has none. Raises BrokenRun when the record names a
+    checkpoint that no longer exists.
     """
     import ray.train
+    from raytrain.compat import CheckpointManagerInitializationError
 
     if not exists(run):
         return None
     try:
         result = ray.train.Result.from_path(run)
+    except CheckpointManagerInitializationError:
+        storage, _, name = run.rstrip("/").rpartition("/")
+        raise BrokenRun(f"run {name!r} in {storage}: Ray Train's record of its checkpoints names one that was deleted "
+                        f"from storage, so the run cannot continue: pass --fresh to start over (the old run is "
+                        f"kept under another name), or choose a new checkpoint.name (resume one of its remaining "
+                        f"checkpoints with --resume-from)") from None
     except RuntimeError:  # the directory exists but holds no Ray Train run (no checkpoint reported)
         return None
     return result.checkpoint
 
 
 def check_is_checkpoint(path: str, key: str) -> None:
-    """A one-line ConfigError unless `path` (local or URI) is a raytrain checkpoint directory."""
-    if not exists(f"{path.rstrip('/')}/{METADATA}"):
-        raise ConfigError(f"{key}={path} is not a raytrain checkpoint (no {METADATA} in it): give a "
-                          f"checkpoint_step_* directory of a run")
+    """A one-line ConfigError unless `path` (local or URI) is a raytrain checkpoint directory: its
+    raytrain.json, DeepSpeed's `latest` file and the tag directory it names (a universal copy, or a
+    directory with raytrain.json alone, is none: DeepSpeed could not load it)."""
+    root = path.rstrip("/")
+    missing = None
+    if not exists(f"{root}/{METADATA}"):
+        missing = f"no {METADATA} in it"
+    elif not exists(f"{root}/{LATEST}"):
+        missing = f"it has {METADATA} but no DeepSpeed {LATEST!r} file"
+    else:
+        fs, latest = filesystem(f"{root}/{LATEST}")
+        with fs.open_input_stream(latest) as f:
+            tag = f.read().decode().strip()
+        if not tag or not exists(f"{root}/{tag}"):
+            missing = f"its DeepSpeed {LATEST!r} file names tag {tag!r}, which is not in it"
+    if missing:
+        raise ConfigError(f"{key}={path} is not a raytrain checkpoint ({missing}): give a checkpoint_step_* "
+                          f"directory of a run")
 
 
 def read_metadata(checkpoint) -> dict[str, Any]:

@@ -8,7 +8,7 @@ Rank 0 runs DeepSpeed's `ds_to_universal` (one file per parameter: fp32 weights 
 moments, whole) in a child process while every rank builds its engine, and stores the result
 next to the run:
 
-    <storage>/<run>/universal/checkpoint_step_00000080/
+    <storage>/<run>/universal/checkpoint_step_00000080-<digest of its path and raytrain.json>/
         step_00000080_universal/   DeepSpeed's universal tag (what `load_universal` reads)
         latest_universal
         raytrain.json              copied last: marks the conversion complete
@@ -34,6 +34,8 @@ waits on it. Local disk on rank 0's node for one copy (a cloud checkpoint is dow
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -65,11 +67,16 @@ def written_by(meta: dict) -> tuple[int, int]:
     return world, spec["config"]["data"].get("num_shards") or world
 
 
-def universal_uri(run_uri: str, checkpoint_uri: str) -> str:
-    """Where the universal copy of a checkpoint lives in this run. Named after the checkpoint's
-    directory: a checkpoint the run resumed from elsewhere (--resume-from) never shares a step
-    with the run's own, which all come after it."""
-    return f"{run_uri.rstrip('/')}/{UNIVERSAL_DIR}/{os.path.basename(checkpoint_uri.rstrip('/'))}"
+def universal_uri(run_uri: str, checkpoint_uri: str, meta: dict) -> str:
+    """Where the universal copy of a checkpoint lives in this run: its directory's name and a digest
+    of its full path and its raytrain.json (`meta`). The name alone is no key: a session resumed from
+    one run's checkpoint_step_00000100 left its copy behind, and a later session of the same run
+    resumed from another run's checkpoint_step_00000100 loaded that copy (the other run's weights).
+    raytrain.json holds the run's spec and timed history, so a checkpoint rewritten at the same path
+    gets a new copy too."""
+    source = f"{checkpoint_uri.rstrip('/')}\n{json.dumps(meta, sort_keys=True, default=str)}"
+    digest = hashlib.sha256(source.encode()).hexdigest()[:12]
+    return f"{run_uri.rstrip('/')}/{UNIVERSAL_DIR}/{os.path.basename(checkpoint_uri.rstrip('/'))}-{digest}"
 
 
 def is_complete(target: str) -> bool:

@@ -126,7 +126,7 @@ def resume_point(spec: RunSpec, latest, world_size: int) -> ResumePoint | None:
         return None
     meta = read_metadata(checkpoint)
     old_world, _ = written_by(meta)
-    universal = None if old_world == world_size else universal_uri(spec.run_uri, checkpoint.path)
+    universal = None if old_world == world_size else universal_uri(spec.run_uri, checkpoint.path, meta)
     return ResumePoint(checkpoint, step=meta["step"], written_by=old_world, universal=universal)
 
 

@@ -13,6 +13,7 @@ before `ray.init` when the config states its shape); the workers (raytrain.worke
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -70,9 +71,12 @@ def fit(cfg: RunConfig, fresh: bool = False, argv: Sequence[str] | None = None) 
     continues it. Raises ConfigError for bad input (a bad record in the data too: raytrain.data.
     bad_records) and raytrain.driver.watch.Interrupted after Ctrl-C.
     """
+    cfg = _local_paths(cfg)
     check_before_ray(cfg)
     sources = inspect_sources(cfg.data)
-    resolve_before_ray(cfg, sources)  # a bad config stops here, before ray.init
+    early = resolve_before_ray(cfg, sources)  # a bad config stops here, before ray.init
+    if early is not None:  # so does a checkpoint this run cannot resume (again in _place, for the live shape)
+        _check_resume_before_ray(early, fresh)
     connect(cfg.cluster, cfg.scaling)
     shape = live_shape(cfg)
     found = cluster_target(shape.use_gpu)  # None where unknown: not checked
@@ -87,7 +91,7 @@ def fit(cfg: RunConfig, fresh: bool = False, argv: Sequence[str] | None = None) 
     if cfg.network.preflight:
         check_preflight(cfg)
     spec, progress = _place(resolved, fresh)
-    command = continue_command(argv, spec.run_name)
+    command = continue_command(argv, spec.run_name, spec.resume_from)
     say(f"raytrain: model: {model_source(cfg.model)}")
     if cfg.checkpoint.name is None:  # a generated name: the same command again starts another run
         for name, step in unfinished_runs(spec.storage_path, resolved, spec.run_name):
@@ -126,17 +130,23 @@ def _wrap_up(checkpoint, spec: RunSpec, cfg: RunConfig, run_path: str) -> FitRes
 
 
 def dry_run(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_memory_gib: float | None = None,
-            gpus_per_node: int | None = None) -> tuple[ResolvedRun, list[str]]:
+            gpus_per_node: int | None = None, fresh: bool = False) -> tuple[ResolvedRun, list[str]]:
     """Every check of a real run that needs no Ray, for the requested shape: the run resolved ("auto"
     settings chosen for the target), and notes for stderr (the plan's lines, advice, then the memory
-    planner's verdict). Writes nothing.
+    planner's verdict). Writes nothing. The checkpoint a real run would resume (`fresh` as for `fit`)
+    is checked as a real run checks it: it reads raytrain.json and Ray Train's record, which for a
+    cloud storage path needs its credentials.
 
     Memory is planned against the stated sizes, else this machine (its GPUs for a GPU run)."""
+    cfg = _local_paths(cfg)
     check_before_ray(cfg)
     cfg, shape, target = dry_run_target(cfg, gpu_memory_gib=gpu_memory_gib, host_memory_gib=host_memory_gib,
                                         gpus_per_node=gpus_per_node)
     resolved = resolve_run(cfg, shape, target=target)
+    resuming = _check_resume_before_ray(resolved, fresh)
     notes = [f"plan: {line}" for line in resolved.plan] + [f"note: {note}" for note in advice(resolved)]
+    if resuming:
+        notes.append(resuming)
     if target is None:
         notes.append("memory: not checked: this machine has no GPU to plan a GPU run against; state the "
                      "target's sizes with --gpu-memory-gib, --host-memory-gib and --gpus-per-node")
@@ -166,6 +176,9 @@ def plan_memory(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_mem
     plan = estimate_memory(tightest(resolved), target or hardware.Target())
     plan.notes.extend(resolved.plan)
     check_fits(plan)
+    # The table is the minimum's (ZeRO-3's states per GPU largest); host RAM per node grows with
+    # the workers on it, so an elastic range is also checked at each of its other sizes.
+    check_memory(resolved, target or hardware.Target())
     return plan
 
 
@@ -206,39 +219,117 @@ def _place(resolved: ResolvedRun, fresh: bool) -> tuple[RunSpec, DataProgress]:
     name = cfg.checkpoint.name or datetime.datetime.now().strftime("raytrain-%Y%m%d-%H%M%S")
     storage = _storage_path(cfg.checkpoint.storage_path)
     run = layout.run_uri(storage, name)
-    resume_from = cfg.checkpoint.resume_from
-    has_checkpoint = layout.latest_checkpoint(run) is not None
-    if resume_from:  # (a checkpoint: raytrain.driver.checks.check_before_ray)
-        if has_checkpoint and not fresh:
-            raise ConfigError(f"checkpoint.resume_from is set but run {name!r} already exists in {storage}, and it "
-                              f"would continue from its own latest checkpoint: choose a new checkpoint.name")
-    if has_checkpoint and fresh:
+    checkpoint, own = resume_checkpoint(cfg, storage, name, fresh)
+    resuming = check_resume(checkpoint, resolved, own_run=own)  # before --fresh moves anything
+    if fresh and _has_run(run):
         fs, path = layout.filesystem(run)
         aside = f"{path}.replaced-{datetime.datetime.now():%Y%m%d-%H%M%S}"
         fs.move(path, aside)
         say(f"raytrain: --fresh: moved the existing run {name!r} to {aside}")
-    elif has_checkpoint and (done := finished_checkpoint(run, cfg.training.max_steps)) is not None:
-        say(f"raytrain: run {name!r} in {storage} is already done at step {layout.read_metadata(done)['step']} "
+    elif own and (step := layout.read_metadata(checkpoint)["step"]) >= cfg.training.max_steps:
+        say(f"raytrain: run {name!r} in {storage} is already done at step {step} "
             f"(training.max_steps={cfg.training.max_steps}): nothing to "
             f"train (raise training.max_steps to train further, or pass --fresh to start over; the old run is "
             f"kept under another name)")
-    elif has_checkpoint:
-        say(f"raytrain: run {name!r} exists in {storage}: continuing from its latest checkpoint "
+    elif own:
+        started = f" (started from {cfg.checkpoint.resume_from})" if cfg.checkpoint.resume_from else ""
+        say(f"raytrain: run {name!r} exists in {storage}: continuing from its latest checkpoint{started} "
             f"(pass --fresh to start over; the old run is kept under another name)")
-    check_resume(layout.latest_checkpoint(run) or (ray.train.Checkpoint(resume_from) if resume_from else None),
-                 resolved)
+    if resuming:
+        say(f"raytrain: {resuming}")
     progress = DataProgress(cfg.data, name)
-    return RunSpec.place(resolved, run_name=name, storage_path=storage, resume_from=resume_from,
+    return RunSpec.place(resolved, run_name=name, storage_path=storage, resume_from=cfg.checkpoint.resume_from,
                          counter=progress.name), progress
 
 
-def check_resume(checkpoint, resolved: ResolvedRun) -> None:
+def resume_checkpoint(cfg: RunConfig, storage: str, name: str | None, fresh: bool):
+    """(the checkpoint Ray Train will hand the workers, whether it is the run's own): the latest
+    checkpoint of run `name` in `storage` when it exists (and `fresh` is off), else
+    checkpoint.resume_from's, else (None, False). Reads, never writes: a dry run asks it too.
+
+    resume_from with an existing run is refused unless that run was started from the same
+    checkpoint: then the run's own latest wins, so a run started with --resume-from continues with
+    the same command line (raytrain.driver.watch.continue_command)."""
+    resume_from = cfg.checkpoint.resume_from
+    given = (ray.train.Checkpoint(resume_from) if resume_from else None), False
+    if name is None:  # a generated name: a new run
+        return given
+    run = layout.run_uri(storage, name)
+    if fresh and resume_from and _inside(resume_from, run):
+        raise ConfigError(f"--fresh sets run {name!r} aside, and checkpoint.resume_from={resume_from} is inside it: "
+                          f"drop --fresh to continue the run, or resume that checkpoint under a new checkpoint.name")
+    if fresh:
+        return given
+    latest = layout.latest_checkpoint(run)  # a broken record raises its one line (layout.BrokenRun)
+    if latest is None:
+        return given
+    started_from = layout.read_metadata(latest)["spec"].get("resume_from")
+    if resume_from and started_from != resume_from:
+        was = f"started from {started_from}" if started_from else "started without one"
+        raise ConfigError(f"checkpoint.resume_from={resume_from} is set but run {name!r} already exists in {storage} "
+                          f"({was}), and it would continue from its own latest checkpoint: choose a new "
+                          f"checkpoint.name")
+    return latest, True
+
+
+def _check_resume_before_ray(resolved: ResolvedRun, fresh: bool) -> str | None:
+    """`check_resume` of the checkpoint a run would resume, before ray.init and without creating
+    the storage directory (a dry run writes nothing)."""
+    cfg = resolved.config
+    checkpoint, own = resume_checkpoint(cfg, _storage_uri(cfg.checkpoint.storage_path), cfg.checkpoint.name, fresh)
+    return check_resume(checkpoint, resolved, own_run=own)
+
+
+def _has_run(run: str) -> bool:
+    """Whether --fresh has a run to set aside: one with a checkpoint, or one whose record is broken."""
+    try:
+        return layout.latest_checkpoint(run) is not None
+    except layout.BrokenRun:
+        return True
+
+
+def _inside(path: str, run: str) -> bool:
+    """Whether `path` (local or URI) is `run` or lies under it, on the same filesystem."""
+    fs, inner = layout.filesystem(path)
+    run_fs, outer = layout.filesystem(run)
+    inner, outer = inner.rstrip("/"), outer.rstrip("/")
+    return fs.type_name == run_fs.type_name and (inner == outer or inner.startswith(outer + "/"))
+
+
+# What a checkpoint's weights must match: ModelFacts' sizes, and the transformers config's head
+# counts (another attention layout with the same hidden size would load silently: same shapes).
+_MODEL_SHAPE = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "num_parameters")
+_CONFIG_SHAPE = ("intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
+
+
+def _model_shape(facts: dict[str, Any]) -> dict[str, Any]:
+    config = facts.get("hf_config") or {}
+    return {k: facts.get(k) for k in _MODEL_SHAPE} | {k: config.get(k) for k in _CONFIG_SHAPE}
+
+
+def check_resume(checkpoint, resolved: ResolvedRun, own_run: bool = False) -> str | None:
     """What Ray Train will hand the workers (the run's latest checkpoint, else resume_from) must
-    have a data position this run can read: the same data shards. Another number of workers is
-    fine: the first group of another size converts the checkpoint (raytrain.checkpoint.reshard)."""
+    hold this run's model (the ModelFacts its raytrain.json records), be before training.max_steps
+    (a resume_from one: the run's own at max_steps is a done run), and have a data position this run
+    can read: the same data shards. Another number of workers is fine: the first group of another
+    size converts the checkpoint (raytrain.checkpoint.reshard): the note that says so is returned."""
     if checkpoint is None:
-        return
+        return None
     meta = layout.read_metadata(checkpoint)
+    cfg = resolved.config
+    was, now = _model_shape(meta["spec"]["model"]), _model_shape(dataclasses.asdict(resolved.model))
+    if was != now:
+        differ = [k for k in was if was[k] != now[k]]
+        fix = ("set the model back to the run's (model.name_or_path, model.config), or pass --fresh to start over"
+               if own_run else "give checkpoint.resume_from a checkpoint of this model, or set the model to the "
+               "checkpoint's (model.name_or_path, model.config)")
+        old, new = (", ".join(f"{k}={shape[k]}" for k in differ) for shape in (was, now))
+        raise ConfigError(f"checkpoint {checkpoint.path} holds another model ({old}) than this run's ({new}): {fix}")
+    if not own_run and meta["step"] >= cfg.training.max_steps:
+        raise ConfigError(f"checkpoint.resume_from={cfg.checkpoint.resume_from} is at step {meta['step']} >= "
+                          f"training.max_steps={cfg.training.max_steps}: nothing to train; training.max_steps counts "
+                          f"the checkpoint's steps too: set it above {meta['step']} (training.max_steps="
+                          f"{meta['step'] + cfg.training.max_steps} trains {cfg.training.max_steps} more)")
     old_world, old_shards = written_by(meta)
     shape, num_shards = resolved.cluster, resolved.config.data.num_shards
     new_shards = num_shards or shape.num_workers
@@ -249,11 +340,12 @@ def check_resume(checkpoint, resolved: ResolvedRun) -> None:
                           f"on another number of workers needs the same data.num_shards, divisible by both (start runs "
                           f"with e.g. data.num_shards=48 to allow it), else resume on {old_world} workers")
     if shape.elastic:
-        say(f"raytrain: resuming step {meta['step']} (written by {old_world} workers); a worker group of another "
-            f"size converts it to DeepSpeed's universal checkpoint first")
-    elif old_world != shape.num_workers:
-        say(f"raytrain: resuming step {meta['step']} on {shape.num_workers} workers (written by {old_world}): the "
-            f"workers convert it to DeepSpeed's universal checkpoint first")
+        return (f"resuming step {meta['step']} (written by {old_world} workers); a worker group of another "
+                f"size converts it to DeepSpeed's universal checkpoint first")
+    if old_world != shape.num_workers:
+        return (f"resuming step {meta['step']} on {shape.num_workers} workers (written by {old_world}): the "
+                f"workers convert it to DeepSpeed's universal checkpoint first")
+    return None
 
 
 GENERATED_NAME = re.compile(r"raytrain-\d{8}-\d{6}")
@@ -276,7 +368,10 @@ def unfinished_runs(storage: str, resolved: ResolvedRun, this_run: str, look_at:
     wanted = _settings(resolved.config.to_dict())
     found = []
     for name in names[:look_at]:
-        checkpoint = layout.latest_checkpoint(layout.run_uri(storage, name))
+        try:
+            checkpoint = layout.latest_checkpoint(layout.run_uri(storage, name))
+        except layout.BrokenRun:  # another run's problem: its own command says it when it is run
+            continue
         if checkpoint is None:
             continue
         meta = layout.read_metadata(checkpoint)
@@ -323,10 +418,26 @@ def _trainer(spec: RunSpec, datasets: dict[str, Any], progress: DataProgress) ->
     )
 
 
+def _local_paths(cfg: RunConfig) -> RunConfig:
+    """`cfg` with its local resume_from and export_dir absolute: Ray Train and the workers read them
+    from other working directories, and pyarrow refuses a relative path (ArrowInvalid, after
+    ray.init). The same files: nothing else about them changes."""
+    ckpt = cfg.checkpoint
+    paths = {key: _storage_uri(value) for key in ("resume_from", "export_dir")
+             if (value := getattr(ckpt, key)) and "://" not in value}
+    return dataclasses.replace(cfg, checkpoint=dataclasses.replace(ckpt, **paths)) if paths else cfg
+
+
+def _storage_uri(path: str) -> str:
+    """A local path made absolute (~ expanded); a URI as it is. Creates nothing."""
+    return path if "://" in path else os.path.abspath(os.path.expanduser(path))
+
+
 def _storage_path(path: str) -> str:
+    """The run storage, a local directory created when missing."""
     if "://" in path:
         return path
-    local = os.path.abspath(os.path.expanduser(path))
+    local = _storage_uri(path)
     try:
         os.makedirs(local, exist_ok=True)
     except OSError as e:

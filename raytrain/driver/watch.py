@@ -127,10 +127,13 @@ def run_trainer(trainer, progress: DataProgress, run_uri: str, max_steps: int, c
     return outcome["result"]
 
 
-def continue_command(argv: Sequence[str] | None, run_name: str) -> str:
+def continue_command(argv: Sequence[str] | None, run_name: str, resume_from: str | None = None) -> str:
     """The command that continues run `run_name`: `argv` without --fresh (it would set the run
-    aside) and --resume-from (the run's own latest checkpoint wins), with checkpoint.name."""
-    if argv is None:  # raytrain.fit() from Python
+    aside), with checkpoint.name, and with the checkpoint the run was started from (`resume_from`,
+    as the driver normalised it) in place of the user's spelling of it. The run's own latest
+    checkpoint wins once it has one (raytrain.driver.run); before its first, dropping resume_from
+    would start the model from scratch."""
+    if argv is None:  # raytrain.fit() from Python: its config still holds resume_from
         return f"the same config with checkpoint.name={run_name}"
     kept, skip_next = [], False
     for arg in argv:
@@ -140,7 +143,8 @@ def continue_command(argv: Sequence[str] | None, run_name: str) -> str:
             skip_next = True
         elif arg != "--fresh" and not arg.startswith(("--resume-from=", "checkpoint.name=", "checkpoint.resume_from=")):
             kept.append(arg)
-    return shlex.join(["python", "-m", "raytrain.main", *kept, f"checkpoint.name={run_name}"])
+    resume = ["--resume-from", resume_from] if resume_from else []
+    return shlex.join(["python", "-m", "raytrain.main", *kept, *resume, f"checkpoint.name={run_name}"])
 
 
 def _abort(progress: DataProgress, wait_s: float = 10.0) -> bool:

@@ -33,8 +33,8 @@ def shard_size(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="python -m raytrain.tools.export", description=__doc__.splitlines()[0])
-    parser.add_argument("checkpoint", help="a checkpoint_step_* directory of a raytrain run (local path)")
-    parser.add_argument("out_dir", help="where to write the Hugging Face model directory")
+    parser.add_argument("checkpoint", help="a checkpoint_step_* directory of a raytrain run (a local path or a URI)")
+    parser.add_argument("out_dir", help="where to write the Hugging Face model directory (a local path or a URI)")
     parser.add_argument("--max-shard-size", default="5GB", type=shard_size,
                         help="largest safetensors file, e.g. 5GB or 500MB (huggingface_hub's units)")
     try:

@@ -25,6 +25,12 @@ def test_ray_trains_torch_backend_starts_the_process_group_in_on_start():
     assert list(inspect.signature(compat.TorchBackend.on_start).parameters) == ["self", "worker_group", "backend_config"]
 
 
+def test_ray_trains_deleted_checkpoint_error_is_where_layout_catches_it():
+    from ray.train.v2._internal.exceptions import RayTrainError
+
+    assert issubclass(compat.CheckpointManagerInitializationError, RayTrainError)
+
+
 def test_ray_train_keeps_coordinators_of_stream_split_iterators():
     from ray.train.v2._internal.data_integration import dataset_manager
 

@@ -13,11 +13,21 @@ def test_names_of_a_run_and_its_checkpoints():
     assert layout.tag_for(80) == "step_00000080" and layout.checkpoint_dir_name(80) == "checkpoint_step_00000080"
 
 
-def test_a_directory_without_raytrain_json_is_refused_naming_the_key(tmp_path):
-    with pytest.raises(ConfigError, match=r"checkpoint.resume_from=.* is not a raytrain checkpoint \(no raytrain.json"):
-        layout.check_is_checkpoint(str(tmp_path), "checkpoint.resume_from")
+def test_only_a_directory_deepspeed_can_load_counts_as_a_checkpoint_naming_the_key(tmp_path):
+    def refused(why):
+        with pytest.raises(ConfigError, match=rf"checkpoint.resume_from=.* is not a raytrain checkpoint \({why}"):
+            layout.check_is_checkpoint(str(tmp_path), "checkpoint.resume_from")
+
+    refused("no raytrain.json")
     (tmp_path / "raytrain.json").write_text(json.dumps({"step": 1}))
+    (tmp_path / "latest_universal").write_text("step_00000001_universal")  # a universal copy (reshard): not one
+    (tmp_path / "step_00000001_universal").mkdir()
+    refused("it has raytrain.json but no DeepSpeed 'latest' file")
+    (tmp_path / "latest").write_text("step_00000001")
+    refused("its DeepSpeed 'latest' file names tag 'step_00000001', which is not in it")
+    (tmp_path / "step_00000001").mkdir()
     layout.check_is_checkpoint(str(tmp_path), "checkpoint.resume_from")
+    layout.check_is_checkpoint(f"file://{tmp_path}/", "checkpoint.resume_from")
 
 
 def test_a_run_without_ray_trains_bookkeeping_has_no_latest_checkpoint(tmp_path):

@@ -53,3 +53,27 @@ def test_an_out_dir_that_is_not_empty_or_is_a_file_is_refused(tmp_path):
         check_out_dir(str(tmp_path / "full"), "checkpoint.export_dir")
     with pytest.raises(ConfigError, match="is a file"):
         check_out_dir(str(tmp_path / "full" / "x"))
+
+
+def test_an_out_dir_uri_is_checked_on_its_own_filesystem(tmp_path):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    check_out_dir(f"file://{tmp_path}/new")
+    with pytest.raises(ConfigError, match=r"OUT_DIR file://.*full exists and is not empty"):
+        check_out_dir(f"file://{tmp_path}/full")
+    with pytest.raises(ConfigError, match=r"checkpoint.export_dir nofs://b/out: cannot read it \(.*\): check the path"):
+        check_out_dir("nofs://b/out", "checkpoint.export_dir")
+
+
+def test_a_cloud_out_dir_gets_every_file_of_the_local_export(tmp_path):
+    import pyarrow.fs
+
+    from raytrain.checkpoint.export import upload
+
+    (tmp_path / "out").mkdir()
+    for name, text in (("config.json", "{}"), ("model.safetensors", "w"), ("tokenizer.json", "t")):
+        (tmp_path / "out" / name).write_text(text)
+    fs, path = pyarrow.fs.FileSystem.from_uri("mock:///bucket/models/m1")  # Arrow's in-memory filesystem
+    upload(str(tmp_path / "out"), fs, path)
+    files = {i.base_name: i.size for i in fs.get_file_info(pyarrow.fs.FileSelector(path))}
+    assert files == {"config.json": 2, "model.safetensors": 1, "tokenizer.json": 1}

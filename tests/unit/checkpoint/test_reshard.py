@@ -3,6 +3,7 @@ checkpoint, where its universal copy lives, and the driver's refusal of a checkp
 shards this run cannot continue. The conversion itself, on real shards loaded by 3 ranks:
 test_universal.py; inside a real elastic run: tests/integration/test_elastic.py."""
 
+import dataclasses
 import json
 
 import pytest
@@ -14,10 +15,11 @@ from raytrain.driver.run import check_resume
 from raytrain.planning.resolve import resolve_run, shape_from_config
 
 
-def checkpoint(tmp_path, world, num_shards, group_size=None):
+def checkpoint(tmp_path, world, num_shards, group_size=None, model=None):
     path = tmp_path / "old" / "checkpoint_step_00000004"
     path.mkdir(parents=True)
-    spec = {"cluster": {"num_workers": world}, "config": {"data": {"num_shards": num_shards}}}
+    model = model or dataclasses.asdict(resolved().model)  # the default model's facts, as a run records them
+    spec = {"cluster": {"num_workers": world}, "config": {"data": {"num_shards": num_shards}}, "model": model}
     meta = {"step": 4, "spec": spec} | ({"world_size": group_size} if group_size else {})
     (path / "raytrain.json").write_text(json.dumps(meta))
     return str(path)
@@ -30,11 +32,16 @@ def test_written_by_reads_the_groups_world_size_and_the_shards():
     assert reshard.written_by({"world_size": 2, "spec": spec}) == (2, 6)  # an elastic run's group of 2
 
 
-def test_the_universal_copy_lives_in_the_run_named_after_the_checkpoint():
-    assert reshard.universal_uri("/s/run", "/s/other/checkpoint_step_00000006/") == \
-        "/s/run/universal/checkpoint_step_00000006"
-    assert reshard.universal_uri("s3://b/run/", "s3://b/run/checkpoint_step_00000012") == \
-        "s3://b/run/universal/checkpoint_step_00000012"
+def test_the_universal_copy_lives_in_the_run_keyed_by_the_checkpoints_path_and_contents():
+    meta = {"step": 6, "history": [{"step": 6, "step_time_s": 0.5}]}
+    copy = reshard.universal_uri("/s/run", "/s/other/checkpoint_step_00000006/", meta)
+    assert copy.startswith("/s/run/universal/checkpoint_step_00000006-")
+    assert reshard.universal_uri("/s/run/", "/s/other/checkpoint_step_00000006", dict(meta)) == copy  # every rank alike
+    # another run's checkpoint of the same step, or this one rewritten in place: another copy, never this one
+    assert reshard.universal_uri("/s/run", "/s/third/checkpoint_step_00000006", meta) != copy
+    assert reshard.universal_uri("/s/run", "/s/other/checkpoint_step_00000006", {**meta, "history": []}) != copy
+    assert reshard.universal_uri("s3://b/run/", "b/run/checkpoint_step_00000012", meta).startswith(
+        "s3://b/run/universal/checkpoint_step_00000012-")
 
 
 def resolved(*overrides):
@@ -42,12 +49,37 @@ def resolved(*overrides):
     return resolve_run(cfg, shape_from_config(cfg))
 
 
-def test_another_world_size_with_the_same_shards_is_left_to_the_workers(tmp_path, capsys):
+def test_another_world_size_with_the_same_shards_is_left_to_the_workers(tmp_path):
     old = Checkpoint(checkpoint(tmp_path, world=2, num_shards=6))
-    check_resume(old, resolved("scaling.num_workers=3", "data.num_shards=6", "training.micro_batch_size_per_gpu=2"))
-    assert "resuming step 4 on 3 workers (written by 2): the workers convert it" in capsys.readouterr().out
-    check_resume(old, resolved("scaling.num_workers=2", "data.num_shards=6", "training.micro_batch_size_per_gpu=3"))
-    assert capsys.readouterr().out == ""  # same size: loaded as written
+    note = check_resume(old, resolved("scaling.num_workers=3", "data.num_shards=6",
+                                      "training.micro_batch_size_per_gpu=2"))
+    assert note.startswith("resuming step 4 on 3 workers (written by 2): the workers convert it")
+    # same size: loaded as written, nothing to say
+    assert check_resume(old, resolved("scaling.num_workers=2", "data.num_shards=6",
+                                      "training.micro_batch_size_per_gpu=3")) is None
+
+
+def test_a_checkpoint_of_another_model_is_refused_naming_both_shapes(tmp_path):
+    other = dataclasses.asdict(resolved("model.config={num_hidden_layers: 5, hidden_size: 64}").model)
+    old = Checkpoint(checkpoint(tmp_path, world=2, num_shards=None, model=other))
+    with pytest.raises(ConfigError, match=r"holds another model \(hidden_size=64, num_hidden_layers=5, "
+                                          r"num_parameters=\d+, head_dim=16\) than this run's \(hidden_size=128, "):
+        check_resume(old, resolved("scaling.num_workers=2"))
+    heads = dataclasses.asdict(resolved("model.config={num_attention_heads: 8, head_dim: 16}").model)
+    with pytest.raises(ConfigError, match=r"another model \(.*num_attention_heads=8, head_dim=16\) than this run's "
+                                          r"\(.*num_attention_heads=4, head_dim=32\)"):
+        check_resume(Checkpoint(checkpoint(tmp_path / "h", world=2, num_shards=None, model=heads)),
+                     resolved("scaling.num_workers=2"))
+
+
+def test_resuming_a_checkpoint_at_or_past_max_steps_is_refused_with_the_steps_to_set(tmp_path):
+    old = Checkpoint(checkpoint(tmp_path, world=2, num_shards=None))
+    with pytest.raises(ConfigError, match=r"checkpoint.resume_from=/r/c is at step 4 >= training.max_steps=4: nothing "
+                                          r"to train; .* \(training.max_steps=8 trains 4 more\)"):
+        check_resume(old, resolved("scaling.num_workers=2", "training.max_steps=4", "checkpoint.resume_from=/r/c"))
+    check_resume(old, resolved("scaling.num_workers=2", "training.max_steps=5"))  # one step to train
+    # the run's own checkpoint at max_steps is a finished run (the driver wraps it up), not a mistake
+    check_resume(old, resolved("scaling.num_workers=2", "training.max_steps=4"), own_run=True)
 
 
 def test_another_world_without_shards_for_it_is_refused_on_the_driver(tmp_path):

@@ -12,6 +12,7 @@ real DeepSpeed engines from the worker's own build_engine, gloo, a transformers 
   learning rate, and the history and data position of the checkpoint."""
 
 import json
+import os
 import shutil
 
 import pytest
@@ -123,3 +124,16 @@ def test_the_copy_is_complete_and_the_only_one(loaded):
     universal = loaded["dir"] / "run" / "universal"
     assert reshard.is_complete(str(universal / "checkpoint_step_00000001")) and loaded["gib"] > 0
     assert sorted(p.name for p in universal.iterdir()) == ["checkpoint_step_00000001"]
+
+
+def test_a_checkpoint_and_out_dir_given_as_uris_export_where_they_say(loaded, tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    from raytrain.checkpoint.export import export
+
+    monkeypatch.chdir(tmp_path)
+    checkpoint = f"file://{loaded['dir']}/run/checkpoint_step_00000001"
+    assert export(checkpoint, f"file://{tmp_path}/models/m1") == str(tmp_path / "models" / "m1")
+    assert os.listdir(tmp_path) == ["models"]  # not a directory named "file:" in the working directory
+    weights = load_file(tmp_path / "models" / "m1" / "model.safetensors")
+    assert "model.embed_tokens.weight" in weights and (tmp_path / "models" / "m1" / "config.json").is_file()

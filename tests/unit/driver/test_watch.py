@@ -8,12 +8,17 @@ from raytrain.driver.watch import Interrupted, RunWatch, continue_command
 
 
 def test_the_continue_command_is_the_users_argv_with_the_run_name_and_nothing_that_restarts():
-    argv = ["--config", "my run.yaml", "--fresh", "training.max_steps=20", "--resume-from", "/r/ckpt",
+    argv = ["--config", "my run.yaml", "--fresh", "training.max_steps=20", "--resume-from", "r/ckpt",
             "checkpoint.name=old", "checkpoint.resume_from=/x", "--resume-from=/y", "data.path=/d"]
     command = continue_command(argv, "raytrain-20261201-094250")
-    # --fresh would set the run aside and --resume-from is refused once the run exists
+    # --fresh would set the run aside
     assert shlex.split(command) == ["python", "-m", "raytrain.main", "--config", "my run.yaml",
                                     "training.max_steps=20", "data.path=/d", "checkpoint.name=raytrain-20261201-094250"]
+    # a run started from a checkpoint keeps it, as the driver resolved it (absolute): stopped before its
+    # own first checkpoint, the run must start from it again, not from scratch
+    command = continue_command(argv, "ft", "/abs/r/ckpt dir")
+    assert shlex.split(command) == ["python", "-m", "raytrain.main", "--config", "my run.yaml", "training.max_steps=20",
+                                    "data.path=/d", "--resume-from", "/abs/r/ckpt dir", "checkpoint.name=ft"]
     assert continue_command([], "r") == "python -m raytrain.main checkpoint.name=r"
     assert continue_command(None, "r") == "the same config with checkpoint.name=r"  # raytrain.fit() from Python
 

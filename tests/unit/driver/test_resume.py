@@ -1,0 +1,150 @@
+"""Which checkpoint a run resumes, decided on the driver before any worker (raytrain.driver.run:
+`resume_checkpoint`, `check_resume`, `_place`; raytrain.checkpoint.layout for Ray Train's record):
+the continue command of a run started with --resume-from, --fresh, a record naming a deleted
+checkpoint, and --dry-run reporting what a real run would refuse. Runs with real training, resumed
+for real: tests/integration/test_fault_tolerance.py."""
+
+import asyncio
+import json
+import os
+import shlex
+
+import pytest
+
+from raytrain.checkpoint import layout
+from raytrain.config import ConfigError, load_config
+from raytrain.driver.run import _place, unfinished_runs
+from raytrain.driver.watch import continue_command
+from raytrain.main import main
+from raytrain.planning.resolve import resolve_run, shape_from_config
+from raytrain.run_spec import RunSpec
+
+TWO = ["scaling.num_workers=2", "training.max_steps=40"]
+
+
+def resolved(*overrides):
+    cfg = load_config(None, list(overrides))
+    return resolve_run(cfg, shape_from_config(cfg))
+
+
+def checkpoint(path, step, *overrides, resume_from=None):
+    """A checkpoint directory as a run of `overrides` leaves it: raytrain.json with the run's spec,
+    DeepSpeed's `latest` and its tag directory (no shards: nothing here loads them)."""
+    spec = RunSpec.place(resolved(*TWO, *overrides), run_name=os.path.basename(os.path.dirname(path)),
+                         storage_path=os.path.dirname(os.path.dirname(path)), resume_from=resume_from)
+    os.makedirs(os.path.join(path, layout.tag_for(step)))
+    with open(os.path.join(path, layout.METADATA), "w") as f:
+        json.dump({"step": step, "world_size": 2, "metrics": {}, "history": [], "spec": spec.to_dict()}, f)
+    with open(os.path.join(path, "latest"), "w") as f:
+        f.write(layout.tag_for(step))
+    return str(path)
+
+
+def run_with_checkpoints(storage, name, steps, *overrides, resume_from=None):
+    """STORAGE/NAME with checkpoints at `steps` and Ray Train's own record of them, written by Ray
+    Train's CheckpointManager (the controller's class, private, ray 2.60) rather than by a training
+    run (~30 s each on 2 cores); it notifies waiters, so it runs inside an event loop."""
+    from ray.train import Checkpoint, CheckpointConfig
+    from ray.train.v2._internal.execution.checkpoint.checkpoint_manager import CheckpointManager
+    from ray.train.v2._internal.execution.context import StorageContext
+    from ray.train.v2._internal.execution.training_report import _TrainingReport
+
+    async def register():
+        manager = CheckpointManager(CheckpointConfig(num_to_keep=5),
+                                    StorageContext(storage_path=str(storage), experiment_dir_name=name))
+        for step in steps:
+            path = checkpoint(os.path.join(storage, name, layout.checkpoint_dir_name(step)), step, *overrides,
+                              resume_from=resume_from)
+            manager.register_checkpoint(_TrainingReport(checkpoint=Checkpoint(path), metrics={"step": step},
+                                                        validation=False))
+
+    asyncio.run(register())
+    return os.path.join(storage, name)
+
+
+def place(storage, *overrides, fresh=False):
+    spec, _ = _place(resolved(*TWO, f"checkpoint.storage_path={storage}", *overrides), fresh)
+    return spec
+
+
+def test_a_run_started_from_a_checkpoint_continues_from_it_with_the_printed_command(tmp_path, capsys):
+    source = checkpoint(tmp_path / "old" / "checkpoint_step_00000004", 4)
+    argv = ["--resume-from", source, f"checkpoint.storage_path={tmp_path / 'runs'}", "checkpoint.name=ft", *TWO]
+    first = place(tmp_path / "runs", "checkpoint.name=ft", f"checkpoint.resume_from={source}")
+    # Ctrl-C before the run's first checkpoint: the printed command must start from the same checkpoint
+    command = shlex.split(continue_command(argv, "ft", first.resume_from))
+    assert command[3:] == [f"checkpoint.storage_path={tmp_path / 'runs'}", *TWO, "--resume-from", source,
+                           "checkpoint.name=ft"]
+    assert place(tmp_path / "runs", "checkpoint.name=ft", f"checkpoint.resume_from={source}").resume_from == source
+    # once the run has checkpoints of its own, the same command continues from its latest
+    run_with_checkpoints(tmp_path / "runs", "ft", [8], resume_from=source)
+    capsys.readouterr()
+    place(tmp_path / "runs", "checkpoint.name=ft", f"checkpoint.resume_from={source}")
+    assert f"continuing from its latest checkpoint (started from {source})" in capsys.readouterr().out
+    # another checkpoint for the same run is a mistake: the run would ignore it
+    other = checkpoint(tmp_path / "other" / "checkpoint_step_00000004", 4)
+    with pytest.raises(ConfigError, match=rf"checkpoint.resume_from={other} is set but run 'ft' already exists in "
+                                          rf".*\(started from {source}\).*choose a new checkpoint.name"):
+        place(tmp_path / "runs", "checkpoint.name=ft", f"checkpoint.resume_from={other}")
+
+
+@pytest.mark.usefixtures("no_ray_driver")
+def test_a_relative_resume_from_is_made_absolute_on_the_driver(tmp_path, monkeypatch, capsys):
+    checkpoint(tmp_path / "old" / "checkpoint_step_00000004", 4)
+    monkeypatch.chdir(tmp_path)
+    relative = "old/checkpoint_step_00000004"  # pyarrow refuses it (ArrowInvalid, once Ray Train reads it)
+    rc = main(["--dry-run", "--host-memory-gib", "64", "--resume-from", relative,
+               f"checkpoint.storage_path={tmp_path / 'runs'}", *TWO])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert json.loads(out)["config"]["checkpoint"]["resume_from"] == str(tmp_path / relative)
+    assert place(tmp_path / "runs", "checkpoint.name=rel", f"checkpoint.resume_from={tmp_path / relative}")
+    from raytrain.driver.run import _local_paths  # what fit() and dry_run() start with
+
+    cfg = _local_paths(load_config(None, ["checkpoint.export_dir=~/out", "checkpoint.storage_path=s3://b/runs"]))
+    assert cfg.checkpoint.export_dir == os.path.expanduser("~/out") and cfg.checkpoint.storage_path == "s3://b/runs"
+
+
+def test_fresh_with_a_resume_from_inside_the_run_it_sets_aside_is_refused_before_moving_it(tmp_path):
+    run = run_with_checkpoints(tmp_path / "runs", "r1", [4, 8])
+    inside = os.path.join(run, "checkpoint_step_00000004")
+    with pytest.raises(ConfigError, match=r"--fresh sets run 'r1' aside, and checkpoint.resume_from=.*"
+                                          r"checkpoint_step_00000004 is inside it: drop --fresh"):
+        place(tmp_path / "runs", "checkpoint.name=r1", f"checkpoint.resume_from={inside}", fresh=True)
+    assert sorted(os.listdir(tmp_path / "runs")) == ["r1"]  # nothing moved
+
+
+def test_a_record_naming_a_deleted_checkpoint_is_one_line_and_fresh_sets_the_run_aside(tmp_path):
+    run_with_checkpoints(tmp_path / "runs", "r1", [4, 8])
+    run_with_checkpoints(tmp_path / "runs", "raytrain-20260101-000000", [4, 8])
+    for name in ("r1", "raytrain-20260101-000000"):  # a user deleted a bad latest checkpoint by hand
+        for path, _, files in os.walk(tmp_path / "runs" / name / "checkpoint_step_00000008", topdown=False):
+            for f in files:
+                os.remove(os.path.join(path, f))
+            os.rmdir(path)
+    with pytest.raises(layout.BrokenRun, match=rf"run 'r1' in {tmp_path / 'runs'}: Ray Train's record of its "
+                                               r"checkpoints names one that was deleted .*: pass --fresh"):
+        place(tmp_path / "runs", "checkpoint.name=r1")
+    # another run's broken record is no reason to refuse this one, nor to offer it as continuable
+    new = resolved(*TWO, f"checkpoint.storage_path={tmp_path / 'runs'}")
+    assert unfinished_runs(str(tmp_path / "runs"), new, "raytrain-20990101-000000") == []
+    place(tmp_path / "runs", "checkpoint.name=r1", fresh=True)
+    assert not (tmp_path / "runs" / "r1").exists()
+    assert any(p.startswith("r1.replaced-") for p in os.listdir(tmp_path / "runs"))
+
+
+@pytest.mark.usefixtures("no_ray_driver")
+@pytest.mark.parametrize("mode", ["--dry-run", "real run"])
+def test_a_checkpoint_the_run_cannot_resume_is_refused_before_ray_by_a_dry_run_too(mode, tmp_path, capsys):
+    import ray
+
+    other_model = checkpoint(tmp_path / "a" / "checkpoint_step_00000004", 4, "model.config={num_hidden_layers: 5}")
+    at_max = checkpoint(tmp_path / "b" / "checkpoint_step_00000040", 40)
+    dry = ["--dry-run", "--host-memory-gib", "64"] if mode == "--dry-run" else []
+    storage = tmp_path / "runs"
+    for source, needle in ((other_model, "holds another model (num_hidden_layers=5, num_parameters="),
+                           (at_max, "is at step 40 >= training.max_steps=40: nothing to train")):
+        rc = main([*dry, "--resume-from", source, f"checkpoint.storage_path={storage}", *TWO])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and err[0].startswith("raytrain: error: ") and needle in err[0], err
+    assert not storage.exists() and not ray.is_initialized()
