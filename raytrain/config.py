@@ -18,12 +18,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import json
 from dataclasses import field
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, TypeAdapter, ValidationError
 
-from raytrain.config_fields import Bool, Float, Int, Str, directory_name, one_line, ray_address, section, worker_range
+from raytrain.config_fields import (Bool, Float, Int, NonEmptyStr, Str, directory_name, one_line, ray_address, section,
+                                    worker_range)
 from raytrain.config_files import ConfigError, parse_override, read_json_file, read_yaml_file
 
 __all__ = ["ConfigError", "RunConfig", "load_config", "read_json_file", "DEFAULT_DEEPSPEED"]
@@ -33,18 +35,18 @@ __all__ = ["ConfigError", "RunConfig", "load_config", "read_json_file", "DEFAULT
 class ModelConfig:
     """Which causal LM to train."""
 
-    name_or_path: Str | None = None
+    name_or_path: NonEmptyStr | None = None
     """Hugging Face hub id or local directory with a config.json. None: the built-in tiny Llama."""
     config: dict[Str, Any] = field(default_factory=dict)
     """Overrides applied to the model's config (for the built-in model: LlamaConfig keyword args)."""
     pretrained: Bool = False
     """Load the weights of `name_or_path` (else random init from its config)."""
-    tokenizer: Str | None = None
+    tokenizer: NonEmptyStr | None = None
     """Hub id or local directory. None: `name_or_path`'s tokenizer, or the built-in byte tokenizer."""
     gradient_checkpointing: Bool | Literal["auto"] = False
     """Recompute activations in backward: ~1/3 more compute for far less activation memory.
     "auto": the planner decides, with the other "auto" settings (raytrain.planning.choose)."""
-    attn_implementation: Str = "sdpa"
+    attn_implementation: NonEmptyStr = "sdpa"
     """transformers attention backend: "sdpa", "eager", "flash_attention_2", ... (checked on the driver
     against the implementations transformers registers)."""
     trust_remote_code: Bool = False
@@ -68,13 +70,13 @@ class ModelConfig:
 class DataConfig:
     """Where the text comes from, how it becomes fixed-length token blocks, and the held-out split."""
 
-    path: Str | list[Str] | None = None
+    path: NonEmptyStr | Annotated[list[NonEmptyStr], Field(min_length=1)] | None = None
     """Files or directories (local, s3://, gs://, hdfs://, abfs://), or a hub id with format "hf".
     None: the built-in generated corpus."""
     format: Literal["auto", "text", "json", "parquet", "hf", "tokenized"] = "auto"
     """"auto" (by extension; parquet with an input_ids column and no text column is "tokenized"),
     "text", "json", "parquet", "hf" (save_to_disk directory or hub id) or "tokenized"."""
-    text_column: Annotated[Str, Field(min_length=1)] = "text"
+    text_column: NonEmptyStr = "text"
     """Column holding the documents (json, parquet, hf)."""
     text_document: Literal["file", "line"] = "file"
     """What one document is in a text file: "file" (the whole file: books, articles) or "line"
@@ -82,7 +84,7 @@ class DataConfig:
     invalid_utf8: Literal["replace", "error"] = "replace"
     """Bytes that are not UTF-8 in text or JSON files: "replace" (decode them as U+FFFD and log the
     file and the number of documents affected) or "error" (stop, naming the file and line)."""
-    hf_split: Str = "train"
+    hf_split: NonEmptyStr = "train"
     """Split to read from a Hugging Face DatasetDict (save_to_disk) or hub dataset."""
     seq_len: Annotated[Int, Field(ge=1)] = 128
     """Tokens per packed training sequence."""
@@ -117,7 +119,7 @@ class DataConfig:
     across restarts and resizes. Costs a hash per row; local or shared-filesystem storage only."""
     num_builtin_documents: Annotated[Int, Field(ge=1)] = 4000
     """Size of the built-in corpus (only used when `path` is None)."""
-    eval_path: Str | list[Str] | None = None
+    eval_path: NonEmptyStr | Annotated[list[NonEmptyStr], Field(min_length=1)] | None = None
     """Held-out data, read like `path` (same format rules). Exclusive with eval_fraction."""
     eval_fraction: Annotated[Float, Field(ge=0, lt=1)] = 0.0
     """Hold out this fraction of `path`'s documents (chosen by a hash of each document, so train and
@@ -140,17 +142,20 @@ class DataConfig:
 
 @section("training")
 class TrainingConfig:
-    """The optimisation loop. Values here fill DeepSpeed keys that are "auto" or absent."""
+    """The optimisation loop. Values here fill DeepSpeed keys that are "auto" (the batch keys, precision
+    and gradient_clipping also absent ones). A value the user wrote that a concrete DeepSpeed value
+    contradicts, or that the JSON's own optimizer or scheduler would leave out, is an error (`load_config`)."""
 
     max_steps: Annotated[Int, Field(ge=1)] = 80
     """Optimizer steps to run (one step = gradient_accumulation_steps micro-batches)."""
     micro_batch_size_per_gpu: Annotated[Int, Field(ge=1)] | Literal["auto"] | None = None
-    """Fills train_micro_batch_size_per_gpu when the DeepSpeed config says "auto" (or leaves it
-    underdetermined: then 8). "auto": the planner picks the micro-batch with the highest predicted
-    tokens/s that fits the GPUs and host RAM, and prints why (raytrain.planning.choose)."""
+    """Fills train_micro_batch_size_per_gpu when the DeepSpeed config says "auto" or leaves it out (None:
+    derived from train_batch_size, else 8); a different value there is an error. "auto": the planner
+    picks the micro-batch with the highest predicted tokens/s that fits the GPUs and host RAM, and
+    prints why (raytrain.planning.choose)."""
     gradient_accumulation_steps: Annotated[Int, Field(ge=1)] | None = None
-    """Fills gradient_accumulation_steps when the DeepSpeed config says "auto" (or leaves it
-    underdetermined: then 1)."""
+    """Fills gradient_accumulation_steps when the DeepSpeed config says "auto" or leaves it out (None:
+    derived from train_batch_size, else 1); a different value there is an error."""
     learning_rate: Annotated[Float, Field(gt=0)] = 1e-3
     """Peak learning rate, reached after `warmup_steps`, then cosine decay to min_lr_ratio x lr."""
     min_lr_ratio: Annotated[Float, Field(ge=0, le=1)] = 0.1
@@ -165,7 +170,8 @@ class TrainingConfig:
     gradient_clipping: Annotated[Float, Field(ge=0)] = 1.0
     """Max global grad norm; used when the DeepSpeed config leaves gradient_clipping "auto" or absent."""
     precision: Literal["fp32", "bf16", "fp16"] | None = None
-    """"fp32", "bf16" or "fp16", used for DeepSpeed's "auto". None: bf16 on GPU, fp32 on CPU."""
+    """"fp32", "bf16" or "fp16": fills DeepSpeed's bf16/fp16 "enabled" where it is "auto" or left out; a
+    JSON that states another precision is an error. None: "auto" is bf16 on GPU, fp32 on CPU."""
     seed: Annotated[Int, Field(ge=0)] = 1234
     """Seeds torch's init and the data order (numpy's generators refuse a negative seed)."""
     log_every_n_steps: Annotated[Int, Field(ge=1)] = 5
@@ -195,7 +201,7 @@ class ScalingConfig:
     """None: true when the Ray cluster has GPUs."""
     cpus_per_worker: Annotated[Float, Field(gt=0)] = 1.0
     """Logical CPUs each worker reserves; the rest of the cluster's CPUs feed Ray Data."""
-    accelerator_type: Str | None = None
+    accelerator_type: NonEmptyStr | None = None
     """Ray accelerator type to schedule on, for example "H200"."""
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_SPREAD", "STRICT_PACK"] = "PACK"
     """Ray placement group strategy: "PACK" (fill nodes: fast intra-node NVLink), "SPREAD",
@@ -211,7 +217,7 @@ class ScalingConfig:
 class CheckpointConfig:
     """Where the run lives and how often it is saved."""
 
-    storage_path: Annotated[Str, Field(min_length=1)] = "~/raytrain_runs"
+    storage_path: NonEmptyStr = "~/raytrain_runs"
     """Run storage: a local directory, a shared filesystem or a cloud URI (s3://, gs://)."""
     name: Annotated[Str, AfterValidator(directory_name)] | None = None
     """Run name (a directory under storage_path). None: raytrain-<date>-<time>."""
@@ -225,9 +231,9 @@ class CheckpointConfig:
     upload_async: Bool = False
     """Upload checkpoints to storage in the background (Ray's ASYNC mode): training continues while
     shards travel; costs local disk for a second copy until the upload ends."""
-    resume_from: Str | None = None
+    resume_from: NonEmptyStr | None = None
     """Start from this checkpoint directory (`--resume-from PATH`); the run's own latest wins after a restart."""
-    export_dir: Str | None = None
+    export_dir: NonEmptyStr | None = None
     """At the end, write the final checkpoint as a Hugging Face model directory here."""
 
 
@@ -275,9 +281,9 @@ class TrackingConfig:
 
     tensorboard: Bool = True
     """TensorBoard event files under STORAGE/RUN/tensorboard (for a cloud storage_path: ~/raytrain_tensorboard/RUN on rank 0's node)."""
-    mlflow_tracking_uri: Str | None = None
+    mlflow_tracking_uri: NonEmptyStr | None = None
     """MLflow tracking URI (a server, or file:///path for a local store). None: no MLflow."""
-    mlflow_experiment: Str = "raytrain"
+    mlflow_experiment: NonEmptyStr = "raytrain"
 
 
 @section("")
@@ -292,7 +298,7 @@ class RunConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    deepspeed: dict[Str, Any] | Str = field(default_factory=lambda: copy.deepcopy(DEFAULT_DEEPSPEED))
+    deepspeed: dict[Str, Any] | NonEmptyStr = field(default_factory=lambda: copy.deepcopy(DEFAULT_DEEPSPEED))
     """DeepSpeed config: a path to the user's JSON or an inline mapping."""
 
     def to_dict(self) -> dict[str, Any]:
@@ -315,10 +321,11 @@ class RunConfig:
     def with_overrides(self, overrides: list[str]) -> "RunConfig":
         """This config with KEY=VALUE overrides applied on top (a new config; this one is unchanged)."""
         data = self.to_dict()
-        for item in overrides:
-            _set_dotted(data, *parse_override(item))
+        _apply_overrides(data, [(*parse_override(item), item) for item in overrides], refuse_repeats=False)
         return RunConfig.from_dict(data)
 
+
+AUTO = "auto"
 
 # The embedded default: ZeRO-3 with "auto" batch and precision values that raytrain resolves from
 # the `training` section and the cluster, like Hugging Face's integration does.
@@ -348,16 +355,50 @@ DEFAULT_DEEPSPEED: dict[str, Any] = {
 # Loading: defaults < file < command line.
 
 
-def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Build the run config from an optional YAML file and KEY=VALUE overrides (dotted keys)."""
+def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = (),
+                values: dict[str, Any] | None = None, *, command_line: bool = False) -> RunConfig:
+    """Build the run config from an optional YAML file and KEY=VALUE overrides (dotted keys).
+
+    `values`: more overrides whose values are taken exactly as given, not read as YAML (a flag's
+    path: `--resume-from "ck #2"` or `yes` is that directory, not a comment or a boolean).
+    `command_line`: the overrides are what a user typed, one mapping like a YAML file, so a key
+    given twice is an error; otherwise (lists composed in code, such as a benchmark's base
+    overrides plus its --set ones) the later one wins."""
     data: dict[str, Any] = read_yaml_file(path) if path is not None else {}
-    for item in overrides:
-        key, value = parse_override(item)
-        if key.startswith("deepspeed.") and "deepspeed" not in data:
+    pairs = [(*parse_override(item), item) for item in overrides]
+    pairs += [(key, value, f"{key}={value}") for key, value in (values or {}).items()]
+    _apply_overrides(data, pairs, refuse_repeats=command_line)
+    cfg = RunConfig.from_dict(data)
+    training = data.get("training")
+    _refuse_ignored_training_values(cfg, set(training) if isinstance(training, dict) else set())
+    return cfg
+
+
+def _apply_overrides(data: dict[str, Any], pairs: list[tuple[str, Any, str]], refuse_repeats: bool) -> None:
+    """Apply (key, value, as written) overrides. A section given whole is applied before the dotted
+    keys inside it, whatever their order, so `deepspeed.x=1 deepspeed=ds.json` edits the file's
+    contents. `refuse_repeats`: a key given twice, also inside a section given whole, is an error."""
+    given: dict[str, tuple[Any, str]] = {}
+    for key, value, item in sorted(pairs, key=lambda p: p[0].count(".")):  # stable: sections first
+        parts = key.split(".")
+        for i in range(1, (len(parts) + 1) if refuse_repeats else 0):
+            outer = ".".join(parts[:i])
+            if outer not in given:
+                continue
+            inner, first = given[outer]
+            for part in parts[i:]:
+                inner = inner.get(part, _ABSENT) if isinstance(inner, dict) else _ABSENT
+            if inner is not _ABSENT:
+                raise ConfigError(f"{key} is given twice on the command line ({first} and {item}); one would "
+                                  f"silently replace the other: keep one")
+        given[key] = (value, item)
+        if parts[0] == "deepspeed" and len(parts) > 1 and "deepspeed" not in data:
             # deepspeed.x=y with no DeepSpeed config given edits the default one, not an empty one.
             data["deepspeed"] = copy.deepcopy(DEFAULT_DEEPSPEED)
         _set_dotted(data, key, value)
-    return RunConfig.from_dict(data)
+
+
+_ABSENT = object()
 
 
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
@@ -375,6 +416,55 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
         node[part] = child
         node = child
     node[parts[-1]] = value
+
+
+# The training keys that reach DeepSpeed through its JSON: where raytrain fills them when the JSON
+# says "auto" (raytrain.deepspeed_config). The batch keys and precision are checked there.
+_FILLS = {"learning_rate": [("optimizer", "lr"), ("scheduler", "warmup_max_lr")],
+          "weight_decay": [("optimizer", "weight_decay")], "adam_betas": [("optimizer", "betas")],
+          "adam_epsilon": [("optimizer", "eps")], "warmup_steps": [("scheduler", "warmup_num_steps")]}
+
+
+def _refuse_ignored_training_values(cfg: RunConfig, given: set[str]) -> None:
+    """A training value the user wrote must take effect: refuse one that a concrete value in the
+    DeepSpeed JSON contradicts, or that the JSON's own optimizer or scheduler would silently leave
+    out. Only here, where the keys the user wrote are known: a default is never a contradiction
+    (a user's JSON with its own concrete lr works unchanged)."""
+    if not given & {*_FILLS, "gradient_clipping", "min_lr_ratio"}:
+        return
+    ds = read_json_file(cfg.deepspeed, "deepspeed") if isinstance(cfg.deepspeed, str) else cfg.deepspeed
+    where = f" (in {cfg.deepspeed})" if isinstance(cfg.deepspeed, str) else ""
+    sections = {name: ds.get(name) if isinstance(ds.get(name), dict) else None for name in ("optimizer", "scheduler")}
+
+    def refuse(key: str, why: str, fix: str) -> None:
+        value = json.dumps(getattr(cfg.training, key))
+        raise ConfigError(f"training.{key}={value} would be ignored: {why}{where}: {fix}, or remove training.{key}")
+
+    for key in sorted(given):
+        value = getattr(cfg.training, key)
+        if key == "gradient_clipping" and ds.get(key, AUTO) not in (AUTO, value):
+            raise ConfigError(f"training.{key}={value} contradicts deepspeed.{key}={json.dumps(ds[key])}{where}: "
+                              f"set it in one place (or make the DeepSpeed value \"auto\")")
+        for name, ds_key in _FILLS.get(key, []):
+            section = sections[name]
+            params = section.get("params", {}) if section is not None else None
+            if not isinstance(params, dict):
+                continue  # no such section, or a malformed one (raytrain.deepspeed_config names it)
+            written = params.get(ds_key, _ABSENT)
+            if written is _ABSENT and (name == "optimizer" or key == "warmup_steps"):
+                refuse(key, f"deepspeed.{name} ({section.get('type')}) has no params.{ds_key}, so DeepSpeed would use "
+                            f"its own default", f'write "{ds_key}": "auto" there')
+            if written not in (_ABSENT, AUTO) and written != (list(value) if isinstance(value, tuple) else value):
+                raise ConfigError(f"training.{key}={json.dumps(value)} contradicts deepspeed.{name}.params.{ds_key}="
+                                  f"{json.dumps(written)}{where}: set it in one place (or make the DeepSpeed value "
+                                  f"\"auto\")")
+        if key in ("warmup_steps", "min_lr_ratio") and sections["scheduler"] is None and sections["optimizer"]:
+            refuse(key, "the DeepSpeed config has its own optimizer and no scheduler, so the learning rate stays "
+                        "constant", 'add a deepspeed.scheduler (for example WarmupCosineLR with "warmup_num_steps": '
+                                    '"auto")')
+        if key == "min_lr_ratio" and sections["scheduler"] is not None:
+            refuse(key, f"deepspeed.scheduler ({sections['scheduler'].get('type')}) replaces raytrain's warmup + "
+                        f"cosine schedule", "set the DeepSpeed scheduler's own minimum there")
 
 
 @functools.cache

@@ -18,8 +18,10 @@ Scalars are strict (`Int`, `Float`, `Bool`, `Str`): pydantic's default mode woul
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import difflib
 import functools
+import math
 import re
 import types
 import typing
@@ -34,6 +36,8 @@ Int = Annotated[int, Strict()]
 Float = Annotated[float, Strict(), Field(allow_inf_nan=False)]  # an int is a float too: `learning_rate: 1`
 Bool = Annotated[bool, Strict()]
 Str = Annotated[str, Strict()]
+NonEmptyStr = Annotated[Str, Field(min_length=1)]
+"""A path, URI or name: "" is refused (as a path it would be the current directory)."""
 
 SECTIONS: dict[str, type] = {}
 """Every section by its key ("data": DataConfig), for "did you mean data.seq_len?" across sections."""
@@ -126,7 +130,13 @@ def one_line(error: ValidationError, cls: type, key: str) -> ConfigError:
         return _unknown_key(where, owner)
     if isinstance(cause, ValueError):  # a field validator's reason
         return ConfigError(f"{where}={value!r} {cause}")
-    return ConfigError(f"{where} must be {describe(tp)}, got {_shown(value)}")
+    if first["loc"][-1] == "[key]":  # a mapping's key, such as `model.config: {1: 2}`
+        return ConfigError(f"{where.rpartition('.')[0]} has the key {_shown(value)}: its keys must be strings "
+                           f"(field names): write the name there")
+    hint = ""
+    if isinstance(value, datetime.date) and "a string" in describe(tp):
+        hint = f": YAML reads an unquoted {value.isoformat()} as a date; quote it (\"{value.isoformat()}\")"
+    return ConfigError(f"{where} must be {describe(tp)}, got {_shown(value)}{hint}")
 
 
 def _locate(cls: type, loc: tuple, key: str) -> tuple[str, Any, type | None]:
@@ -222,6 +232,10 @@ def _shown(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return str(value).lower()
+    if isinstance(value, float) and math.isinf(value):  # what 1e400 reads as
+        return f"{value} (a number too large for a float)"
     if isinstance(value, (int, float)):
         return f"{value}"
+    if isinstance(value, datetime.date):  # YAML's reading of an unquoted 2024-06-01
+        return f"date {value.isoformat()}"
     return f"{type(value).__name__} {value!r}"

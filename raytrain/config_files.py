@@ -121,6 +121,9 @@ def parse_override(item: str) -> tuple[str, Any]:
     """KEY=VALUE -> (KEY, VALUE read as YAML: numbers, true/false, null, lists and mappings)."""
     key, sep, raw = item.partition("=")
     key = key.strip()
+    if not sep and item.lower().endswith((".yaml", ".yml")):
+        raise ConfigError(f"override {item!r} is not KEY=VALUE: a run config file comes after --config: "
+                          f"--config {item}")
     if not sep or not key:
         raise ConfigError(f"override {item!r} is not KEY=VALUE: write for example training.max_steps=20")
     if any(not part for part in key.split(".")):

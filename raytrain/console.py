@@ -54,6 +54,8 @@ def flag_number(kind: type, *, minimum: float | None = None, above: float | None
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be {'an integer' if kind is int else 'a number'}, "
                                              f"got {text!r}") from None
+        if value in (float("inf"), float("-inf")) and "inf" not in text.lower():  # 1e400: past a float's range
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text} (too large for a float)")
         out_of_range = (minimum is not None and value < minimum) or (above is not None and value <= above)
         if value != value or value in (float("inf"), float("-inf")) or out_of_range:
             bound = f">= {minimum:g}" if minimum is not None else f"> {above:g}"
@@ -62,6 +64,20 @@ def flag_number(kind: type, *, minimum: float | None = None, above: float | None
 
     parse.__name__ = kind.__name__  # argparse's "invalid <name> value" wording, if it ever shows
     return parse
+
+
+def add_config_flag(parser: argparse.ArgumentParser, help: str) -> None:
+    """`--config FILE`, once: argparse keeps the last of a repeated flag and drops the others unread,
+    so every one is collected and `one_config` refuses a second."""
+    parser.add_argument("--config", action="append", help=help)
+
+
+def one_config(parser: argparse.ArgumentParser, configs: list[str] | None) -> str | None:
+    """The single --config of `add_config_flag` (None: none given); two are a usage error (exit 2)."""
+    if configs and len(configs) > 1:
+        parser.error(f"--config is given {len(configs)} times ({', '.join(configs)}): give one file "
+                     f"(move the other's settings into it, or give them as KEY=VALUE)")
+    return configs[0] if configs else None
 
 
 def emit(line: str) -> None:

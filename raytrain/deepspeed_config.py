@@ -2,10 +2,13 @@
 
 The user's file is used unchanged except that "auto" values are filled (as Hugging Face's
 integration does), `gradient_clipping` is filled from `training.gradient_clipping` when absent
-too (DeepSpeed's own default would be no clipping), and the batch triple is completed by
-DeepSpeed's own rule. DeepSpeed itself silently drops "auto" inside sub-configs and falls back to
-its defaults, so no "auto" ever reaches it: any that raytrain cannot resolve is an error naming the
-key. The resolved dict is then checked by DeepSpeed's own models (raytrain.planning.deepspeed_check).
+too (DeepSpeed's own default would be no clipping), a micro-batch, accumulation or precision the
+user set in `training` fills the JSON's absent key too (a stated one that differs is an error),
+the old key "bfloat16" is renamed "bf16" (DeepSpeed reads both alike), and the batch triple is
+completed by DeepSpeed's own rule. DeepSpeed itself silently drops "auto" inside sub-configs and
+falls back to its defaults, so no "auto" ever reaches it: any that raytrain cannot resolve is an
+error naming the key. (Training values the user wrote that a concrete JSON value contradicts are
+refused earlier, by raytrain.config.load_config, which knows what the user wrote.) The resolved dict is then checked by DeepSpeed's own models (raytrain.planning.deepspeed_check).
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ def resolve_deepspeed(raw: dict[str, Any] | str, training: TrainingConfig, *, wo
     _resolve_optimizer(ds, training)
     leftover = _find_auto(ds)
     if leftover:
-        raise ConfigError(f"deepspeed.{leftover} is \"auto\" but raytrain has no value for it: set a number there")
+        raise ConfigError(f"deepspeed.{leftover} is \"auto\" but raytrain has no value for it: write the value "
+                          f"there (see DeepSpeed's config documentation for the key)")
     return ds
 
 
@@ -151,7 +155,7 @@ def _resolve_batch(ds: dict[str, Any], training: TrainingConfig, world_size: int
                 raise ConfigError(f"training.{train_key}={from_training[k]} contradicts deepspeed.{k}={given[k]}: "
                                   f"set it in one place (or make the DeepSpeed value \"auto\")")
             known[k] = given[k]
-        elif given[k] == AUTO and from_training[k] is not None:
+        elif from_training[k] is not None:  # "auto" or absent: a value the user wrote is used, never dropped
             known[k] = from_training[k]
     tbs, mbs, gas = (known.get(k) for k in keys)
 
@@ -185,15 +189,34 @@ def _resolve_batch(ds: dict[str, Any], training: TrainingConfig, world_size: int
 
 
 def _resolve_precision(ds: dict[str, Any], training: TrainingConfig, use_gpu: bool) -> None:
+    if ds.get("bf16") is None and "bfloat16" in ds:
+        # DeepSpeed's old spelling, read alike (runtime/precision_config.py, 0.19.8: "bf16", else
+        # "bfloat16"). Renamed so that every reader of the resolved dict finds it under one key.
+        ds.pop("bf16", None)
+        ds["bf16"] = ds.pop("bfloat16")
     wanted = training.precision or ("bf16" if use_gpu else "fp32")
-    for name in ("bf16", "fp16"):
-        section = _section(ds, name, '{"enabled": true}')
+    sections = {name: _section(ds, name, '{"enabled": true}') for name in ("bf16", "fp16")}
+    for name, section in sections.items():
         if section.get("enabled") == AUTO:
             section["enabled"] = wanted == name
-    bf16 = _section(ds, "bf16", "").get("enabled") is True
-    fp16 = _section(ds, "fp16", "").get("enabled") is True
+    bf16, fp16 = (sections[name].get("enabled") is True for name in ("bf16", "fp16"))
     if bf16 and fp16:
         raise ConfigError("deepspeed.fp16.enabled and deepspeed.bf16.enabled are both true: enable one of them")
+    actual = "bf16" if bf16 else "fp16" if fp16 else "fp32"
+    if training.precision is not None and actual != training.precision:
+        # The user's training.precision must take effect: used where the JSON leaves its section's
+        # "enabled" out (DeepSpeed's default would be fp32), a contradiction where the JSON states it.
+        other = "fp16" if training.precision == "bf16" else "bf16"
+        name = actual if actual != "fp32" else training.precision
+        if training.precision == "fp32" or sections[other].get("enabled") is True or "enabled" in sections[name]:
+            raise ConfigError(f"training.precision={training.precision} contradicts deepspeed.{name}.enabled="
+                              f"{json.dumps(sections[name].get('enabled'))}: set it in one place (remove "
+                              f"training.precision, or make deepspeed.{name}.enabled \"auto\")")
+        ds[training.precision] = {**sections[training.precision], "enabled": True}
+        fp16 = training.precision == "fp16"
+    if fp16 and not use_gpu and training.precision == "fp16":
+        raise ConfigError("training.precision=fp16 needs GPUs, and this run is on CPU (scaling.use_gpu=false): "
+                          "use bf16 or fp32, or run on GPUs with scaling.use_gpu=true")
     if fp16 and not use_gpu:
         raise ConfigError("deepspeed.fp16.enabled=true needs GPUs, and this run is on CPU (scaling.use_gpu=false): "
                           "set deepspeed.fp16.enabled=false (or use bf16), or run on GPUs with scaling.use_gpu=true")

@@ -6,7 +6,7 @@ import json
 import sys
 
 from raytrain.config import ConfigError, load_config
-from raytrain.console import ArgumentParser, flag_number, say
+from raytrain.console import ArgumentParser, add_config_flag, flag_number, one_config, say
 from raytrain.driver.run import dry_run, fit
 from raytrain.driver.watch import Interrupted
 
@@ -16,8 +16,8 @@ def parse_args(argv: list[str] | None = None):
         prog="python -m raytrain.main",
         description="Train a causal LM with DeepSpeed ZeRO-3 on a Ray cluster. "
                     "Precedence: KEY=VALUE > --config FILE > defaults.")
-    parser.add_argument("--config", help="YAML run config (sections: model, data, training, scaling, "
-                                         "checkpoint, cluster, network, deepspeed)")
+    add_config_flag(parser, "YAML run config (sections: model, data, training, scaling, checkpoint, cluster, "
+                            "network, deepspeed)")
     parser.add_argument("--dry-run", action="store_true",
                         help="every check that needs no Ray (config, DeepSpeed JSON, paths, addresses, the data's "
                              "first records, memory) for the requested cluster shape; print the run as JSON, exit")
@@ -26,13 +26,15 @@ def parse_args(argv: list[str] | None = None):
     dry.add_argument("--host-memory-gib", type=flag_number(float, above=0), help="host RAM of one node of the target")
     dry.add_argument("--gpus-per-node", type=flag_number(int, minimum=1), help="GPUs (workers) per node of the target")
     parser.add_argument("--resume-from", metavar="PATH",
-                        help="start from this checkpoint directory (same as checkpoint.resume_from=PATH)")
+                        help="start from this checkpoint directory, the path as written (checkpoint.resume_from=PATH "
+                             "reads its value as YAML)")
     parser.add_argument("--fresh", action="store_true",
                         help="the run name exists: set the old run aside (renamed, not deleted) and start over")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="dotted overrides, e.g. training.max_steps=20 deepspeed=ds_config.json")
     # intermixed: KEY=VALUE overrides may come before and after the flags (`--resume-from X a.b=1`)
     args = parser.parse_intermixed_args(argv)
+    args.config = one_config(parser, args.config)
     sizes = [f for f in ("gpu_memory_gib", "host_memory_gib", "gpus_per_node") if getattr(args, f) is not None]
     if sizes and not args.dry_run:
         parser.error(f"--{sizes[0].replace('_', '-')} states the target of --dry-run; a real run measures its "
@@ -46,14 +48,14 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(argv)
     except SystemExit as e:  # --help, or a mistake in a flag (already reported in one line)
         return int(e.code or 0)
-    overrides = list(args.overrides)
-    if args.resume_from:
-        overrides.append(f"checkpoint.resume_from={args.resume_from}")
+    # A path, taken as written: as a KEY=VALUE override it would be read as YAML ("ck #2" cut at the
+    # '#', "yes" a boolean), and "" is refused like checkpoint.resume_from="" rather than dropped.
+    resume = {"checkpoint.resume_from": args.resume_from} if args.resume_from is not None else {}
     try:
-        cfg = load_config(args.config, overrides)
+        cfg = load_config(args.config, args.overrides, values=resume, command_line=True)
         if args.dry_run:
             resolved, notes = dry_run(cfg, gpu_memory_gib=args.gpu_memory_gib, host_memory_gib=args.host_memory_gib,
-                                      gpus_per_node=args.gpus_per_node)
+                                      gpus_per_node=args.gpus_per_node, fresh=args.fresh)
             for note in notes:
                 say(f"raytrain: {note}", err=True)  # stdout stays the JSON plan
             say(json.dumps(resolved.to_dict(), indent=2))

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from raytrain import hardware
@@ -22,7 +23,7 @@ from raytrain.config_fields import ray_address
 from raytrain.data.sources import Sources
 from raytrain.deepspeed_config import load_deepspeed
 from raytrain.planning.choose import find_autos
-from raytrain.planning.memory import GIB, check_fits, estimate_memory, verdict
+from raytrain.planning.memory import GIB, DoesNotFit, MemoryPlan, check_fits, estimate_memory, verdict
 from raytrain.planning.resolve import resolve_run, shape_from_config
 from raytrain.run_spec import ClusterShape, ResolvedRun
 
@@ -97,10 +98,32 @@ def _local_gpus() -> int:
 
 
 def check_memory(resolved: ResolvedRun, target: hardware.Target) -> str:
-    """The planner's verdict line for `resolved` on `target`; raises DoesNotFit (its one line) if it does not fit."""
-    plan = estimate_memory(tightest(resolved), target)
-    check_fits(plan)
-    return verdict(plan)
+    """The planner's verdict line for `resolved` on `target`; raises DoesNotFit (its one line) if it does not fit.
+
+    An elastic range is checked at each of its sizes: ZeRO-3's states per GPU are largest at the
+    minimum, but host RAM per node (more workers on a node) and hpZ's copy can be largest higher up.
+    The verdict is that of the size closest to a limit."""
+    plans = []
+    for w in resolved.cluster.world_sizes:
+        plan = estimate_memory(resolved.at_world_size(w), target)
+        try:
+            check_fits(plan)
+        except DoesNotFit as e:
+            if not resolved.cluster.elastic:
+                raise
+            shape = resolved.cluster
+            raise DoesNotFit(f"scaling.num_workers=[{shape.min_workers}, {shape.num_workers}], at world size {w}: {e}",
+                             plan) from None
+        plans.append(plan)
+    return verdict(max(plans, key=_usage))
+
+
+def _usage(plan: MemoryPlan) -> tuple[float, int]:
+    """How close the configured setting comes to the plan's known limits (then its bytes per worker)."""
+    o = plan.configured
+    gpu = o.worker_bytes / plan.gpu_memory_bytes if plan.use_gpu and plan.gpu_memory_bytes else 0.0
+    host = o.host_bytes_per_node / plan.host_memory_bytes if plan.host_memory_bytes else 0.0
+    return max(gpu, host), o.worker_bytes
 
 
 def tightest(resolved: ResolvedRun) -> ResolvedRun:
@@ -124,7 +147,8 @@ def dry_run_target(cfg: RunConfig, *, gpu_memory_gib: float | None, host_memory_
             cfg = cfg.with_overrides(["scaling.use_gpu=true"])
         target = hardware.Target(int(gpu_memory_gib * GIB) if gpu_memory_gib else None,
                                  int(host_memory_gib * GIB) if host_memory_gib else None, gpus_per_node)
-        return cfg, shape_from_config(cfg), target
+        # the node size also sets the shape: hpZ "auto" and the workers per node are resolved from it
+        return cfg, dataclasses.replace(shape_from_config(cfg), gpus_per_node=gpus_per_node), target
     here = hardware.this_machine()
     shape = shape_from_config(cfg, here.gpus_per_node or 0)
     if not shape.use_gpu:

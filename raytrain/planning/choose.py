@@ -19,7 +19,9 @@ micro-batch (the shortest step: past the GPU's saturation a larger one mostly am
 optimizer step) and, for it, the setting that leaves the most headroom on its tighter limit. bf16
 optimizer states are never chosen: they cost accuracy; when only they would make a run fit, the error
 says so. On CPU (no throughput model there) it takes the largest
-micro-batch that fits, without checkpointing where possible.
+micro-batch that fits, without checkpointing where possible. For an elastic range
+(scaling.num_workers: [min, max]) a setting must fit, and its batch divide, at every size of the
+range; it is ranked at the maximum.
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ from raytrain.deepspeed_config import load_deepspeed, resolve_deepspeed
 from raytrain.hardware import Target
 from raytrain.model import param_stats
 from raytrain.planning import zero_layout
-from raytrain.planning.estimate import Estimate, MemoryFacts, Setting, configured_setting, estimate, memory_facts
-from raytrain.planning.memory import GPU_RESERVE_FRACTION, HOST_RESERVE_FRACTION, capped_gpu_memory, fits, gib
+from raytrain.planning.estimate import (Estimate, MemoryFacts, Setting, configured_setting, estimate, memory_facts,
+                                        model_caveat)
+from raytrain.planning.memory import (GPU_RESERVE_FRACTION, HOST_RESERVE_FRACTION, DoesNotFit, capped_gpu_memory, fits,
+                                      gib)
 from raytrain.planning.throughput import Prediction, predict
 from raytrain.run_spec import ClusterShape
 
@@ -136,24 +140,56 @@ def resolve_auto(cfg: RunConfig, shape: ClusterShape, hf_config,
                           f"plan with python -m raytrain.tools.plan --gpu-memory-gib N (or run on the cluster), "
                           f"or set the values")
     template = _placeholders(cfg, ds_raw, autos)
-    ds_t = resolve_deepspeed(template.deepspeed, template.training, world_size=shape.num_workers, use_gpu=shape.use_gpu,
-                             hidden_size=hf_config.hidden_size, gpus_per_node=shape.gpus_per_node)
+    stats = param_stats(hf_config, cfg.model.trust_remote_code)
+    node = target.gpus_per_node or shape.gpus_per_node or (8 if shape.use_gpu else shape.num_workers)
+    # An elastic range runs the chosen setting at every size: it must fit at each (ZeRO-3's states per
+    # GPU are largest at the minimum, host RAM per node can be largest at the maximum); the ranking
+    # by throughput is at the maximum. Costs one memory estimate per size and candidate micro-batch.
+    at_sizes = [_facts_at(w, template, shape, hf_config, stats, min(node, w), autos) for w in shape.world_sizes]
+    facts, ds_t = tuple(f for f, _ in at_sizes), at_sizes[-1][1]
     _check_offload_optimizer(autos, ds_t)
-    per_node = min(target.gpus_per_node or shape.gpus_per_node or (8 if shape.use_gpu else shape.num_workers),
-                   shape.num_workers)
-    facts = memory_facts(ds_t, template, use_gpu=shape.use_gpu, world_size=shape.num_workers,
-                         workers_per_node=per_node, stats=param_stats(hf_config, cfg.model.trust_remote_code),
-                         hf_config=hf_config)
-    if autos.offload_optimizer == "auto":
-        facts = replace(facts, pin_memory=True)  # what the chosen section will say
     grad_accum = _grad_accum_rule(ds_raw, cfg, shape.num_workers)
     base = configured_setting(ds_t, template.model.gradient_checkpointing is True)
     search = dict(cfg=cfg, autos=autos, base=base, grad_accum=grad_accum, gpu_mem=gpu_mem,
                   host_mem=target.host_memory_bytes)
+    if autos.micro_batch and not _micro_batches(cfg, autos, base, grad_accum, facts):
+        raise ConfigError(_no_micro_batch(cfg, shape))
     choice = _search(facts, **search)
     if choice is None:
-        raise ConfigError(_nothing_fits(facts, **search))
+        raise DoesNotFit(_nothing_fits(facts, **search), None)
     return apply(cfg, ds_raw, autos, choice.best.setting), choice
+
+
+def _facts_at(world: int, template: RunConfig, shape: ClusterShape, hf_config, stats, per_node: int,
+              autos: AutoKeys) -> tuple[MemoryFacts, dict[str, Any]]:
+    """MemoryFacts of the placeholder config at one world size (and the DeepSpeed dict resolved for it).
+    Below an elastic range's maximum the batch keys are pinned to any valid values: the memory facts
+    do not read them, and the batch rules of every size are _micro_batches' and resolve_world_sizes'."""
+    raw, training = template.deepspeed, template.training
+    if world != shape.num_workers:
+        raw = {**raw, "train_batch_size": world, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1}
+        training = replace(training, micro_batch_size_per_gpu=None, gradient_accumulation_steps=None)
+    ds = resolve_deepspeed(raw, training, world_size=world, use_gpu=shape.use_gpu,
+                           hidden_size=hf_config.hidden_size, gpus_per_node=shape.gpus_per_node)
+    facts = memory_facts(ds, template, use_gpu=shape.use_gpu, world_size=world, workers_per_node=per_node,
+                         stats=stats, hf_config=hf_config)
+    if autos.offload_optimizer == "auto":
+        facts = replace(facts, pin_memory=True)  # what the chosen section will say
+    return facts, ds
+
+
+def _no_micro_batch(cfg: RunConfig, shape: ClusterShape) -> str:
+    # (a train_batch_size the user wrote is checked against the shards and the world size before)
+    sizes = shape.world_sizes
+    rules = []
+    if cfg.data.num_shards:
+        rules.append(f"train_batch_size (micro-batch x accumulation x {shape.num_workers} workers) divisible by "
+                     f"data.num_shards={cfg.data.num_shards}")
+    if shape.elastic:
+        rules.append(f"a whole gradient accumulation at every world size of scaling.num_workers=[{sizes[0]}, "
+                     f"{sizes[-1]}]")
+    return (f"training.micro_batch_size_per_gpu=auto: no micro-batch from 1 to {MAX_MICRO_BATCH} gives "
+            f"{' and '.join(rules)}: set the accumulation steps, train_batch_size or data.num_shards so that one does")
 
 
 def _placeholders(cfg: RunConfig, ds_raw: dict[str, Any], autos: AutoKeys) -> RunConfig:
@@ -211,11 +247,25 @@ def _grad_accum_rule(ds_raw: dict[str, Any], cfg: RunConfig, world: int):
     return lambda mb: fixed or 1
 
 
-def _micro_batches(cfg: RunConfig, autos: AutoKeys, base: Setting, grad_accum, world: int) -> list[int]:
+def _micro_batches(cfg: RunConfig, autos: AutoKeys, base: Setting, grad_accum,
+                   fs: tuple[MemoryFacts, ...]) -> list[int]:
+    """The micro-batches the batch rules allow. Every step takes train_batch_size / num_shards rows from
+    each data shard (raytrain.data.ingest.MicroBatches), so train_batch_size = mb x accumulation x the
+    maximum world size must be a multiple of data.num_shards; an elastic range keeps train_batch_size
+    and the micro-batch, so each of its sizes needs a whole accumulation (resolve._check_batch_sizes)."""
     if not autos.micro_batch:
         return [base.micro_batch]
-    per_worker = (cfg.data.num_shards // world) if cfg.data.num_shards else 1
-    return [mb for mb in range(1, MAX_MICRO_BATCH + 1) if mb % per_worker == 0 and grad_accum(mb)]
+    sizes = [f.world_size for f in fs]
+
+    def allowed(mb: int) -> bool:
+        accumulation = grad_accum(mb)
+        if not accumulation:
+            return False
+        batch = mb * accumulation * sizes[-1]
+        whole_shards = not cfg.data.num_shards or batch % cfg.data.num_shards == 0
+        return whole_shards and all(batch % (mb * w) == 0 for w in sizes)
+
+    return [mb for mb in range(1, MAX_MICRO_BATCH + 1) if allowed(mb)]
 
 
 def _structures(f: MemoryFacts, autos: AutoKeys, base: Setting, with_param_offload: bool) -> list[Setting]:
@@ -240,16 +290,19 @@ def _structures(f: MemoryFacts, autos: AutoKeys, base: Setting, with_param_offlo
     return list(dict.fromkeys(out))
 
 
-def _search(f: MemoryFacts, *, cfg, autos, base, grad_accum, gpu_mem, host_mem) -> Choice | None:
-    mbs = _micro_batches(cfg, autos, base, grad_accum, f.world_size)
-    cand = _candidates(f, autos, base, mbs, grad_accum, cfg, gpu_mem, host_mem, with_param_offload=False)
+def _search(fs: tuple[MemoryFacts, ...], *, cfg, autos, base, grad_accum, gpu_mem, host_mem) -> Choice | None:
+    """`fs`: the facts at every world size the run may have, the maximum (ranked at) last."""
+    f = fs[-1]
+    mbs = _micro_batches(cfg, autos, base, grad_accum, fs)
+    cand = _candidates(fs, autos, base, mbs, grad_accum, cfg, gpu_mem, host_mem, with_param_offload=False)
     if not cand and autos.offload_param and f.use_gpu:
-        cand = _candidates(f, autos, base, mbs, grad_accum, cfg, gpu_mem, host_mem, with_param_offload=True)
+        cand = _candidates(fs, autos, base, mbs, grad_accum, cfg, gpu_mem, host_mem, with_param_offload=True)
     if not cand:
         return None
     if not f.use_gpu:
         best = max(cand, key=lambda c: (not c.setting.gradient_checkpointing, c.setting.micro_batch))
-        return Choice(best=best, runner_up=None, num_fit=len(cand), lines=(_line_cpu(best, autos),))
+        lines = (_line_cpu(best, autos), *filter(None, [model_caveat(f.hf_config)]))
+        return Choice(best=best, runner_up=None, num_fit=len(cand), lines=lines)
     top = max(c.prediction.tokens_per_s for c in cand)
     usage = lambda c: max(c.estimate.worker_bytes / gpu_mem, c.estimate.host_bytes_per_node / host_mem  # noqa: E731
                           if host_mem else 0.0)
@@ -262,15 +315,24 @@ def _search(f: MemoryFacts, *, cfg, autos, base, grad_accum, gpu_mem, host_mem) 
                   lines=_lines(f, best, runner_up, autos, len(cand), gpu_mem, host_mem))
 
 
-def _candidates(f, autos, base, mbs, grad_accum, cfg, gpu_mem, host_mem, *, with_param_offload) -> list[Candidate]:
-    """Every (structure, micro-batch) that fits, with its prediction (estimates only where needed)."""
+def _candidates(fs, autos, base, mbs, grad_accum, cfg, gpu_mem, host_mem, *, with_param_offload) -> list[Candidate]:
+    """Every (structure, micro-batch) that fits at every world size, with its prediction at the
+    maximum (estimates only where needed)."""
     out = []
+    f = fs[-1]
     peak = cfg.training.peak_tflops_per_gpu * 1e12
     subs_by_size = {}
+
+    def subs_of(g: MemoryFacts, sub_group_size: int) -> list[int]:
+        key = (g.world_size, sub_group_size)
+        return subs_by_size[key] if key in subs_by_size else subs_by_size.setdefault(key, g.sub_groups(sub_group_size))
+
     for s0 in _structures(f, autos, base, with_param_offload):
-        subs = subs_by_size.setdefault(s0.sub_group_size, f.sub_groups(s0.sub_group_size))
-        def fit(mb: int, s0=s0, subs=subs) -> bool:
-            return fits(estimate(f, replace(s0, micro_batch=mb), subs), gpu_mem, host_mem, f.use_gpu)
+        subs = subs_of(f, s0.sub_group_size)
+
+        def fit(mb: int, s0=s0) -> bool:
+            return all(fits(estimate(g, replace(s0, micro_batch=mb), subs_of(g, s0.sub_group_size)), gpu_mem, host_mem,
+                            g.use_gpu) for g in fs)
 
         lo, hi = 0, len(mbs)  # memory grows with the micro-batch: the fitting ones are a prefix of mbs
         while lo < hi:
@@ -305,7 +367,7 @@ def _count_e(n: int) -> str:
 
 
 def _count(n: int) -> str:
-    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n:,}"
 
 
 def _lines(f, best: Candidate, runner_up: Candidate | None, autos: AutoKeys, num_fit: int,
@@ -318,9 +380,12 @@ def _lines(f, best: Candidate, runner_up: Candidate | None, autos: AutoKeys, num
              f"GPU peak {gib(e.worker_bytes)} of {gib(usable_gpu)} usable, {host}")
     second = (f"runner-up {describe(runner_up)}: {runner_up.prediction.tokens_per_s:,.0f} tokens/s"
               if runner_up else "no other kind of setting fits")
+    if runner_up and runner_up.prediction.tokens_per_s > p.tokens_per_s:
+        second += (f" ({runner_up.prediction.tokens_per_s / p.tokens_per_s - 1:.1%} more, within the {TIE:.0%} the "
+                   f"model cannot tell apart, where the smaller micro-batch, then the most headroom, wins)")
     second += (f"; {num_fit} settings of {', '.join(autos.names())} fit; ranked by raytrain/planning/throughput.py "
                f"(calibrated on one H200)")
-    return first, second
+    return (first, second, *filter(None, [model_caveat(f.hf_config)]))
 
 
 def _line_cpu(best: Candidate, autos: AutoKeys) -> str:
@@ -329,20 +394,36 @@ def _line_cpu(best: Candidate, autos: AutoKeys) -> str:
             f"({gib(e.host_bytes_per_node)} per node; on CPU there is no throughput model)")
 
 
-def _nothing_fits(f: MemoryFacts, *, cfg, autos, base, grad_accum, gpu_mem, host_mem) -> str:
+def _nothing_fits(fs: tuple[MemoryFacts, ...], *, cfg, autos, base, grad_accum, gpu_mem, host_mem) -> str:
     names = ", ".join(autos.names())
-    mb = min(_micro_batches(cfg, autos, base, grad_accum, f.world_size) or [base.micro_batch])
-    usable = lambda e: max(e.worker_bytes / (gpu_mem * (1 - GPU_RESERVE_FRACTION)) if gpu_mem else 0.0,  # noqa: E731
-                           e.host_bytes_per_node / (host_mem * (1 - HOST_RESERVE_FRACTION)) if host_mem else 0.0)
-    smallest = min((estimate(f, replace(s, micro_batch=mb))
-                    for s in _structures(f, autos, base, autos.offload_param and f.use_gpu)), key=usable)
-    need = (f"the closest, {describe(Candidate(smallest, None, grad_accum(mb) or 1))}, needs "
-            f"{gib(smallest.worker_bytes)} per GPU and {gib(smallest.host_bytes_per_node)} host RAM per node "
-            f"({gib((gpu_mem or 0) * (1 - GPU_RESERVE_FRACTION))} and "
-            f"{gib((host_mem or 0) * (1 - HOST_RESERVE_FRACTION))} usable)")
-    hint = "add GPUs with scaling.num_workers, or lower data.seq_len"
+    f = fs[-1]
+    mb = min(_micro_batches(cfg, autos, base, grad_accum, fs) or [base.micro_batch])
+
+    def usable(e: Estimate) -> float:
+        gpu = e.worker_bytes / (gpu_mem * (1 - GPU_RESERVE_FRACTION)) if gpu_mem and f.use_gpu else 0.0
+        return max(gpu, e.host_bytes_per_node / (host_mem * (1 - HOST_RESERVE_FRACTION)) if host_mem else 0.0)
+
+    # the closest structure is the one whose worst world size comes closest; that size is named
+    def worst(s: Setting) -> tuple[float, int, Estimate]:
+        return max(((usable(e), g.world_size, e) for g, e in ((g, estimate(g, s)) for g in fs)), key=lambda t: t[0])
+
+    _, at, smallest = min((worst(replace(s, micro_batch=mb))
+                           for s in _structures(f, autos, base, autos.offload_param and f.use_gpu)), key=lambda t: t[0])
+    closest = f"the closest, {describe(Candidate(smallest, None, grad_accum(mb) or 1))}, needs "
+    if len(fs) > 1:
+        closest = f"at {at} workers (scaling.num_workers=[{fs[0].world_size}, {f.world_size}]) {closest}"
+    if f.use_gpu:
+        need = (f"{closest}{gib(smallest.worker_bytes)} per GPU and {gib(smallest.host_bytes_per_node)} host RAM per "
+                f"node ({gib((gpu_mem or 0) * (1 - GPU_RESERVE_FRACTION))} and "
+                f"{gib((host_mem or 0) * (1 - HOST_RESERVE_FRACTION))} usable)")
+        hint = "add GPUs with scaling.num_workers, or lower data.seq_len"
+    else:
+        per_node = next(g.workers_per_node for g in fs if g.world_size == at)
+        need = (f"{closest}{gib(smallest.host_bytes_per_node)} host RAM per node ({per_node} workers x "
+                f"{gib(smallest.worker_bytes)}; {gib((host_mem or 0) * (1 - HOST_RESERVE_FRACTION))} usable)")
+        hint = "lower data.seq_len, or train on GPUs (scaling.use_gpu=true)"
     if f.use_gpu and not f.bf16_states and f.precision == "bf16":
-        bf16 = replace(f, bf16_master=True, bf16_states=True)
+        bf16 = tuple(replace(g, bf16_master=True, bf16_states=True) for g in fs)
         choice = _search(bf16, cfg=cfg, autos=autos, base=base, grad_accum=grad_accum, gpu_mem=gpu_mem,
                          host_mem=host_mem)
         if choice is not None:

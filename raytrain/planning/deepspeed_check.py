@@ -16,7 +16,9 @@
    `dict.get` hands them on ("false" is true). Both are refused; which keys DeepSpeed reads as
    numbers is found from DeepSpeed itself (the default it passes to `get`, or its model refusing
    the string once it no longer spells a number).
-4. raytrain's own rules, where DeepSpeed has none or only finds out inside the workers.
+4. raytrain's own rules, where DeepSpeed has none or only finds out inside the workers: optimizer
+   and scheduler params against the one class DeepSpeed builds with them, an optimizer ZeRO was not
+   tested with, offload and hpZ combinations, the micro-batch's token count.
 
 Every failure is one ConfigError line naming `deepspeed.<dotted.key>` and the fix.
 """
@@ -53,6 +55,11 @@ _MISSING = object()
 
 def check_deepspeed(ds: dict[str, Any], *, world_size: int, seq_len: int, use_gpu: bool) -> None:
     """Refuse anything DeepSpeed or raytrain would refuse (or silently ignore) in the resolved dict."""
+    params = (ds.get("optimizer") or {}).get("params") if isinstance(ds.get("optimizer"), dict) else None
+    if isinstance(params, dict) and "max_grad_norm" in params:
+        # DeepSpeed refuses it for every optimizer type (in the workers; its parsing only logs a warning).
+        raise ConfigError("deepspeed.optimizer.params.max_grad_norm is not an optimizer parameter: clip with "
+                          "deepspeed.gradient_clipping instead (\"auto\" or absent: training.gradient_clipping)")
     parsed = ds
     if use_gpu and isinstance(ds.get("aio"), dict) and ds["aio"].get("use_gds") is True:
         # DeepSpeed asserts GPUDirect Storage against the accelerator of the process that parses
@@ -290,8 +297,10 @@ def _string_leaves(node: Any, path: tuple = ()):
 
 
 def _check_constructor_params(ds: dict[str, Any]) -> None:
-    """optimizer.params / scheduler.params against the class DeepSpeed will build with them: on the
-    workers an unknown one is a TypeError in deepspeed.initialize, retried as a worker failure."""
+    """optimizer.params / scheduler.params against the one class DeepSpeed will build with them, and
+    the optimizer against ZeRO's tested list: on the workers an unknown or missing argument is a
+    TypeError in deepspeed.initialize, an untested optimizer an assertion, each retried as a worker
+    failure."""
     import inspect
 
     import torch
@@ -304,40 +313,106 @@ def _check_constructor_params(ds: dict[str, Any]) -> None:
         if not isinstance(spec, dict) or spec.get("type") is None:
             continue
         name = str(spec["type"])
+        params = spec.get("params") or {}
         if section == "optimizer":
             known = list(ds_config.DEEPSPEED_OPTIMIZERS) + [n for n in dir(torch.optim) if n[0].isupper()]
-            if name.lower() in ("adam", "adamw"):  # FusedAdam, DeepSpeedCPUAdam or torch's AdamW, by device
-                from deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
-
-                classes = [torch.optim.AdamW, FusedAdam, DeepSpeedCPUAdam]
-                extra = {ds_config.ADAM_W_MODE, ds_config.TORCH_ADAM_PARAM, "fp32_optimizer_states", "foreach"}
-            elif name.lower() in ds_config.DEEPSPEED_OPTIMIZERS:
+            cls, passed, popped = _optimizer_class(name, ds, params)
+            _refuse_untested_optimizer(name, cls, ds)
+            if cls is None and name.lower() in ds_config.DEEPSPEED_OPTIMIZERS:
                 continue  # built by DeepSpeed's own code paths; their keyword arguments vary by device
-            else:
-                classes, extra = [getattr(torch.optim, name, None)], set()
         else:
             known = list(lr_schedules.VALID_LR_SCHEDULES) + [n for n in dir(torch.optim.lr_scheduler) if n[0].isupper()]
-            classes = [getattr(lr_schedules, name, None) or getattr(torch.optim.lr_scheduler, name, None)]
-            extra = set()
-        if classes[0] is None:
+            cls = getattr(lr_schedules, name, None) or getattr(torch.optim.lr_scheduler, name, None)
+            passed, popped = set(), set()
+        if cls is None:
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"; did you mean {close[0]}?" if close else ""
             raise ConfigError(f"deepspeed.{section}.type={name!r} is neither DeepSpeed's nor torch's{hint} "
                               f"(DeepSpeed would fail inside the workers)")
-        params = spec.get("params") or {}
-        accepted = set(extra)
-        for cls in classes:
-            signature = inspect.signature(cls.__init__)
-            if any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
-                accepted = None
-                break
-            accepted |= set(signature.parameters) - {"self", "params", "optimizer"}
-        if accepted is None or not isinstance(params, dict):
+        signature = inspect.signature(cls.__init__)
+        if not isinstance(params, dict):
             continue
+        arguments = {n: p for n, p in signature.parameters.items()
+                     if n not in ("self", "params", "model_params", "optimizer") and n not in passed
+                     and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        missing = [n for n, p in arguments.items() if p.default is p.empty and n not in params]
+        if missing:
+            fills = " (or \"auto\": raytrain fills it from training)" if missing[0] in _FILLED else ""
+            raise ConfigError(f"deepspeed.{section}.params.{missing[0]} is missing: {name} needs it (its "
+                              f"constructor would refuse to start in the workers): write a value there{fills}")
+        if any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
+            continue
+        accepted = set(arguments) | popped
+        built = f"{name}, which DeepSpeed builds as {cls.__name__} here" if cls.__name__ != name else name
         for key in params:
             if key not in accepted:
                 raise _unknown(f"deepspeed.{section}.params.{key}", sorted(accepted),
-                               f"is not a parameter of {name} (its constructor would refuse it in the workers)")
+                               f"is not a parameter of {built} (its constructor would refuse it in the workers)")
+
+
+# Scheduler params raytrain fills when they are "auto" (raytrain.deepspeed_config._resolve_optimizer).
+_FILLED = {"warmup_num_steps", "total_num_steps", "warmup_max_lr", "warmup_min_lr"}
+
+
+def _optimizer_class(name: str, ds: dict[str, Any], params: Any) -> tuple[type | None, set[str], set[str]]:
+    """(the class DeepSpeed builds for optimizer.type `name`, the arguments it passes itself, the
+    params it takes out before the call), as deepspeed/runtime/engine.py (0.19.8)
+    _configure_basic_optimizer and get_optimizer_configuration choose: for Adam and AdamW, torch's
+    class with torch_adam, DeepSpeedCPUAdam with an offloaded optimizer, else FusedAdam. None for
+    DeepSpeed's other names (Lamb, Lion, ...)."""
+    import torch
+
+    from deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
+    from deepspeed.runtime import config as ds_config
+
+    params = params if isinstance(params, dict) else {}
+    if name.lower() not in ds_config.DEEPSPEED_OPTIMIZERS:
+        return getattr(torch.optim, name, None), set(), set()
+    if name.lower() not in ("adam", "adamw"):
+        return None, set(), set()
+    popped = {ds_config.ADAM_W_MODE, ds_config.TORCH_ADAM_PARAM, "fp32_optimizer_states"}
+    adam_w_mode = name.lower() == "adamw" or params.get(ds_config.ADAM_W_MODE, ds_config.ADAM_W_MODE_DEFAULT)
+    if params.get(ds_config.TORCH_ADAM_PARAM):
+        return (torch.optim.AdamW if adam_w_mode else torch.optim.Adam), {"foreach"}, popped | {"foreach"}
+    zero = ds.get("zero_optimization") or {}
+    if str((zero.get("offload_optimizer") or {}).get("device", "none")).lower() in ("cpu", "nvme"):
+        return DeepSpeedCPUAdam, {"adamw_mode", "fp32_optimizer_states"}, popped
+    return FusedAdam, {"adam_w_mode"}, popped
+
+
+def _refuse_untested_optimizer(name: str, cls: type | None, ds: dict[str, Any]) -> None:
+    """ZeRO (stage >= 1) asserts that its optimizer is one it was tested with, unless
+    zero_allow_untested_optimizer is true (deepspeed/runtime/engine.py, 0.19.8:
+    _do_optimizer_sanity_check against zero/utils.py ZERO_SUPPORTED_OPTIMIZERS)."""
+    import torch
+
+    from deepspeed.runtime.zero.utils import ZERO_SUPPORTED_OPTIMIZERS
+
+    zero = ds.get("zero_optimization") or {}
+    if not isinstance(zero.get("stage", 0), int) or zero.get("stage", 0) < 1 or ds.get("zero_allow_untested_optimizer"):
+        return
+    lowered = name.lower()
+    if lowered == "muon":
+        return  # MuonWithAuxAdam: is_zero_supported_optimizer adds it to the list when it checks
+    if cls is None:  # DeepSpeed's own names other than Adam/AdamW build these (with offload: the CPU twins)
+        cls = {"adagrad": torch.optim.Adagrad, "lion": _deepspeed_class("deepspeed.ops.lion", "FusedLion"),
+               "lamb": _deepspeed_class("deepspeed.ops.lamb", "FusedLamb")}.get(lowered)
+        if cls is None and lowered not in ("muadam", "muadamw", "musgd"):  # mup's classes are never in the list
+            return  # neither DeepSpeed's nor torch's: refused next, with the closest name
+    if cls is not None and cls in ZERO_SUPPORTED_OPTIMIZERS:
+        return
+    raise ConfigError(f"deepspeed.optimizer.type={name!r} is not an optimizer ZeRO (stage {zero['stage']}) supports; "
+                      f"DeepSpeed would refuse it in the workers: use Adam, AdamW, Adagrad or Lion, or set "
+                      f"deepspeed.zero_allow_untested_optimizer=true to run it untested")
+
+
+def _deepspeed_class(module: str, name: str):
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError:
+        return None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,6 +23,11 @@ two Adam moments per parameter (4 / 8, or 2 / 4 with `bf16.bf16_master_weights_a
   accumulation buffer exists pageable and pinned at once), and a per-process allowance. torch's
   pinned allocator rounds every block up to a power of two (ATen CachingHostAllocator.h).
   `pin_memory` defaults to true in DeepSpeed 0.19.8 (runtime/zero/offload_config.py).
+- NVMe offload (`device: nvme`): the states live on the drive, not in host RAM; the host holds
+  the swap buffers, pinned: the optimizer's buffer_count blocks of the largest sub-group (master
+  dtype, swap_tensor/optimizer_utils.py), the parameters' buffer_count x buffer_size elements
+  (partitioned_param_swapper.py) and up to max_in_cpu parameter elements of flat fp16 groups
+  (stage3.py:888-909). The gradient accumulation buffer stays in host RAM.
 - On one GPU ZeRO-3's gather is a view (partition_parameters.py, NoGatherHandle): no gathered-layer
   or persistent-parameter copies there.
 - Activations: `activation_bytes` (Llama-style decoders; other models are approximated).
@@ -66,6 +71,26 @@ HOST_RESERVE_FRACTION = 0.10
 _ZERO_DEFAULTS = {"reduce_bucket_size": 500_000_000, "prefetch_bucket_size": 50_000_000,
                   "max_live_parameters": 1_000_000_000, "param_persistence_threshold": 100_000,
                   "sub_group_size": zero_layout.DEFAULT_SUB_GROUP_SIZE}
+
+
+# Decoders whose layers are Llama's (RMSNorm, GQA attention, SwiGLU MLP): what activation_bytes and
+# the throughput model (raytrain.planning.throughput) are written and calibrated for.
+LLAMA_LIKE = ("llama", "mistral", "qwen2")
+
+
+def model_caveat(hf_config) -> str | None:
+    """A line saying how the planner approximates a model that is not a dense Llama-style decoder, else None."""
+    model_type = getattr(hf_config, "model_type", "?")
+    experts = next((getattr(hf_config, k) for k in ("num_local_experts", "num_experts", "n_routed_experts")
+                    if isinstance(getattr(hf_config, k, None), int) and getattr(hf_config, k) > 1), None)
+    if experts:
+        return (f"model_type {model_type} is a mixture of {experts} experts, planned as a dense Llama-style decoder: "
+                f"FLOPs (tokens/s, MFU) count every expert's parameters though a token runs only some, and the "
+                f"activations are a dense layer's; treat tokens/s as a floor and activation memory as approximate")
+    if model_type not in LLAMA_LIKE:
+        return (f"model_type {model_type} is planned as a Llama-style decoder (activations and tokens/s are modelled "
+                f"and calibrated on Llama layers): treat activation memory and tokens/s as approximate")
+    return None
 
 
 @dataclass(frozen=True)
@@ -121,6 +146,12 @@ class MemoryFacts:
     @property
     def st(self) -> int:
         return 4 if self.bf16_states else 8
+
+    def nvme(self, section: str) -> bool:
+        """zero_optimization.<section> (offload_optimizer / offload_param) names device nvme. A Setting
+        says whether that offload is on; the device is the user's (the planner only ever picks cpu)."""
+        value = self.zero.get(section)
+        return isinstance(value, dict) and str(value.get("device", "none")).lower() == "nvme"
 
     def sub_groups(self, sub_group_size: int) -> list[int]:
         groups = zero_layout.param_groups(self.stats.param_numels, self.stats.param_ndims, self.raytrain_optimizer)
@@ -218,6 +249,7 @@ def estimate(f: MemoryFacts, s: Setting, subs: list[int] | None = None) -> Estim
     on_gpu_host = f.use_gpu  # on CPU "offload" moves nothing anywhere
     opt_off = on_gpu_host and s.offload_optimizer and stage >= 1
     par_off = on_gpu_host and s.offload_param and stage == 3
+    opt_nvme, par_nvme = opt_off and f.nvme("offload_optimizer"), par_off and f.nvme("offload_param")
     pin = f.pin_memory and f.use_gpu
 
     def pinned(nbytes: int) -> int:  # torch's pinned allocator rounds every block up to a power of two
@@ -238,10 +270,23 @@ def estimate(f: MemoryFacts, s: Setting, subs: list[int] | None = None) -> Estim
         # the per-parameter blocks stay in torch's host cache (counted: not yet measured).
         groups = zero_layout.param_groups(stats.param_numels, stats.param_ndims, f.raytrain_optimizer)
         resident.append(("persistent parameters (kept on the GPU)", pb * persistent))
-        host.append(("parameter partitions (pinned, one block per param group)",
-                     sum(pinned(pb * math.ceil(sum(g) / world)) for g in groups)))
-        host.append(("per-parameter pinned blocks from zero.Init (cached)",
-                     sum(pinned(pb * math.ceil(x / world)) for x in stats.param_numels if x > threshold) if pin else 0))
+        if par_nvme:
+            section = zero["offload_param"]
+            in_cpu, blocks = int(section.get("max_in_cpu", 1_000_000_000)), []
+            for g in groups:  # flat groups are kept in host RAM up to max_in_cpu elements, the rest on the drive
+                size = math.ceil(sum(g) / world)
+                blocks.append(min(size, in_cpu))
+                in_cpu = max(0, in_cpu - size)
+            host.append(("parameter partitions kept in host RAM (offload_param.max_in_cpu, pinned)",
+                         sum(pinned(pb * b) for b in blocks if b)))
+            buffers = int(section.get("buffer_count", 5)) * int(section.get("buffer_size", 100_000_000))
+            host.append(("NVMe swap buffers, parameters (buffer_count x buffer_size, pinned)", pinned(pb * buffers)))
+        else:
+            host.append(("parameter partitions (pinned, one block per param group)",
+                         sum(pinned(pb * math.ceil(sum(g) / world)) for g in groups)))
+            host.append(("per-parameter pinned blocks from zero.Init (cached)",
+                         sum(pinned(pb * math.ceil(x / world)) for x in stats.param_numels if x > threshold)
+                         if pin else 0))
     else:
         resident.append(("parameter partition" if stage == 3 else "parameters", pb * params))
     hpz = int(zero.get("zero_hpz_partition_size") or 1)
@@ -258,10 +303,15 @@ def estimate(f: MemoryFacts, s: Setting, subs: list[int] | None = None) -> Estim
         # torch's AdamW (foreach, not fused) on the largest GPU sub-group (stage3.py:313-326)
         step.append(("step: AdamW temporaries, largest GPU sub-group", mw * max(gpu_subs, default=0)))
         cached = {pinned(mw * x) for x in gpu_subs} - {pinned(mw * x) for x in cpu_subs} if pin else set()
-        host += [("gradient accumulation buffer, all parameters (pinned)", pinned(pb * grads)),
-                 (f"{master}, CPU sub-groups", mw * n_cpu), ("Adam moments, CPU sub-groups", st * n_cpu),
-                 ("gradient buffers, CPU sub-groups (pinned each)", sum(pinned(mw * x) for x in cpu_subs)),
-                 ("pinned staging of GPU sub-groups' gradient buffers (cached)", sum(cached))]
+        host.append(("gradient accumulation buffer, all parameters (pinned)", pinned(pb * grads)))
+        if opt_nvme:  # master, moments and gradients of the offloaded sub-groups pass through these
+            count = int(zero["offload_optimizer"].get("buffer_count", 4))
+            host.append(("NVMe swap buffers, optimizer (buffer_count x largest sub-group, pinned)",
+                         pinned(mw * count * max(subs))))
+        else:
+            host += [(f"{master}, CPU sub-groups", mw * n_cpu), ("Adam moments, CPU sub-groups", st * n_cpu),
+                     ("gradient buffers, CPU sub-groups (pinned each)", sum(pinned(mw * x) for x in cpu_subs))]
+        host.append(("pinned staging of GPU sub-groups' gradient buffers (cached)", sum(cached)))
     else:
         sg = max(subs)
         resident += [("gradient partition", pb * grads), (master, mw * n), ("Adam moments", st * n)]
@@ -289,7 +339,7 @@ def estimate(f: MemoryFacts, s: Setting, subs: list[int] | None = None) -> Estim
         # At init the accumulation buffer exists pageable and pinned at once, and Adam's moments do
         # not exist yet (created at the first step): the init peak is the larger one for big models
         # with few parameters on the host.
-        init = host_states - st * n_cpu + max(pb * grads, mw * max(subs))
+        init = host_states - (0 if opt_nvme else st * n_cpu) + max(pb * grads, mw * max(subs))
         if init > host_states:
             host.append(("init: pageable copies before pinning (transient)", init - host_states))
             host_states = init

@@ -19,14 +19,15 @@ from raytrain.model import ParamStats, config_from_facts, param_stats
 from raytrain.planning.activations import activation_bytes
 from raytrain.planning.estimate import (  # noqa: F401  (GIB and the reserves: this module's API, as before)
     CPU_HEAP_RETENTION, GIB, GPU_RESERVE_FRACTION, HOST_RESERVE_FRACTION, Estimate, MemoryFacts, activation_options,
-    configured_setting, estimate, memory_facts)
+    configured_setting, estimate, memory_facts, model_caveat)
 from raytrain.run_spec import ResolvedRun
 
 
 class DoesNotFit(ConfigError):
-    """The configured run does not fit its target; the message names the setting that would."""
+    """The run does not fit its target; the message names the setting that would. `plan`: the
+    configured run's plan, None when no setting of its "auto" keys fits (raytrain.planning.choose)."""
 
-    def __init__(self, message: str, plan: "MemoryPlan"):
+    def __init__(self, message: str, plan: "MemoryPlan | None"):
         super().__init__(message)
         self.plan = plan
 
@@ -154,7 +155,8 @@ def estimate_memory(resolved: ResolvedRun, target: Target = Target(), stats: Par
         micro_batch_per_gpu=facts.micro_batch_per_gpu, gradient_accumulation_steps=facts.gradient_accumulation_steps,
         model_type=resolved.model.config_class.removesuffix("Config"), options=options, activations=activations,
         gpu_memory_bytes=capped_gpu_memory(target.gpu_memory_bytes, fraction),
-        host_memory_bytes=target.host_memory_bytes, gpu_memory_fraction=fraction)
+        host_memory_bytes=target.host_memory_bytes, gpu_memory_fraction=fraction,
+        notes=list(filter(None, [model_caveat(hf_config)])))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -85,6 +85,9 @@ def resolve_run(cfg: RunConfig, shape: ClusterShape, sources: Sources | None = N
                           f"use one, or set data.sample_log=false")
     if shape.elastic:  # before resolving at the maximum, which would name that size alone
         _check_elastic_batch(cfg, shape)
+    # before the "auto" search, which needs the shards to divide among the workers; the batch as written, if any
+    written_batch = load_deepspeed(cfg.deepspeed).get("train_batch_size")
+    check_shards(cfg.data.num_shards, shape, written_batch if isinstance(written_batch, int) else None)
     cfg, choice = resolve_auto(cfg, shape, hf_config, target)
     try:
         ds = resolve_deepspeed(cfg.deepspeed, cfg.training, world_size=shape.num_workers, use_gpu=shape.use_gpu,
@@ -134,10 +137,18 @@ def advice(resolved: ResolvedRun) -> list[str]:
     return notes
 
 
-def check_shards(num_shards: int | None, shape: ClusterShape, train_batch_size: int) -> None:
+def check_shards(num_shards: int | None, shape: ClusterShape, train_batch_size: int | None) -> None:
     """Each worker reads num_shards / num_workers whole data shards, and every optimizer step takes
     train_batch_size / num_shards rows from each (raytrain.data.ingest.MicroBatches), at every
-    world size the run may have."""
+    world size the run may have. `train_batch_size` None: not known yet (only the shard count is checked)."""
+    _check_shard_counts(num_shards, shape)
+    if num_shards is not None and train_batch_size is not None and train_batch_size % num_shards:
+        raise ConfigError(f"deepspeed.train_batch_size={train_batch_size} is not divisible by data.num_shards="
+                          f"{num_shards}: every optimizer step takes train_batch_size / num_shards rows from each "
+                          f"data shard; choose a train_batch_size that is a multiple of {num_shards} or fewer shards")
+
+
+def _check_shard_counts(num_shards: int | None, shape: ClusterShape) -> None:
     sizes = shape.world_sizes
     where = f"{_range(shape)}: " if shape.elastic else ""
     if num_shards is None:
@@ -152,10 +163,6 @@ def check_shards(num_shards: int | None, shape: ClusterShape, train_batch_size: 
     if bad:
         raise ConfigError(f"{where}data.num_shards={num_shards} is not divisible by world size(s) {bad}: use a "
                           f"multiple of {_lcm(sizes)} shards, or a range without those sizes")
-    if train_batch_size % num_shards:
-        raise ConfigError(f"deepspeed.train_batch_size={train_batch_size} is not divisible by data.num_shards="
-                          f"{num_shards}: every optimizer step takes train_batch_size / num_shards rows from each "
-                          f"data shard; choose a train_batch_size that is a multiple of {num_shards} or fewer shards")
 
 
 def resolve_world_sizes(cfg: RunConfig, shape: ClusterShape, facts: DeepSpeedFacts, hidden: int) -> tuple[WorldSizePlan, ...]:

@@ -41,7 +41,7 @@ def format_plan(plan: MemoryPlan) -> str:
     for offload, (resident, host) in plan.model_states.items():
         if not plan.use_gpu and offload != "none":
             continue
-        label = "no offload" if offload == "none" else f"offload {offload} to cpu"
+        label = "no offload" if offload == "none" else f"offload {offload} to {_devices(f, offload)}"
         if plan.use_gpu:
             lines.append(f"  {label:<40} {gib(resident):>11}  {gib(host * plan.workers_per_node):>11}")
         else:
@@ -63,6 +63,15 @@ def format_plan(plan: MemoryPlan) -> str:
         lines.append(f"  {option_label(option):<45} {gib(option.worker_bytes):>11}  "
                      f"{gib(option.host_bytes_per_node):>13}  {verdict:<4}{mark}")
     return "\n".join(lines)
+
+
+def _devices(f, offload: str) -> str:
+    """Where an offload goes: the device the config names (the planner's alternatives: the CPU)."""
+    opt = "nvme" if f.nvme("offload_optimizer") else "cpu"
+    if offload == "optimizer":
+        return opt
+    par = "nvme" if f.nvme("offload_param") else "cpu"
+    return par if par == opt else f"{par} (param), {opt} (optimizer)"
 
 
 def _target(plan: MemoryPlan) -> str:

@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from raytrain.config import ConfigError, load_config
-from raytrain.console import ArgumentParser, flag_number, say
+from raytrain.console import ArgumentParser, add_config_flag, flag_number, one_config, say
 from raytrain.driver.cluster import preflight_cluster
 from raytrain.network.preflight_report import (
     DEFAULT_MIN_IB_BUSBW_GBS, DEFAULT_MIN_NVLINK_BUSBW_GBS, LINK_RATE_FRACTION, parse_sizes)
@@ -24,7 +24,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Check the cluster's GPUs and network before training: versions agree across nodes, "
                     "NCCL uses InfiniBand, RoCE or EFA where it exists, collective bus bandwidth meets a minimum. "
                     "Exit 0 pass, 1 fail, 2 configuration mistake.")
-    p.add_argument("--config", help="YAML run config: its network, scaling and cluster sections apply")
+    add_config_flag(p, "YAML run config: its network, scaling and cluster sections apply")
     p.add_argument("--num-workers", type=flag_number(int, minimum=1),
                    help="ranks (same as scaling.num_workers=N); default: one per GPU in the cluster, 2 on a "
                         "CPU-only cluster")
@@ -47,7 +47,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="limit for placing workers, building the process group and each measurement")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help="raytrain config overrides, e.g. network.env.NCCL_IB_HCA==mlx5_0 cluster.address=HOST:6379")
-    return p.parse_intermixed_args(argv)  # overrides may come before and after flags
+    args = p.parse_intermixed_args(argv)  # overrides may come before and after flags
+    args.config = one_config(p, args.config)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.use_gpu is not None:
         overrides.append(f"scaling.use_gpu={str(args.use_gpu).lower()}")
     try:
-        report = preflight_cluster(load_config(args.config, overrides), parse_sizes(args.sizes) if args.sizes else None,
+        report = preflight_cluster(load_config(args.config, overrides, command_line=True), parse_sizes(args.sizes) if args.sizes else None,
                                    iters=args.iters, warmup_iters=args.warmup_iters,
                                    min_nvlink_busbw_gbs=args.min_nvlink_busbw_gbs,
                                    min_ib_busbw_gbs=args.min_ib_busbw_gbs, timeout_s=args.timeout_s)

@@ -50,6 +50,39 @@ CLASSES: dict[str, list[tuple[list[str], str]]] = {
         (["training.max_steps=5", "training.max_steps.x=1"], "override training.max_steps.x: training.max_steps is a "
                                                              "value, not a section"),
         (["training=5"], "training must be a mapping, got 5"),
+        (["training.max_steps=20", "training.max_steps=30"], "training.max_steps is given twice on the command line "
+                                                             "(training.max_steps=20 and training.max_steps=30)"),
+        (['training={"max_steps": 3}', "training.max_steps=5"], "training.max_steps is given twice"),
+        (["--resume-from", "FILES/ck", "checkpoint.resume_from=FILES/ck"], "checkpoint.resume_from is given twice"),
+        (["--config", "FILES/list.yaml", "--config", "FILES/twice.yaml"], "--config is given 2 times"),
+        (["run.yaml"], "override 'run.yaml' is not KEY=VALUE: a run config file comes after --config: --config run.yaml"),
+    ],
+    "empty paths and names": [
+        (['data.path=""'], "data.path must be a string (not empty) or a list of strings (not empty) or null, got str ''"),
+        (["data.path=[]"], "data.path must be a string (not empty)"),
+        (['model.tokenizer=""'], "model.tokenizer must be a string (not empty) or null"),
+        (['checkpoint.export_dir=""'], "checkpoint.export_dir must be a string (not empty) or null"),
+        (['checkpoint.resume_from=""'], "checkpoint.resume_from must be a string (not empty) or null"),
+        (["--resume-from", ""], "checkpoint.resume_from must be a string (not empty) or null"),
+        (['tracking.mlflow_tracking_uri=""'], "tracking.mlflow_tracking_uri must be a string (not empty) or null"),
+    ],
+    "--resume-from is a path, taken as written": [
+        (["--resume-from", "FILES/ck #2"], "checkpoint.resume_from=FILES/ck #2 is not a raytrain checkpoint"),
+        (["--resume-from", "yes"], "/yes is not a raytrain checkpoint"),  # a directory named yes, not true
+    ],
+    "training values the DeepSpeed JSON would override or ignore": [
+        (['deepspeed={"optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}, %s}}' % Z3, "training.learning_rate=3e-4"],
+         "training.learning_rate=0.0003 contradicts deepspeed.optimizer.params.lr=0.0001"),
+        (['deepspeed={"gradient_clipping": 1.0, %s}}' % Z3, "training.gradient_clipping=0.5"],
+         "training.gradient_clipping=0.5 contradicts deepspeed.gradient_clipping=1.0"),
+        (['deepspeed={"optimizer": {"type": "AdamW", "params": {"lr": "auto"}}, %s}}' % Z3, "training.weight_decay=0.01"],
+         "training.weight_decay=0.01 would be ignored: deepspeed.optimizer (AdamW) has no params.weight_decay"),
+        (['deepspeed={"bf16": {"enabled": true}, %s}}' % Z3, "training.precision=fp32"],
+         "training.precision=fp32 contradicts deepspeed.bf16.enabled=true"),
+        (['deepspeed={"fp16": {"enabled": true}, %s}}' % Z3, "training.precision=bf16", "scaling.use_gpu=true",
+          "scaling.num_workers=2"],
+         "training.precision=bf16 contradicts deepspeed.fp16.enabled=true"),
+        (["training.precision=fp16"], "training.precision=fp16 needs GPUs, and this run is on CPU"),
     ],
     "run-config types and ranges": [
         (["training.warmup_steps=-1"], "training.warmup_steps must be an integer >= 0, got -1"),
@@ -103,7 +136,15 @@ CLASSES: dict[str, list[tuple[list[str], str]]] = {
         (["deepspeed=FILES/broken.json"], "deepspeed: FILES/broken.json is not valid JSON"),
         (["deepspeed=FILES/adir"], "deepspeed: file FILES/adir is a directory"),
         (["deepspeed=FILES/list.json"], "deepspeed: FILES/list.json must hold a JSON object"),
-        (["deepspeed=5"], "deepspeed must be a mapping or a string, got 5"),
+        (["deepspeed=5"], "deepspeed must be a mapping or a string (not empty), got 5"),
+        (['deepspeed={"optimizer": {"type": "SGD", "params": {"lr": 0.1}}, %s}}' % Z3],
+         "deepspeed.optimizer.type='SGD' is not an optimizer ZeRO (stage 3) supports"),
+        (['deepspeed={"optimizer": {"type": "AdamW", "params": {"fused": false}}, %s}}' % Z3],
+         "deepspeed.optimizer.params.fused is not a parameter of AdamW"),
+        (['deepspeed={"optimizer": {"type": "AdamW", "params": {"max_grad_norm": 1.0}}, %s}}' % Z3],
+         "deepspeed.optimizer.params.max_grad_norm is not an optimizer parameter: clip with deepspeed.gradient_clipping"),
+        (['deepspeed={"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 5}}, %s}}' % Z3],
+         "deepspeed.scheduler.params.total_num_steps is missing: WarmupDecayLR needs it"),
     ],
     "scaling": [
         (["scaling.num_workers=0"], "scaling.num_workers must be an integer >= 1 or a list of integers or null, got 0"),
@@ -221,7 +262,8 @@ def test_each_class_of_bad_input_is_one_line_and_exit_2(argv, needle, mode, file
     storage = tmp_path / "runs"  # must not be created: a refused run writes nothing
     argv = [a.replace("FILES", str(files)) for a in argv]
     before = snapshot(files)
-    rc = train_main([*(["--dry-run"] if mode == "--dry-run" else []), f"checkpoint.storage_path={storage}", *argv])
+    own = [] if any(a.startswith("checkpoint.storage_path=") for a in argv) else [f"checkpoint.storage_path={storage}"]
+    rc = train_main([*(["--dry-run"] if mode == "--dry-run" else []), *own, *argv])
     one_error_line(capsys, rc, needle.replace("FILES", str(files)))
     assert snapshot(files) == before and not storage.exists() and os.listdir(tmp_path) == []
     assert not ray.is_initialized()  # refused before ray.init
@@ -250,12 +292,17 @@ TOOLS = [
     (plan_main, ["--gpu-mem", "80"], "unrecognized arguments: --gpu-mem ("),  # not taken for --gpu-memory-gib
     (plan_main, ["training.warmup_steps=-1"], "training.warmup_steps must be an integer >= 0"),
     (plan_main, ["--config", "FILES/adir"], "config file FILES/adir is a directory"),
+    (plan_main, ["--config", "FILES/list.yaml", "--config", "FILES/twice.yaml"], "--config is given 2 times"),
+    (plan_main, ["training.max_steps=2", "training.max_steps=3"], "training.max_steps is given twice"),
+    (plan_main, ["--gpu-memory-gib", "1e400"], "argument --gpu-memory-gib: must be a finite number, got 1e400"),
     (preflight_main, ["--iters", "0"], "argument --iters: must be >= 1, got 0"),
     (preflight_main, ["--timeout-s", "-1"], "argument --timeout-s: must be > 0, got -1"),
     (preflight_main, ["--num-workers", "two"], "argument --num-workers: must be an integer, got 'two'"),
     (preflight_main, ["--min-ib-busbw-gbs", "nan"], "argument --min-ib-busbw-gbs: must be >= 0, got nan"),
     (preflight_main, ["--sizes", "1Q"], "--sizes: '1Q' is not a size"),
     (preflight_main, ["network.env.FOO=1"], "network.env.FOO: only NCCL_*, GLOO_*, FI_* variables"),
+    (preflight_main, ["--config", "FILES/list.yaml", "--config", "FILES/twice.yaml"], "--config is given 2 times"),
+    (preflight_main, ["--num-workers", "2", "scaling.num_workers=4"], "scaling.num_workers is given twice"),
     (export_main, ["FILES/adir", "FILES/out"], "the checkpoint=FILES/adir is not a raytrain checkpoint"),
     (export_main, ["FILES/adir", "FILES/afile"], "OUT_DIR=FILES/afile: it is a file"),
     (export_main, ["FILES/adir", "FILES/out", "--max-shard-size", "5XB"], "argument --max-shard-size: '5XB'"),

@@ -133,3 +133,89 @@ def test_workers_rebuild_the_config_from_plain_data():
     assert again == cfg and again.data.path == ["a", "b"] and again.network.env == {"NCCL_DEBUG": "INFO"}
     with pytest.raises(ConfigError, match="training.max_steps must be an integer >= 1, got str '7'"):
         RunConfig.from_dict({**data, "training": {**data["training"], "max_steps": "7"}})
+
+
+@pytest.mark.parametrize("key", ["model.name_or_path", "model.tokenizer", "data.path", "data.eval_path", "data.hf_split",
+                                 "scaling.accelerator_type", "checkpoint.resume_from", "checkpoint.export_dir",
+                                 "tracking.mlflow_tracking_uri", "deepspeed"])
+def test_an_empty_path_uri_or_name_is_refused(key):
+    # "" as a path is the current directory: data.path="" trained on whatever lay there
+    with pytest.raises(ConfigError, match=rf"^{key} must be .*a string \(not empty\).*, got str ''$"):
+        load_config(None, [f'{key}=""'])
+
+
+def test_values_are_taken_as_written_not_as_yaml():
+    for path in ("ck #2", "yes", "2024-06-01", "null"):  # as YAML: cut at '#', true, a date, None
+        assert load_config(None, values={"checkpoint.resume_from": path}).checkpoint.resume_from == path
+
+
+def test_a_key_given_twice_on_the_command_line_is_refused():
+    for overrides in (["training.max_steps=20", "training.max_steps=30"],
+                      ['training={"max_steps": 3}', "training.max_steps=5"],  # inside a section given whole
+                      ['deepspeed={"gradient_clipping": 1.0}', "deepspeed.gradient_clipping=0.5"]):
+        with pytest.raises(ConfigError, match=r"is given twice on the command line \(.* and .*\); .*: keep one$"):
+            load_config(None, overrides, command_line=True)
+    with pytest.raises(ConfigError, match=r"checkpoint.resume_from is given twice"):
+        load_config(None, ["checkpoint.resume_from=a"], values={"checkpoint.resume_from": "b"}, command_line=True)
+    # lists composed in code (a benchmark's base plus its --set) refine: the later one wins
+    assert load_config(None, ["training.max_steps=20", "training.max_steps=30"]).training.max_steps == 30
+
+
+def test_a_section_given_whole_is_applied_before_its_dotted_keys(tmp_path):
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"train_batch_size": 512, "zero_optimization": {"stage": 3}}))
+    for overrides in ([f"deepspeed={ds}", "deepspeed.zero_optimization.stage=2"],
+                      ["deepspeed.zero_optimization.stage=2", f"deepspeed={ds}"]):  # was silently lost
+        cfg = load_config(None, overrides, command_line=True)
+        assert cfg.deepspeed == {"train_batch_size": 512, "zero_optimization": {"stage": 2}}
+
+
+OWN_OPTIMIZER = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.0}},
+                 "gradient_clipping": 1.0, "zero_optimization": {"stage": 3}}
+
+
+@pytest.mark.parametrize("training, match", [
+    (["training.learning_rate=3e-4"], r"^training.learning_rate=0.0003 contradicts deepspeed.optimizer.params.lr=0.0001 "
+                                      r"\(in .*ds.json\): set it in one place \(or make the DeepSpeed value \"auto\"\)$"),
+    (["training.weight_decay=0.1"], "training.weight_decay=0.1 contradicts deepspeed.optimizer.params.weight_decay=0.0"),
+    (["training.gradient_clipping=0.5"], "training.gradient_clipping=0.5 contradicts deepspeed.gradient_clipping=1.0"),
+    (["training.adam_betas=[0.9, 0.99]"], r"training.adam_betas=\[0.9, 0.99\] would be ignored: deepspeed.optimizer "
+                                          r"\(AdamW\) has no params.betas, .*write \"betas\": \"auto\" there"),
+    (["training.warmup_steps=5"], "training.warmup_steps=5 would be ignored: the DeepSpeed config has its own optimizer "
+                                  "and no scheduler"),
+])
+def test_a_training_value_the_deepspeed_json_would_override_or_ignore_is_refused(training, match, tmp_path):
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps(OWN_OPTIMIZER))
+    with pytest.raises(ConfigError, match=match):
+        load_config(None, [f"deepspeed={ds}", *training])
+    run = tmp_path / "run.yaml"  # written in the file: the same
+    run.write_text("training:\n  " + training[0].removeprefix("training.").replace("=", ": ") + "\n")
+    with pytest.raises(ConfigError, match=match):
+        load_config(str(run), [f"deepspeed={ds}"])
+
+
+def test_training_values_the_deepspeed_json_agrees_with_or_leaves_auto_pass(tmp_path):
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps(OWN_OPTIMIZER))
+    # defaults never contradict: the user's JSON with its own lr works unchanged
+    assert load_config(None, [f"deepspeed={ds}"]).training.learning_rate == 1e-3
+    load_config(None, [f"deepspeed={ds}", "training.learning_rate=1e-4", "training.gradient_clipping=1.0"])
+    auto = {**OWN_OPTIMIZER, "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}},
+            "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": "auto"}}}
+    load_config(None, [f"deepspeed={json.dumps(auto)}", "training.learning_rate=3e-4", "training.weight_decay=0.01",
+                       "training.warmup_steps=5", "training.max_steps=20"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("checkpoint.name=2024-06-01", 'checkpoint.name must be a string or null, got date 2024-06-01: YAML reads an unquoted '
+                                   '2024-06-01 as a date; quote it ("2024-06-01")'),
+    ("training.learning_rate=1e400", "training.learning_rate must be a number > 0, got inf (a number too large for a "
+                                     "float)"),
+    ("model.config={1: 2}", "model.config has the key 1: its keys must be strings (field names)"),
+    ("run.yaml", "override 'run.yaml' is not KEY=VALUE: a run config file comes after --config: --config run.yaml"),
+])
+def test_messages_say_what_yaml_made_of_the_value(override, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert str(e.value).startswith(message), str(e.value)

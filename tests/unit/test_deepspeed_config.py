@@ -4,7 +4,7 @@
 import pytest
 
 from raytrain.config import ConfigError, TrainingConfig
-from raytrain.deepspeed_config import resolve_deepspeed
+from raytrain.deepspeed_config import DeepSpeedFacts, resolve_deepspeed
 
 SEED = {"train_batch_size": 512, "gradient_accumulation_steps": 4,
         "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
@@ -124,3 +124,42 @@ def test_hpz_written_or_absent_is_kept():
                                  hidden_size=64, gpus_per_node=8)["zero_optimization"]
     assert r({"stage": 3, "zero_hpz_partition_size": 2})["zero_hpz_partition_size"] == 2
     assert "zero_hpz_partition_size" not in r({"stage": 3})
+
+
+def test_training_batch_values_fill_keys_the_json_leaves_out():
+    z3 = {"zero_optimization": {"stage": 3}}
+    out = resolve(z3, world_size=2, micro_batch_size_per_gpu=4)  # not the fallback 8
+    assert (out["train_batch_size"], out["train_micro_batch_size_per_gpu"], out["gradient_accumulation_steps"]) == (8, 4, 1)
+    assert resolve(z3, world_size=2, gradient_accumulation_steps=4)["gradient_accumulation_steps"] == 4
+    out = resolve({**z3, "train_batch_size": 32}, world_size=2, micro_batch_size_per_gpu=4)
+    assert (out["train_micro_batch_size_per_gpu"], out["gradient_accumulation_steps"]) == (4, 4)
+    with pytest.raises(ConfigError, match="train_batch_size=32 is not divisible by train_micro_batch_size_per_gpu=5"):
+        resolve({**z3, "train_batch_size": 32}, world_size=2, micro_batch_size_per_gpu=5)
+
+
+@pytest.mark.parametrize("ds, precision, use_gpu, want", [
+    ({}, "bf16", True, "bf16"),  # nothing stated: the user's choice, not DeepSpeed's fp32 default
+    ({}, "fp16", True, "fp16"),
+    ({"fp16": {"enabled": "auto"}}, "bf16", True, "bf16"),
+    ({"bf16": {"bf16_master_weights_and_grads": False}}, "bf16", True, "bf16"),  # the section's other keys kept
+    ({"bf16": {"enabled": True}}, "bf16", True, "bf16"),
+    ({"bf16": {"enabled": True}}, None, False, "bf16"),  # no training.precision: the JSON's word stands
+    ({"bfloat16": {"enabled": True}}, None, True, "bf16"),  # DeepSpeed's old key, read alike
+    ({"bfloat16": {"enabled": "auto"}}, None, True, "bf16"),
+    ({"bfloat16": {"enabled": "auto"}}, None, False, "fp32"),
+])
+def test_precision_from_training_or_the_json(ds, precision, use_gpu, want):
+    out = resolve({"zero_optimization": {"stage": 3}, **ds}, use_gpu=use_gpu, precision=precision)
+    assert DeepSpeedFacts.of(out).precision == want and "bfloat16" not in out
+    assert out.get("bf16", {}).get("bf16_master_weights_and_grads", False) is False
+
+
+@pytest.mark.parametrize("ds, precision, match", [
+    ({"bf16": {"enabled": True}}, "fp32", "training.precision=fp32 contradicts deepspeed.bf16.enabled=true"),
+    ({"fp16": {"enabled": True}}, "bf16", "training.precision=bf16 contradicts deepspeed.fp16.enabled=true"),
+    ({"bf16": {"enabled": False}}, "bf16", "training.precision=bf16 contradicts deepspeed.bf16.enabled=false"),
+    ({"bfloat16": {"enabled": True}}, "fp16", "training.precision=fp16 contradicts deepspeed.bf16.enabled=true"),
+])
+def test_precision_the_json_states_otherwise_is_refused(ds, precision, match):
+    with pytest.raises(ConfigError, match=match + r': set it in one place \(remove training.precision, or make'):
+        resolve(ds, precision=precision)

@@ -31,6 +31,15 @@ def zero(**keys):
      "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}},
     {"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True}},  # an alias
     {"aio": {"block_size": 262144, "intra_op_parallelism": 1, "use_gds": True}},  # GDS: the GPU workers' to check
+    # the optimizer's params against the one class DeepSpeed builds: torch's AdamW, CPU Adam, FusedAdam
+    {"optimizer": {"type": "Adam", "params": {"torch_adam": True, "foreach": False, "fused": False}}},
+    {"optimizer": {"type": "AdamW", "params": {"fp32_optimizer_states": True, "bias_correction": True}},
+     **zero(offload_optimizer={"device": "cpu"})},
+    {"optimizer": {"type": "AdamW", "params": {"adam_w_mode": True, "set_grad_none": True}}},
+    {"optimizer": {"type": "Lion", "params": {"lr": 1e-4}}},  # ZeRO-tested
+    {"optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "zero_allow_untested_optimizer": True},  # opted in
+    {"optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "zero_optimization": {"stage": 0}},  # no ZeRO: no list
+    {"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 100, "warmup_num_steps": 10}}},
 ])
 def test_what_deepspeed_accepts_passes(extra):
     before = repr(extra)
@@ -75,6 +84,20 @@ def test_what_deepspeed_accepts_passes(extra):
     ({"optimizer": {"type": "AdamWW", "params": {}}}, "deepspeed.optimizer.type='AdamWW' is neither .*did you mean AdamW"),
     ({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_step": 10}}}, "scheduler.params.warmup_num_step .*"
                                                                              "warmup_num_steps"),
+    ({"optimizer": {"type": "AdamW", "params": {"fused": False}}}, "deepspeed.optimizer.params.fused is not a parameter "
+                                                                   "of AdamW, which DeepSpeed builds as FusedAdam here"),
+    ({"optimizer": {"type": "AdamW", "params": {"foreach": True}}}, "params.foreach is not a parameter"),
+    ({"optimizer": {"type": "AdamW", "params": {"adamw_mode": True}}, **zero(offload_optimizer={"device": "cpu"})},
+     "params.adamw_mode is not a parameter of AdamW, which DeepSpeed builds as DeepSpeedCPUAdam"),  # passed by it
+    ({"optimizer": {"type": "AdamW", "params": {"max_grad_norm": 1.0}}}, "max_grad_norm is not an optimizer parameter: "
+                                                                         "clip with deepspeed.gradient_clipping"),
+    ({"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 10}}},
+     "deepspeed.scheduler.params.total_num_steps is missing: WarmupDecayLR needs it .*or \"auto\""),
+    # ZeRO asserts its optimizer is one it was tested with
+    ({"optimizer": {"type": "SGD", "params": {"lr": 0.1}}}, "optimizer.type='SGD' is not an optimizer ZeRO \\(stage 3\\) "
+                                                            "supports.*zero_allow_untested_optimizer=true"),
+    ({"optimizer": {"type": "Lamb", "params": {"lr": 0.1}}}, "optimizer.type='Lamb' is not an optimizer ZeRO"),
+    ({"optimizer": {"type": "RMSprop", "params": {}}}, "optimizer.type='RMSprop' is not an optimizer ZeRO"),
     # raytrain's own rules
     ({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}}, "offload_param needs stage 3"),
     (zero(offload_optimizer={"device": "nvme"}), "nvme_path is missing"),

@@ -38,7 +38,7 @@ def test_every_world_size_keeps_the_batch_with_its_own_accumulation(capsys):
     (["scaling.num_workers=[1, 2, 3]"], "scaling.num_workers=[1, 2, 3] is neither a number of workers nor [min, max]"),
     (["scaling.num_workers=[2, 4]"], "scaling.num_workers=[2, 4]: an elastic run needs data.num_shards, divisible by "
                                      "every world size of the range (e.g. 12)"),
-    ([*GOOD, "data.num_shards=8"], "scaling.num_workers=[2, 4]: data.num_shards=8 is not divisible by world size(s) "
+    ([*GOOD[:1], *GOOD[2:], "data.num_shards=8"], "scaling.num_workers=[2, 4]: data.num_shards=8 is not divisible by world size(s) "
                                    "[3]: use a multiple of 12 shards"),
     (["scaling.num_workers=[2, 4]", "data.num_shards=24", "training.micro_batch_size_per_gpu=1",
       "deepspeed.train_batch_size=12"], "deepspeed.train_batch_size=12 is not divisible by data.num_shards=24"),
@@ -50,6 +50,9 @@ def test_every_world_size_keeps_the_batch_with_its_own_accumulation(capsys):
       "deepspeed.train_batch_size=30"], "and [3] do(es) not divide 10"),
     ([*GOOD, "deepspeed.gradient_accumulation_steps=3"],
      "deepspeed.gradient_accumulation_steps=3 is fixed, and an elastic run changes it with the world size"),
+    # host RAM per node grows with the workers on it: the range's minimum fits, 3 workers do not
+    ([*GOOD, "--host-memory-gib", "3"], "scaling.num_workers=[2, 4], at world size 3: this run needs 3.1 GiB host RAM "
+                                        "per node (3 workers x "),
     ([*GOOD, "scaling.replacement_timeout_s=-5"], "scaling.replacement_timeout_s must be a number >= 0, got -5"),
     (["scaling.use_gpu=true", "scaling.num_workers=[8, 9]", "data.num_shards=72", "training.micro_batch_size_per_gpu=1",
       "deepspeed.train_batch_size=72", "deepspeed.zero_optimization.zero_hpz_partition_size=8"],
@@ -60,3 +63,12 @@ def test_a_range_that_cannot_run_is_refused_in_one_line(capsys, args, needle):
     code, _, err = dry_run(capsys, *args)
     assert code == 2 and needle in err, err
     assert len(err.strip().splitlines()) == 1, err
+
+
+def test_the_plan_tool_checks_every_size_of_the_range_too(capsys):
+    from raytrain.tools.plan import main as plan_main
+
+    # the minimum (2 workers) fits in 3 GiB of host RAM per node, 3 workers on one node do not
+    assert plan_main([*GOOD, "--host-memory-gib", "3"]) == 1
+    assert "at world size 3: this run needs 3.1 GiB host RAM per node" in capsys.readouterr().err
+    assert plan_main([*GOOD, "--host-memory-gib", "8"]) == 0

@@ -192,3 +192,21 @@ def test_cli_exit_codes_for_too_big_and_for_config_errors():
     assert too_big.stderr.startswith("raytrain: does not fit: this run needs") and len(too_big.stderr.splitlines()) == 1
     bad = run_plan("--gpu-memory-gib", "80", "training.max_step=3")
     assert bad.returncode == 2 and "did you mean training.max_steps" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_nvme_offload_holds_swap_buffers_in_host_ram_not_the_states(llama7b_stats):
+    n = 6_738_415_616 // 8
+    cpu = plan_7b(llama7b_stats, zero={"offload_optimizer": {"device": "cpu"}})
+    nvme = plan_7b(llama7b_stats, zero={"offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme"},
+                                        "offload_param": {"device": "nvme", "nvme_path": "/local_nvme",
+                                                          "max_in_cpu": 0}})
+    # on the GPU nothing changes; in host RAM the master weights, moments and fp32 gradients (16 bytes per
+    # parameter) are on the drive: the bf16 accumulation buffer stays, plus 4 swap buffers of the largest
+    # sub-group (842.3M fp32 each: 13.5 GB, one 16 GiB pinned block); at init, a pageable fp32 copy of that
+    # sub-group on its way to the drive
+    assert [o.worker_bytes for o in nvme.options] == [o.worker_bytes for o in cpu.options]
+    assert cpu.model_states["optimizer"][1] == 2**31 + 12 * n + 2**32 + 2**18
+    assert nvme.model_states["optimizer"][1] == 2**31 + 2**34 + 4 * 842_268_672
+    # parameters on NVMe with max_in_cpu 0: only the 5 x 1e8 bf16 swap buffers (1 GB -> a 1 GiB block)
+    assert nvme.model_states["param+optimizer"][1] == nvme.model_states["optimizer"][1] + 2**30
+    assert "offload optimizer to nvme" in format_plan(nvme)
