@@ -8,7 +8,8 @@ the old key "bfloat16" is renamed "bf16" (DeepSpeed reads both alike), and the b
 completed by DeepSpeed's own rule. DeepSpeed itself silently drops "auto" inside sub-configs and
 falls back to its defaults, so no "auto" ever reaches it: any that raytrain cannot resolve is an
 error naming the key. (Training values the user wrote that a concrete JSON value contradicts are
-refused earlier, by raytrain.config.load_config, which knows what the user wrote.) The resolved dict is then checked by DeepSpeed's own models (raytrain.planning.deepspeed_check).
+refused earlier, by raytrain.config.load_config, which knows what the user wrote.) The resolved
+dict is then checked by DeepSpeed's own models (raytrain.planning.deepspeed_check).
 """
 
 from __future__ import annotations

@@ -116,8 +116,9 @@ def tokenize_and_pack(batch: dict[str, np.ndarray], *, seq_len: int, model: Mode
         return _no_blocks(seq_len, position_ids)
     report(progress, rows=len(values), documents=len(docs), tokens=int(flat.size))
     n_blocks = len(flat) // seq_len
-    if len(flat) > n_blocks * seq_len:
-        skipped(counter, tail_tokens=len(flat) - n_blocks * seq_len)  # no counter (tests, bench): not told
+    # What the end-of-run line says is dropped, and of how much (one fire-and-forget actor call per
+    # batch; no counter in tests and the bench: not told).
+    skipped(counter, tail_tokens=len(flat) - n_blocks * seq_len, packed_tokens=len(flat))
     out = {"input_ids": flat[: n_blocks * seq_len].reshape(n_blocks, seq_len).astype(np.int32)}
     if position_ids == "per_document":
         out["position_ids"] = document_positions(np.asarray(lengths, np.int64), n_blocks * seq_len, seq_len)

@@ -50,9 +50,11 @@ SKIPS = {"empty": "empty documents skipped (null, \"\", a missing key, an empty 
                          "(data.invalid_utf8=error stops on them instead)",
          "lone_surrogate": "documents with lone UTF-16 surrogates (JSON \\ud800-\\udfff escapes) read as U+FFFD "
                            "(data.invalid_utf8=error stops on them instead)",
-         "tail_tokens": "tokens dropped at the end of tokenize batches, each tail shorter than data.seq_len, "
-                        "counted at every read of the data (a larger data.tokenize_batch_size drops fewer)"}
-"""What the data policies skip or change, by the name the tasks report them under."""
+         "tail_tokens": "tokens{share} dropped at the end of tokenize batches, each tail shorter than "
+                        "data.seq_len, counted at every read of the data (a larger data.tokenize_batch_size drops "
+                        "fewer)"}
+"""What the data policies skip or change, by the name the tasks report them under. "packed_tokens",
+also reported, is no skip: all the tokens packing was given, the share `tail_tokens` is of."""
 
 
 @dataclass
@@ -68,8 +70,11 @@ class RunSummary:
 
     def skipped_line(self) -> str | None:
         """`raytrain: data: 12 empty documents skipped (...), the first in FILE; ...`, or None."""
-        parts = [f"{n:,} {SKIPS[kind]}" + (f", the first in {where}" if where else "")
-                 for kind, (n, where) in sorted(self.skipped.items()) if n]
+        counts = dict(self.skipped)
+        packed = counts.pop("packed_tokens", (0, None))[0]
+        share = f" ({counts.get('tail_tokens', (0,))[0] / packed:.1%} of {packed:,} tokenized)" if packed else ""
+        parts = [f"{n:,} {SKIPS[kind]}".replace("{share}", share) + (f", the first in {where}" if where else "")
+                 for kind, (n, where) in sorted(counts.items()) if n]
         return "raytrain: data: " + "; ".join(parts) if parts else None
 
 

@@ -139,4 +139,5 @@ def test_each_batchs_dropped_tail_is_counted_for_the_run(monkeypatch):
     # "abc" + EOS and "defghij" + EOS: 12 tokens, one block of 8, 4 dropped; then a batch with no block at all
     assert pack(["abc", "defghij"], seq_len=8, counter="run-counter")["input_ids"].shape == (1, 8)
     assert pack(["abc"], seq_len=8, counter="run-counter")["input_ids"].shape == (0, 8)
-    assert told == [("run-counter", {"tail_tokens": 4}), ("run-counter", {"tail_tokens": 4})]
+    assert told == [("run-counter", {"tail_tokens": 4, "packed_tokens": 12}),
+                    ("run-counter", {"tail_tokens": 4, "packed_tokens": 4})]

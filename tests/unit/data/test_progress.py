@@ -165,7 +165,8 @@ def test_counter_keeps_the_first_bad_record_counts_the_rest_and_the_skips():
         "in a.jsonl; 4 documents with invalid UTF-8 decoded with U+FFFD replacement characters "
         "(data.invalid_utf8=error stops on them instead), the first in b.jsonl")
 
-    counter.skipped(None, tail_tokens=1000)
+    counter.skipped(None, tail_tokens=1000, packed_tokens=3000)
+    counter.skipped(None, tail_tokens=0, packed_tokens=5000)  # a batch that packed whole
     assert counter.summary().skipped_line().endswith(
-        "; 1,000 tokens dropped at the end of tokenize batches, each tail shorter than data.seq_len, counted at "
-        "every read of the data (a larger data.tokenize_batch_size drops fewer)")
+        "; 1,000 tokens (12.5% of 8,000 tokenized) dropped at the end of tokenize batches, each tail shorter than "
+        "data.seq_len, counted at every read of the data (a larger data.tokenize_batch_size drops fewer)")
