@@ -267,6 +267,8 @@ def _check_parquet(source: Source, data: DataConfig, key: str) -> Source:
     def check(path, schema):
         if source.format == "tokenized":
             field_ = schema.field("input_ids") if "input_ids" in schema.names else None
+            if field_ is not None and pa.types.is_null(field_.type):  # no row, or every row null: untyped
+                return
             if field_ is None or not (pa.types.is_list(field_.type) or pa.types.is_large_list(field_.type)
                                       or pa.types.is_fixed_size_list(field_.type)) \
                     or not pa.types.is_integer(field_.type.value_type):
@@ -278,6 +280,8 @@ def _check_parquet(source: Source, data: DataConfig, key: str) -> Source:
             raise ConfigError(f"data.text_column={data.text_column!r} is not a column of {path} "
                               f"(columns: {', '.join(schema.names)}): set data.text_column")
         t = schema.field(data.text_column).type
+        if pa.types.is_null(t):  # no row, or every row null (written untyped): no document, or empty ones
+            return
         if pa.types.is_dictionary(t):  # a categorical column: Ray Data reads it as its strings
             t = t.value_type
         if not (pa.types.is_string(t) or pa.types.is_large_string(t) or getattr(pa.types, "is_string_view", bool)(t)):
@@ -285,7 +289,7 @@ def _check_parquet(source: Source, data: DataConfig, key: str) -> Source:
                               f"set data.text_column to the text column")
 
     check(source.files[0], schema)
-    column_type = schema.field(source.column).type
+    column_type, typed_by = schema.field(source.column).type, source.files[0]
     rows = first.metadata.num_rows
     # Every file's footer on a local filesystem (one small read each); on a remote one only until
     # the first with rows: a footer there is a request, and thousands of them would hold the start
@@ -296,9 +300,12 @@ def _check_parquet(source: Source, data: DataConfig, key: str) -> Source:
             break
         meta = open_file(path)
         check(path, meta.schema_arrow)
-        if meta.schema_arrow.field(source.column).type != column_type:  # Ray Data cannot merge the two
-            raise ConfigError(f"{key}: {path} holds {source.column} as {meta.schema_arrow.field(source.column).type}"
-                              f", {source.files[0]} as {column_type}: write every file with one type")
+        this_type = meta.schema_arrow.field(source.column).type
+        if pa.types.is_null(column_type):  # Ray Data merges an all-null column with any other type
+            column_type, typed_by = this_type, path
+        elif not pa.types.is_null(this_type) and this_type != column_type:  # Ray Data cannot merge the two
+            raise ConfigError(f"{key}: {path} holds {source.column} as {this_type}, {typed_by} as {column_type}: "
+                              f"write every file with one type")
         rows = rows or meta.metadata.num_rows
     if not rows:
         raise ConfigError(f"{key}: the parquet files have no rows ({len(source.files)} files, first "

@@ -139,6 +139,17 @@ def test_every_local_parquet_schema_is_checked_and_a_named_text_column_is_not_ig
     pq.write_table(pa.table({"text": ["z"]}), tmp_path / "c.parquet")
     with pytest.raises(ConfigError, match="c.parquet holds text as string, .*b.parquet as dictionary<.*>: write every"):
         inspect_source(DataConfig(), str(tmp_path))
+    # a file whose every row is null has an untyped (null) column: Ray Data merges it with any type
+    (tmp_path / "c.parquet").unlink()
+    pq.write_table(pa.table({"text": pa.array([None, None])}), tmp_path / "a.parquet")
+    assert pa.types.is_null(pq.read_schema(tmp_path / "a.parquet").field("text").type)
+    assert inspect_source(DataConfig(), str(tmp_path)).format == "parquet"
+    # so is an empty file's, as a writer that splits a list into parts leaves past its end
+    ids = tmp_path / "ids"
+    ids.mkdir()
+    pq.write_table(pa.table({"input_ids": [[1, 2, 3]]}), ids / "part-000.parquet")
+    pq.write_table(pa.table({"input_ids": []}), ids / "part-001.parquet")
+    assert inspect_source(DataConfig(), str(ids)).format == "tokenized"
 
 
 def test_save_to_disk_directory_damage_is_one_line(tmp_path, monkeypatch):
