@@ -205,8 +205,10 @@ def test_resume_on_another_number_of_workers(runs):
 
 def test_another_number_of_workers_without_shards_for_it_is_refused(runs):
     # resuming the 6-shard run with one shard per worker (data.num_shards=null) on 3 workers: the data
-    # position has no 3-shard form; refused on the driver before any worker starts
-    proc = start(runs["env"], runs["storage"], "four", *THREE, "data.num_shards=null", "--resume-from",
+    # position has no 3-shard form; refused on the driver before any worker starts (max_steps past the
+    # checkpoint's 12: a resume with nothing left to train is refused first)
+    proc = start(runs["env"], runs["storage"], "four", *THREE, "data.num_shards=null", "training.max_steps=24",
+                 "--resume-from",
                  os.path.join(runs["storage"], "faulty", "checkpoint_step_00000012"))
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 2, out[-3000:]
