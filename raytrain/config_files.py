@@ -26,6 +26,13 @@ class ConfigError(ValueError):
     """A mistake in the user's configuration or input files; the message says how to fix it."""
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of `error`'s message, or its class name: what a one-line ConfigError quotes
+    of the library error behind it."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 class RunConfigLoader(yaml.SafeLoader):
     """SafeLoader + duplicate keys refused + YAML 1.2 floats (module docstring)."""
 

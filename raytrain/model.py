@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raytrain.config import ConfigError, ModelConfig
+from raytrain.config_files import first_line
 
 # The built-in model: Llama-family, small enough to train in minutes on two CPU cores.
 BUILTIN_LLAMA: dict[str, Any] = {
@@ -66,7 +67,7 @@ def load_model_config(cfg: ModelConfig):
     try:
         hf_config = AutoConfig.from_pretrained(cfg.name_or_path, trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         raise ConfigError(f"model.name_or_path={cfg.name_or_path!r}: cannot load its config ({first}); "
                           f"give a local directory with config.json or a Hugging Face hub id") from None
     _check_override_keys(hf_config, cfg.config)
@@ -109,7 +110,7 @@ def _cached_tokenizer(spec: str | None, trust_remote_code: bool, key: str = "mod
     try:
         tok = AutoTokenizer.from_pretrained(spec, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         fix = ("give a local directory or hub id" if key == "model.tokenizer"
                else "set model.tokenizer to a directory or hub id that holds one")
         raise ConfigError(f"{key}={spec!r}: cannot load its tokenizer ({first}); {fix}") from None

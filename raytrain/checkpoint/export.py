@@ -40,6 +40,7 @@ import time
 from raytrain.checkpoint.layout import METADATA, MODEL_DIR, check_is_checkpoint, filesystem
 from raytrain.checkpoint.model_files import local_model_files
 from raytrain.config import ConfigError
+from raytrain.config_files import first_line
 from raytrain.console import Meter, say
 from raytrain.model import config_from_facts, load_tokenizer
 from raytrain.run_spec import RunSpec
@@ -121,7 +122,7 @@ def check_out_dir(out_dir: str, key: str = "OUT_DIR") -> None:
         info = fs.get_file_info(path)
         full = info.type == pyarrow.fs.FileType.Directory and bool(fs.get_file_info(pyarrow.fs.FileSelector(path)))
     except (OSError, ValueError) as e:  # pyarrow: unknown scheme, no credentials or network (ArrowInvalid: ValueError)
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        reason = first_line(e)
         raise ConfigError(f"{key} {out_dir}: cannot read it ({reason[:300]}): check the path or URI and its "
                           f"credentials") from None
     if full:

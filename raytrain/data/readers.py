@@ -14,6 +14,7 @@ import logging
 import re
 from typing import Any, Iterator
 
+from raytrain.config_files import first_line
 from raytrain.data.bad_records import BadRecord, BadRecords
 from raytrain.data.progress import FileReads, skipped
 from raytrain.data.sources import BOM, READ_ERRORS, compression_of, open_text, unreadable_fix
@@ -74,7 +75,7 @@ def _read_text_file(path: str, format: str, filesystem, text_column: str, text_d
     except READ_ERRORS as e:
         # Unreadable, corrupt or truncated (often only at its end, past what the driver checked):
         # the same file every retry, so a bad record of the file, not a task failure.
-        bad.found(BadRecord(path, f"cannot be read ({_first_line(e)})", unreadable_fix(path)))
+        bad.found(BadRecord(path, f"cannot be read ({first_line(e)})", unreadable_fix(path)))
     reads.close((lambda: filesystem.get_file_info(path).size) if compressed else None)
 
 
@@ -165,9 +166,6 @@ def _without_surrogates(text: str, invalid_utf8: str, where: str, counts: collec
     return _SURROGATE.sub("\ufffd", text)
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 def _document_of(record: Any, where: str, text_column: str, counts: collections.Counter) -> str | None:
@@ -193,7 +191,7 @@ def _read_arrow_file(path: str, filesystem, column: str, reads: FileReads, bad: 
                 reads.at(stream.tell())
             reads.close(stream.size)  # the IPC stream's end marker is never "read" as a batch
     except (OSError, pa.ArrowInvalid) as e:  # unreadable or cut short: the same at every retry
-        bad.found(BadRecord(path, f"cannot be read ({_first_line(e)})", "copy the save_to_disk directory again"))
+        bad.found(BadRecord(path, f"cannot be read ({first_line(e)})", "copy the save_to_disk directory again"))
 
 
 def _document(value: Any, where: str, column: str, counts: collections.Counter) -> str | None:

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raytrain.config import ConfigError, DataConfig
+from raytrain.config_files import first_line
 from raytrain.run_spec import DataFacts
 
 FORMATS = ("text", "json", "parquet", "hf", "tokenized")
@@ -144,7 +145,7 @@ def _filesystem(path: str, key: str):
     try:
         return pafs.FileSystem.from_uri(path)
     except Exception as e:  # pyarrow raises ArrowInvalid, OSError, ValueError... by scheme
-        raise ConfigError(f"{key}: cannot open {path} ({_first_line(e)}): check the URI, the filesystem's "
+        raise ConfigError(f"{key}: cannot open {path} ({first_line(e)}): check the URI, the filesystem's "
                           f"pyarrow support and the credentials") from None
 
 
@@ -154,7 +155,7 @@ def _file_info(fs, fs_path: str, path: str, key: str):
     try:
         info = fs.get_file_info(fs_path)
     except OSError as e:
-        raise ConfigError(f"{key}: cannot read {path} ({_first_line(e)}): check the path and credentials") from None
+        raise ConfigError(f"{key}: cannot read {path} ({first_line(e)}): check the path and credentials") from None
     if info.type == pafs.FileType.NotFound:
         if any(c in path for c in "*?["):
             hint = "patterns are not expanded: give the directory, or list the files"
@@ -186,7 +187,7 @@ def _list_files(paths: list[str], fmt: str, key: str):
         try:
             listing = fs.get_file_info(pafs.FileSelector(fs_path, recursive=True))
         except OSError as e:  # a subdirectory this user cannot list (lost+found, another user's)
-            raise ConfigError(f"{key}: cannot list directory {path} ({_first_line(e)}): make it readable, or "
+            raise ConfigError(f"{key}: cannot list directory {path} ({first_line(e)}): make it readable, or "
                               f"point {key} at the readable files") from None
         for f in listing:
             rel = os.path.relpath(f.path, fs_path)
@@ -252,7 +253,7 @@ def _check_parquet(source: Source, data: DataConfig, key: str) -> Source:
         try:
             return pq.ParquetFile(source.filesystem.open_input_file(path))
         except (OSError, pa.ArrowInvalid) as e:
-            raise ConfigError(f"{key}: {path} is not a readable parquet file ({_first_line(e)})") from None
+            raise ConfigError(f"{key}: {path} is not a readable parquet file ({first_line(e)})") from None
 
     first = open_file(source.files[0])
     schema = first.schema_arrow
@@ -416,7 +417,7 @@ def _read_head(source: Source, path: str, key: str) -> bytes:
         with open_text(source.filesystem, path) as f:
             return f.read(1 << 20)
     except READ_ERRORS as e:
-        raise ConfigError(f"{key}: cannot read {path} ({_first_line(e)}): {unreadable_fix(path)}") from None
+        raise ConfigError(f"{key}: cannot read {path} ({first_line(e)}): {unreadable_fix(path)}") from None
 
 
 def unreadable_fix(path: str) -> str:
@@ -472,7 +473,7 @@ def _inspect_hf(data: DataConfig, paths: list[str], key: str) -> Source:
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as e:  # unreadable, or not JSON (UnicodeDecodeError is a ValueError)
-            raise ConfigError(f"{key}: cannot read {p} ({_first_line(e)}): give a directory written by "
+            raise ConfigError(f"{key}: cannot read {p} ({first_line(e)}): give a directory written by "
                               f"datasets' save_to_disk, unchanged") from None
 
     splits = read_json_file(f"{root}/dataset_dict.json")
@@ -507,7 +508,7 @@ def _inspect_hf(data: DataConfig, paths: list[str], key: str) -> Source:
                     if rows:
                         break
         except (OSError, pa.ArrowInvalid) as e:
-            raise ConfigError(f"{key}: {f} is not a readable Arrow stream ({_first_line(e)}): copy the "
+            raise ConfigError(f"{key}: {f} is not a readable Arrow stream ({first_line(e)}): copy the "
                               f"save_to_disk directory again") from None
         if rows:
             break
@@ -529,14 +530,8 @@ def _inspect_hub(data: DataConfig, hub_id: str, key: str) -> Source:
         hub = datasets.load_dataset(hub_id, split=data.hf_split, streaming=True)
     except Exception as e:  # datasets raises many types (network, missing split, missing repo)
         raise ConfigError(f"{key}: cannot open the hub dataset {hub_id!r} split {data.hf_split!r} "
-                          f"({_first_line(e)}): check the id, data.hf_split and your network/token") from None
+                          f"({first_line(e)}): check the id, data.hf_split and your network/token") from None
     if hub.column_names is not None and data.text_column not in hub.column_names:
         raise ConfigError(f"data.text_column={data.text_column!r} is not a column of {hub_id} "
                           f"(columns: {', '.join(hub.column_names)}): set data.text_column")
     return Source("hf", column=data.text_column, hub_id=hub_id)
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-

@@ -19,6 +19,7 @@ from raytrain import hardware
 from raytrain.checkpoint import layout
 from raytrain.checkpoint.export import check_out_dir
 from raytrain.config import ConfigError, RunConfig
+from raytrain.config_files import first_line
 from raytrain.config_fields import ray_address
 from raytrain.data.sources import Sources
 from raytrain.deepspeed_config import load_deepspeed
@@ -37,7 +38,7 @@ def check_before_ray(cfg: RunConfig) -> None:
         except (OSError, ValueError) as e:  # pyarrow, for a URI it cannot reach (ArrowInvalid is a ValueError)
             if isinstance(e, ConfigError):
                 raise
-            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            reason = first_line(e)
             raise ConfigError(f"checkpoint.resume_from={cfg.checkpoint.resume_from}: cannot read it ({reason}): "
                               f"check the path or URI and its credentials") from None
     if cfg.checkpoint.export_dir:

@@ -31,6 +31,7 @@ from raytrain.checkpoint.reshard import written_by
 from raytrain.checkpoint.export import export
 from raytrain.checkpoint.model_files import local_model_files, write_model_files
 from raytrain.config import ConfigError, RunConfig
+from raytrain.config_files import first_line
 from raytrain.console import say
 from raytrain.data.ingest import ShardedIngest
 from raytrain.data.pipeline import build_datasets
@@ -195,7 +196,7 @@ def _check_tracking(cfg: RunConfig) -> None:
         mlflow.set_tracking_uri(uri)
         mlflow.search_experiments(max_results=1)
     except Exception as e:  # MLflow raises MlflowException, requests' ConnectionError, OSError, ...
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         raise ConfigError(f"tracking.mlflow_tracking_uri={uri}: MLflow cannot use it ({first[:300]}): start the "
                           f"server, fix the URI, or unset it") from None
 

@@ -35,6 +35,7 @@ from typing import Any
 
 from raytrain import compat
 from raytrain.config import ConfigError
+from raytrain.config_files import first_line
 
 MAX_TOKENS_PER_MICRO_BATCH = 2**31 - 1
 """A micro-batch's token ids (micro-batch x seq_len) must be indexable with int32, as many of
@@ -186,7 +187,7 @@ def _from_exception(error: Exception, ds: dict[str, Any], log: _Log) -> ConfigEr
         _refuse_strings_for_defaults(ds, log)  # the usual cause: "no" where DeepSpeed wants false
     except ConfigError as quoted:
         return quoted
-    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    text = first_line(error)
     key = _dotted(log.last) if log.last else "deepspeed"
     value = _get(ds, log.last)
     if value is not _MISSING and not isinstance(value, dict) and isinstance(error, (TypeError, AttributeError)) \
