@@ -7,8 +7,6 @@ import sys
 
 from raytrain.config import ConfigError, load_config
 from raytrain.console import ArgumentParser, add_config_flag, flag_number, one_config, say
-from raytrain.driver.run import dry_run, fit
-from raytrain.driver.watch import Interrupted
 
 
 def parse_args(argv: list[str] | None = None):
@@ -53,6 +51,15 @@ def main(argv: list[str] | None = None) -> int:
     resume = {"checkpoint.resume_from": args.resume_from} if args.resume_from is not None else {}
     try:
         cfg = load_config(args.config, args.overrides, values=resume, command_line=True)
+        # The driver's modules only now: they import Ray, torch and transformers (~6.5 CPU-seconds, as
+        # long on a laptop), which a mistyped flag or key needs none of: its one line comes in ~0.3 s.
+        from raytrain.driver.run import dry_run, fit
+        from raytrain.driver.watch import Interrupted
+    except ConfigError as e:
+        return _refused(e)
+    except KeyboardInterrupt:
+        return _interrupted_early()
+    try:
         if args.dry_run:
             resolved, notes = dry_run(cfg, gpu_memory_gib=args.gpu_memory_gib, host_memory_gib=args.host_memory_gib,
                                       gpus_per_node=args.gpus_per_node, fresh=args.fresh)
@@ -62,18 +69,26 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         result = fit(cfg, fresh=args.fresh, argv=argv)
     except ConfigError as e:  # bad input, also a bad record found in the data while training
-        say(f"raytrain: error: {e}", err=True)
-        return 2
+        return _refused(e)
     except Interrupted as e:  # Ctrl-C: the run is stopped (its workers and controller are gone)
         say(f"raytrain: {e}", err=True)
         return 130
     except KeyboardInterrupt:  # Ctrl-C before training started
-        say("raytrain: interrupted before training started", err=True)
-        return 130
+        return _interrupted_early()
     loss = result.metrics.get("loss")
     say(f"raytrain: done at step {result.metrics.get('step')}, loss {loss:.4f}" if loss is not None else "raytrain: done")
     say(f"raytrain: checkpoint {result.checkpoint_path}")
     return 0
+
+
+def _refused(error: ConfigError) -> int:
+    say(f"raytrain: error: {error}", err=True)
+    return 2
+
+
+def _interrupted_early() -> int:
+    say("raytrain: interrupted before training started", err=True)
+    return 130
 
 
 if __name__ == "__main__":
