@@ -105,10 +105,13 @@ class Cluster:
         """A new worker node, registered with the head; returns when it was started.
 
         `ray start` gives its raylet a fixed 30 s to show up in the GCS (ray/_private/node.py) and exits
-        otherwise. On a loaded 2-core CI machine the GCS answered later than that (2026-12-02, twice in
-        two sessions: "timed out during startup ... GCS overloaded"); a real cluster's node would be
-        restarted by its supervisor, so the harness starts another, twice at most."""
-        retries = 2
+        otherwise, and the raylet gives its dashboard agent a fixed time to write its ports' file. On a
+        loaded 2-core CI machine both ran out (2026-12-02: "timed out during startup ... GCS
+        overloaded", twice in two sessions; 2026-12-03: the re-added node's raylet "Timed out waiting
+        for file" of the agent's ports, in two runs of the suite at load 22-40). A real cluster's node
+        would be restarted by its supervisor, so a node whose `ray start` exits before it registers is
+        set aside and the harness starts another, three times at most (the reason goes to stderr)."""
+        retries = 3
         while True:
             started = time.time()
             slot = self._start([f"--address={ADDRESS}", "--num-cpus=1",
@@ -132,12 +135,14 @@ class Cluster:
     def _wait_alive(self, expected: int, may_time_out: int | None = None) -> bool:
         """Until the GCS counts `expected` live nodes (True); fails when a node that should live has exited
         (a killed node's `ray start` exits on its own: seen failing an add() when a slow GCS answer
-        made this loop look at the nodes at all). False where node `may_time_out` exited with Ray's
-        startup timeout: it is set aside (counted with the killed ones) for the caller to try again."""
+        made this loop look at the nodes at all). False where node `may_time_out` exited before it
+        registered: it is set aside (counted with the killed ones) for the caller to try again."""
         deadline = time.time() + 120
         while self._count_alive() < expected:
-            if may_time_out is not None and self.nodes[may_time_out].poll() is not None and \
-                    "timed out during startup" in (self.root / f"node{may_time_out}.log").read_text(errors="replace"):
+            if may_time_out is not None and self.nodes[may_time_out].poll() is not None:
+                log = (self.root / f"node{may_time_out}.log").read_text(errors="replace")
+                print(f"elastic test: node {may_time_out} exited while starting, starting another: {log[-600:]}",
+                      file=sys.stderr)
                 self.killed.add(may_time_out)
                 return False
             if time.time() > deadline or any(p.poll() is not None for s, p in self.nodes.items() if s not in self.killed):
