@@ -16,26 +16,29 @@ def test_import_linter_contracts_are_kept():
     assert "0 broken" in p.stdout
 
 
+def heavy_imports_after(code: str, heavy=("ray", "torch", "transformers", "deepspeed")):
+    """Run `code` in a fresh interpreter; return (its stdout, its stderr, the `heavy` modules it imported)."""
+    probe = f"{code}\nimport sys; print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                       env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert p.returncode == 0, p.stderr[-2000:]
+    *out, imported = p.stdout.strip().splitlines()
+    return "\n".join(out), p.stderr, imported
+
+
 def test_the_modules_ray_starts_actors_from_import_no_torch():
     """Ray Train's dataset manager unpickles raytrain.data.ingest.ShardedIngest, and raytrain's data
     counter is raytrain.data.progress.Counter: each an actor process of its own, started with every
     run (the dataset manager with every worker group), which uses none of torch, transformers or
     DeepSpeed. Importing torch there would cost each start ~1.6 CPU-seconds (docs/status.md #16)."""
-    code = ("import sys, raytrain.data.ingest, raytrain.data.progress; "
-            "print(sorted(m for m in ('torch', 'transformers', 'deepspeed') if m in sys.modules))")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
-    assert p.returncode == 0, p.stderr[-2000:]
-    assert p.stdout.strip() == "[]", p.stdout
+    _, _, imported = heavy_imports_after("import raytrain.data.ingest, raytrain.data.progress",
+                                         heavy=("torch", "transformers", "deepspeed"))
+    assert imported == "[]"
 
 
 def test_a_mistyped_key_is_refused_before_the_driver_imports_ray_or_torch():
     """raytrain.main loads the config before it imports the driver: a typo's one line comes in ~0.3 s,
     not after the ~6.5 CPU-seconds of Ray's, torch's and transformers' imports (raytrain/main.py)."""
-    code = ("import sys; from raytrain.main import main; rc = main(['training.max_step=1']); "
-            "print(rc, sorted(m for m in ('ray', 'torch', 'transformers', 'deepspeed') if m in sys.modules))")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
-    assert p.returncode == 0, p.stderr[-2000:]
-    assert p.stdout.strip() == "2 []", p.stdout
-    assert p.stderr.strip().startswith("raytrain: error: unknown key training.max_step; did you mean training.max_steps?")
+    out, err, imported = heavy_imports_after("from raytrain.main import main; print(main(['training.max_step=1']))")
+    assert (out, imported) == ("2", "[]")
+    assert err.strip().startswith("raytrain: error: unknown key training.max_step; did you mean training.max_steps?")
