@@ -51,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     resume = {"checkpoint.resume_from": args.resume_from} if args.resume_from is not None else {}
     try:
         cfg = load_config(args.config, args.overrides, values=resume, command_line=True)
-        # The driver's modules only now: they import Ray, torch and transformers (~6.5 CPU-seconds, as
-        # long on a laptop), which a mistyped flag or key needs none of: its one line comes in ~0.3 s.
+        # The driver's modules only now: they import Ray, torch and transformers (~6.5 CPU-seconds on a
+        # 2-core VM), which a mistyped flag or key needs none of: its one line comes in ~0.4 s.
         from raytrain.driver.run import dry_run, fit
         from raytrain.driver.watch import Interrupted
     except ConfigError as e:

@@ -166,8 +166,6 @@ def _without_surrogates(text: str, invalid_utf8: str, where: str, counts: collec
     return _SURROGATE.sub("\ufffd", text)
 
 
-
-
 def _document_of(record: Any, where: str, text_column: str, counts: collections.Counter) -> str | None:
     if not isinstance(record, dict):
         raise BadRecord(where, f"a {type(record).__name__}, not a JSON object", "give one object per line")

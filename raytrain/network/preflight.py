@@ -264,7 +264,7 @@ def run_preflight(network: NetworkConfig, num_workers: int, use_gpu: bool, sizes
             f"{warmup_iters} warmup + {iters} timed calls each)")
         _measure_all(actors, steps, groups, warmup_iters, iters, timeout_s, report, say)
     except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as e:
-        report.failures.append(f"error: {type(e).__name__}: {_first_line(e)}")
+        report.failures.append(f"error: {type(e).__name__}: {_remote_error_line(e)}")
     finally:
         if use_gpu and nodes:
             # Also after an error: NCCL failing to start says why in its log (a missing net plugin).
@@ -349,7 +349,7 @@ def _gpu_key(gpu_ids: list[str]) -> tuple:
     return tuple(int(g) if g.isdigit() else g for g in gpu_ids)
 
 
-def _first_line(e: BaseException) -> str:
+def _remote_error_line(e: BaseException) -> str:
     text = str(e).strip()
     # A RayTaskError carries the remote traceback; its last line is the remote exception.
     lines = [line for line in text.splitlines() if line.strip()]

@@ -37,7 +37,7 @@ def test_the_modules_ray_starts_actors_from_import_no_torch():
 
 
 def test_a_mistyped_key_is_refused_before_the_driver_imports_ray_or_torch():
-    """raytrain.main loads the config before it imports the driver: a typo's one line comes in ~0.3 s,
+    """raytrain.main loads the config before it imports the driver: a typo's one line comes in ~0.4 s,
     not after the ~6.5 CPU-seconds of Ray's, torch's and transformers' imports (raytrain/main.py)."""
     out, err, imported = heavy_imports_after("from raytrain.main import main; print(main(['training.max_step=1']))")
     assert (out, imported) == ("2", "[]")
