@@ -101,3 +101,44 @@ def stop_tree(proc, grace_s: float = 10.0) -> None:
             pass
     psutil.wait_procs(alive, timeout=grace_s)
     proc.wait(timeout=grace_s)
+
+
+class S3Server:
+    """A local S3 API (moto's server, a real HTTP endpoint speaking S3's protocol) for tests of cloud
+    storage: pyarrow's S3 filesystem and everything on top of it talk to it as to AWS. `env` points a
+    process at it (AWS_ENDPOINT_URL, which pyarrow reads, and dummy credentials); `bucket` exists."""
+
+    def __init__(self, tmp_dir, bucket: str = "raytrain-test"):
+        import socket
+        import subprocess
+        import sys
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.endpoint, self.bucket = f"http://127.0.0.1:{port}", bucket
+        self.env = {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                    "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+        self._log = open(os.path.join(tmp_dir, "moto.log"), "w")
+        server = os.path.join(os.path.dirname(sys.executable), "moto_server")
+        self._proc = subprocess.Popen([server, "-H", "127.0.0.1", "-p", str(port)], stdout=self._log,
+                                      stderr=subprocess.STDOUT)
+        wait_until(self._answers, 60, f"moto_server on port {port}", lambda: self._proc.poll() is None)
+        self.filesystem().create_dir(bucket)
+
+    def _answers(self) -> bool:
+        import socket
+
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", int(self.endpoint.rsplit(":", 1)[1]))) == 0
+
+    def filesystem(self):
+        import pyarrow.fs
+
+        return pyarrow.fs.S3FileSystem(endpoint_override=self.endpoint, access_key="testing", secret_key="testing",
+                                       region="us-east-1", allow_bucket_creation=True)
+
+    def stop(self) -> None:
+        self._proc.terminate()
+        self._proc.wait(timeout=30)
+        self._log.close()

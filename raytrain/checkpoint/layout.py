@@ -56,6 +56,57 @@ def filesystem(uri: str):
     return pyarrow.fs.FileSystem.from_uri(uri)
 
 
+def checkpoint_uri(run: str, checkpoint) -> str:
+    """A checkpoint of run `run` (a path or URI, as layout.run_uri makes it), named as the user gave the
+    storage. Ray's Checkpoint.path is a path on its filesystem, without the scheme ("bucket/runs/r/
+    checkpoint_step_00000003" for s3://bucket/runs): printed as it is, it reads as a local path, and
+    --resume-from or the export given it would look on local disk."""
+    return f"{run.rstrip('/')}/{checkpoint.path.rstrip('/').rsplit('/', 1)[-1]}"
+
+
+# Object stores without directories: a run directory is a prefix of objects, moved one object at a time.
+_OBJECT_STORES = ("s3", "gcs")
+# S3 copies an object server-side in one request only up to 5 GiB (CopyObject); Arrow's move of a larger
+# one fails, so those are streamed through this process instead (a large model's optimizer shard is
+# tens of GB: minutes, not seconds).
+S3_COPY_LIMIT_BYTES = 5 * 1024**3
+_STREAM_CHUNK_BYTES = 64 * 1024**2
+
+
+def set_aside(run: str, suffix: str) -> str:
+    """Rename run directory `run` (a path or URI) to `run + suffix`; returns the new path or URI.
+
+    A local, shared or HDFS directory is renamed at once. On S3 and GCS a "directory" is a prefix, so
+    each object is moved (a server-side copy, then a delete), Ray Train's record of the run (its
+    top-level files) last: a set-aside cut short leaves a run whose record names checkpoints that are
+    gone, which --fresh sets aside again (into a second name) rather than training over it."""
+    import pyarrow.fs
+
+    fs, path = filesystem(run)
+    path = path.rstrip("/")
+    aside = path + suffix
+    if fs.type_name not in _OBJECT_STORES:
+        fs.move(path, aside)
+    else:
+        infos = [i for i in fs.get_file_info(pyarrow.fs.FileSelector(path, recursive=True))
+                 if i.type == pyarrow.fs.FileType.File]
+        infos.sort(key=lambda i: i.path.count("/"), reverse=True)  # deepest first: the run's own record last
+        for info in infos:
+            dest = aside + info.path[len(path):]
+            if fs.type_name == "s3" and info.size > S3_COPY_LIMIT_BYTES:
+                _stream_copy(fs, info.path, dest)
+                fs.delete_file(info.path)
+            else:
+                fs.move(info.path, dest)
+    return run.rstrip("/") + suffix
+
+
+def _stream_copy(fs, src: str, dest: str) -> None:
+    with fs.open_input_stream(src) as inp, fs.open_output_stream(dest) as out:
+        while chunk := inp.read(_STREAM_CHUNK_BYTES):
+            out.write(chunk)
+
+
 def exists(uri: str) -> bool:
     import pyarrow.fs
 

@@ -59,7 +59,9 @@ class FitResult:
     history: list[dict[str, Any]]
     """Every logged window of the run (step, loss, lr, grad_norm, tokens_per_s, ...)."""
     checkpoint_path: str | None
+    """The final checkpoint: a local path, or a URI with its scheme (s3://...) for cloud storage."""
     run_path: str
+    """The run's directory in checkpoint.storage_path, a path or URI likewise."""
     spec: RunSpec
 
 
@@ -102,7 +104,7 @@ def fit(cfg: RunConfig, fresh: bool = False, argv: Sequence[str] | None = None) 
         say(f"raytrain: run {spec.run_name} in {spec.storage_path}; to continue it after a stop: {command}")
     done = finished_checkpoint(spec.run_uri, cfg.training.max_steps)
     if done is not None:  # nothing to train: no datasets, no workers (tens of seconds saved)
-        return _wrap_up(done, spec, cfg, run_path=spec.run_uri)
+        return _wrap_up(done, spec, cfg)
     write_model_files(spec.run_uri, cfg.model, spec.model)  # export reads these, not the originals
     datasets = build_datasets(cfg.data, cfg.model, cfg.training.seed, sources, resolved.model.vocab_size, progress)
     trainer = _trainer(spec, datasets, progress)
@@ -110,7 +112,7 @@ def fit(cfg: RunConfig, fresh: bool = False, argv: Sequence[str] | None = None) 
         result = run_trainer(trainer, progress, spec.run_uri, cfg.training.max_steps, command)
     if result.checkpoint is None:
         raise RuntimeError(f"the run ended without a checkpoint (see the worker logs above): {result.error}")
-    return _wrap_up(result.checkpoint, spec, cfg, run_path=str(result.path))
+    return _wrap_up(result.checkpoint, spec, cfg)
 
 
 def finished_checkpoint(run_uri: str, max_steps: int):
@@ -119,15 +121,15 @@ def finished_checkpoint(run_uri: str, max_steps: int):
     return latest if latest is not None and layout.read_metadata(latest)["step"] >= max_steps else None
 
 
-def _wrap_up(checkpoint, spec: RunSpec, cfg: RunConfig, run_path: str) -> FitResult:
+def _wrap_up(checkpoint, spec: RunSpec, cfg: RunConfig) -> FitResult:
     """A finished run's summary files (and export, when asked), from its final checkpoint."""
     meta = layout.read_metadata(checkpoint)
     write_summary(meta["history"], meta["metrics"], spec.storage_path, spec.run_name)
     if cfg.checkpoint.export_dir:
         with checkpoint.as_directory() as local, local_model_files(spec.run_uri) as model_dir:
             export(local, cfg.checkpoint.export_dir, model_dir=model_dir)
-    return FitResult(metrics=meta["metrics"], history=meta["history"], checkpoint_path=checkpoint.path,
-                     run_path=run_path, spec=spec)
+    return FitResult(metrics=meta["metrics"], history=meta["history"],
+                     checkpoint_path=layout.checkpoint_uri(spec.run_uri, checkpoint), run_path=spec.run_uri, spec=spec)
 
 
 def dry_run(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_memory_gib: float | None = None,
@@ -223,9 +225,7 @@ def _place(resolved: ResolvedRun, fresh: bool) -> tuple[RunSpec, DataProgress]:
     checkpoint, own = resume_checkpoint(cfg, storage, name, fresh)
     resuming = check_resume(checkpoint, resolved, own_run=own)  # before --fresh moves anything
     if fresh and _has_run(run):
-        fs, path = layout.filesystem(run)
-        aside = f"{path}.replaced-{datetime.datetime.now():%Y%m%d-%H%M%S}"
-        fs.move(path, aside)
+        aside = layout.set_aside(run, f".replaced-{datetime.datetime.now():%Y%m%d-%H%M%S}")
         say(f"raytrain: --fresh: moved the existing run {name!r} to {aside}")
     elif own and (step := layout.read_metadata(checkpoint)["step"]) >= cfg.training.max_steps:
         say(f"raytrain: run {name!r} in {storage} is already done at step {step} "
@@ -318,6 +318,7 @@ def check_resume(checkpoint, resolved: ResolvedRun, own_run: bool = False) -> st
         return None
     meta = layout.read_metadata(checkpoint)
     cfg = resolved.config
+    shown = _shown(checkpoint, cfg, own_run)
     was, now = _model_shape(meta["spec"]["model"]), _model_shape(dataclasses.asdict(resolved.model))
     if was != now:
         differ = [k for k in was if was[k] != now[k]]
@@ -325,7 +326,7 @@ def check_resume(checkpoint, resolved: ResolvedRun, own_run: bool = False) -> st
                if own_run else "give checkpoint.resume_from a checkpoint of this model, or set the model to the "
                "checkpoint's (model.name_or_path, model.config)")
         old, new = (", ".join(f"{k}={shape[k]}" for k in differ) for shape in (was, now))
-        raise ConfigError(f"checkpoint {checkpoint.path} holds another model ({old}) than this run's ({new}): {fix}")
+        raise ConfigError(f"checkpoint {shown} holds another model ({old}) than this run's ({new}): {fix}")
     if not own_run and meta["step"] >= cfg.training.max_steps:
         raise ConfigError(f"checkpoint.resume_from={cfg.checkpoint.resume_from} is at step {meta['step']} >= "
                           f"training.max_steps={cfg.training.max_steps}: nothing to train; training.max_steps counts "
@@ -336,7 +337,7 @@ def check_resume(checkpoint, resolved: ResolvedRun, own_run: bool = False) -> st
     new_shards = num_shards or shape.num_workers
     if old_shards != new_shards:
         where = f"data.num_shards={meta['spec']['config']['data'].get('num_shards')}"
-        raise ConfigError(f"checkpoint {checkpoint.path} was written by {old_world} workers with {where} ({old_shards} "
+        raise ConfigError(f"checkpoint {shown} was written by {old_world} workers with {where} ({old_shards} "
                           f"data shards), and this run has {shape.num_workers} workers and {new_shards} shards: resuming "
                           f"on another number of workers needs the same data.num_shards, divisible by both (start runs "
                           f"with e.g. data.num_shards=48 to allow it), else resume on {old_world} workers")
@@ -347,6 +348,15 @@ def check_resume(checkpoint, resolved: ResolvedRun, own_run: bool = False) -> st
         return (f"resuming step {meta['step']} on {shape.num_workers} workers (written by {old_world}): the "
                 f"workers convert it to DeepSpeed's universal checkpoint first")
     return None
+
+
+def _shown(checkpoint, cfg: RunConfig, own_run: bool) -> str:
+    """The checkpoint check_resume speaks of, as the user would write it: checkpoint.resume_from as given,
+    the run's own as a path or URI in its storage (Ray's Checkpoint.path drops a URI's scheme)."""
+    if own_run and cfg.checkpoint.name:
+        run = layout.run_uri(_storage_uri(cfg.checkpoint.storage_path), cfg.checkpoint.name)
+        return layout.checkpoint_uri(run, checkpoint)
+    return cfg.checkpoint.resume_from or checkpoint.path
 
 
 GENERATED_NAME = re.compile(r"raytrain-\d{8}-\d{6}")

@@ -117,7 +117,8 @@ def run_trainer(trainer, progress: DataProgress, run_uri: str, max_steps: int, c
         summary = progress.summary()
         _say_skipped(summary)
         checkpoint = layout.latest_checkpoint(run_uri)
-        raise Interrupted(summary.step, max_steps, checkpoint.path if checkpoint else None, command) from None
+        raise Interrupted(summary.step, max_steps, layout.checkpoint_uri(run_uri, checkpoint) if checkpoint else None,
+                          command) from None
     summary = progress.summary()
     if summary.bad_record is not None:
         raise summary.bad_record  # the counter stopped the run: whatever fit() says is its consequence
