@@ -142,12 +142,22 @@ def live_shape(cfg: RunConfig) -> ClusterShape:
     return shape_from_cluster(cfg, ray.cluster_resources(), gpus_per_node or None)
 
 
-def cluster_target(use_gpu: bool) -> hardware.Target:
+# The memory probe's first wait, after which the driver says what it is waiting for. A job's first task on a
+# node needs a new worker process, started with the job's runtime environment: seconds on an idle node, but
+# minutes where that environment installs packages (runtime_env pip/conda) or the node is starved (seen:
+# over 120 s on a 2-core test machine under load).
+PROBE_FIRST_WAIT_S = 60
+PROBE_TIMEOUT_S = 600
+
+
+def cluster_target(use_gpu: bool, timeout_s: float = PROBE_TIMEOUT_S) -> hardware.Target:
     """GPU memory per GPU, host RAM per node and GPUs per node of the connected cluster.
 
     Each is the smallest over the alive nodes that would run workers (GPU nodes for a GPU run),
     read on the node itself by a zero-CPU probe task. All None when there is no such node yet (an
-    autoscaling cluster whose GPU nodes start at zero): plan with stated sizes then.
+    autoscaling cluster whose GPU nodes start at zero): plan with stated sizes then. Nodes that have not
+    answered after `timeout_s` are left out, with a note (their probe is cancelled): the probe only
+    informs the memory check and "auto" settings, and the run's own workers wait for the same nodes.
     """
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -155,8 +165,23 @@ def cluster_target(use_gpu: bool) -> hardware.Target:
     if not nodes:
         return hardware.Target()
     probe = ray.remote(num_cpus=0)(hardware.this_machine)
-    targets = ray.get([probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
-                       .remote() for n in nodes], timeout=120)
+    refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
+            for n in nodes]
+    ready, pending = ray.wait(refs, num_returns=len(refs), timeout=min(PROBE_FIRST_WAIT_S, timeout_s))
+    if pending and timeout_s > PROBE_FIRST_WAIT_S:
+        say(f"raytrain: waiting for {len(pending)} of {len(refs)} node(s) to read their memory (a job's first task "
+            f"on a node starts a worker with the job's runtime environment; up to {timeout_s:g} s)")
+        more, pending = ray.wait(pending, num_returns=len(pending), timeout=timeout_s - PROBE_FIRST_WAIT_S)
+        ready += more
+    if pending:
+        for ref in pending:
+            ray.cancel(ref)
+        checked = "the nodes that did" if ready else "none: not checked"
+        say(f"raytrain: note: {len(pending)} of {len(refs)} node(s) did not report their memory within {timeout_s:g} s; "
+            f"the run's memory is checked against {checked}")
+    targets = ray.get(ready)
+    if not targets:
+        return hardware.Target()
     gpu_sizes = [t.gpu_memory_bytes for t in targets if t.gpu_memory_bytes]
     return hardware.Target(gpu_memory_bytes=min(gpu_sizes) if gpu_sizes else None,
                            host_memory_bytes=min(t.host_memory_bytes for t in targets),
