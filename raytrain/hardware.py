@@ -59,8 +59,13 @@ def host_memory_bytes() -> int:
     return psutil.virtual_memory().total
 
 
-def this_machine() -> Target:
-    """This machine as a plan target: its smallest GPU, its RAM, its GPU count."""
+def this_machine(with_gpus: bool = True) -> Target:
+    """This machine as a plan target: its smallest GPU, its RAM, its GPU count. with_gpus=False reads the
+    RAM only: without nvidia-smi, finding no GPU means importing torch (~2 CPU-seconds), which a CPU run's
+    probe task on each node has no use for (and at Ray workers' niceness 15 on a busy node, that took over
+    two minutes on CI)."""
+    if not with_gpus:
+        return Target(host_memory_bytes=host_memory_bytes())
     found = gpus()
     return Target(gpu_memory_bytes=min((g.memory_bytes for g in found), default=None),
                   host_memory_bytes=host_memory_bytes(), gpus_per_node=len(found) or None)

@@ -145,7 +145,7 @@ def live_shape(cfg: RunConfig) -> ClusterShape:
 # The memory probe's first wait, after which the driver says what it is waiting for. A job's first task on a
 # node needs a new worker process, started with the job's runtime environment: seconds on an idle node, but
 # minutes where that environment installs packages (runtime_env pip/conda) or the node is starved (seen:
-# over 120 s on a 2-core test machine under load).
+# over 120 s on a 2-core test machine under load, a probe that imported torch at Ray workers' niceness 15).
 PROBE_FIRST_WAIT_S = 60
 PROBE_TIMEOUT_S = 600
 
@@ -165,7 +165,7 @@ def cluster_target(use_gpu: bool, timeout_s: float = PROBE_TIMEOUT_S) -> hardwar
     if not nodes:
         return hardware.Target()
     probe = ray.remote(num_cpus=0)(hardware.this_machine)
-    refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
+    refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(use_gpu)
             for n in nodes]
     ready, pending = ray.wait(refs, num_returns=len(refs), timeout=min(PROBE_FIRST_WAIT_S, timeout_s))
     if pending and timeout_s > PROBE_FIRST_WAIT_S:
