@@ -39,8 +39,10 @@ WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 
 RAY_PORT = int(os.environ.get("RAYTRAIN_TEST_RAY_PORT", 6390 + 1000 * WORKER))
 DASHBOARD_PORT = int(os.environ.get("RAYTRAIN_TEST_DASHBOARD_PORT", 8290 + 1000 * WORKER))
 # The job agent's HTTP port (`ray job submit` goes through it), off Ray's fixed default 52365 so it
-# never collides with another cluster on the machine ("No available agent to submit job").
-AGENT_PORT = int(os.environ.get("RAYTRAIN_TEST_AGENT_PORT", 52400 + (RAY_PORT - 6390) % 10000))  # a valid port for any RAY_PORT
+# never collides with another cluster on the machine ("No available agent to submit job"), and below
+# Linux's ephemeral range (32768-60999): at 53400 it once found the port taken by some process's
+# outgoing connection, the agent never started and both job tests timed out (session 34's CI run).
+AGENT_PORT = int(os.environ.get("RAYTRAIN_TEST_AGENT_PORT", RAY_PORT + 90))  # elastic takes +10 and its nodes +40.., the fake autoscaler +70
 RAY_BIN = os.path.join(os.path.dirname(sys.executable), "ray")
 
 # The slowest files first (seconds with the suite in two processes on 2 cores: `--durations=0` of a
