@@ -88,7 +88,12 @@ def test_upload_leaves_out_checkpoints_data_and_virtualenvs(ray_cluster, workdir
     wait_status(ray_cluster, job_id, ["succeeded"])
     logs = job(ray_cluster, "logs", job_id)
     files = next(line for line in logs.splitlines() if line.startswith("FILES"))  # not the entrypoint echo
-    assert "raytrain/main.py" in files and "cluster/ib.yaml" in files
+    # the whole package, every subpackage (an unanchored "data/" in .rayignore once left out raytrain/data/:
+    # the job then imported it from the installed copy, silently, or failed without one)
+    package = subprocess.run(["git", "ls-files", "raytrain"], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout.split()
+    assert package and [f for f in package if f"./{f}'" not in files] == [], files
+    assert "cluster/ib.yaml" in files
     for junk in (".venv", "runs/old", "data/corpus.parquet"):
         assert junk not in files, junk
 
