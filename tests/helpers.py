@@ -116,7 +116,8 @@ class S3Server:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        self.endpoint, self.bucket = f"http://127.0.0.1:{port}", bucket
+        self.port, self.bucket = port, bucket
+        self.endpoint = f"http://127.0.0.1:{port}"
         self.env = {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                     "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
         self._log = open(os.path.join(tmp_dir, "moto.log"), "w")
@@ -130,7 +131,7 @@ class S3Server:
         import socket
 
         with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", int(self.endpoint.rsplit(":", 1)[1]))) == 0
+            return s.connect_ex(("127.0.0.1", self.port)) == 0
 
     def filesystem(self):
         import pyarrow.fs
