@@ -17,6 +17,7 @@ from typing import Any
 
 import ray.data
 
+from raytrain import compat
 from raytrain.config import DataConfig, ModelConfig
 from raytrain.data.builtin import builtin_corpus
 from raytrain.data.packing import tokenize_and_pack
@@ -60,7 +61,8 @@ def _build(data: DataConfig, model: ModelConfig, seed: int, source: Source, spli
             "text_document": data.text_document, "invalid_utf8": data.invalid_utf8, "progress": progress,
             "counter": counter})
     elif source.format in ("parquet", "tokenized"):
-        ds = ray.data.read_parquet(source.files, filesystem=source.filesystem).select_columns([source.column])
+        # not ray.data.read_parquet: it would start 32 listing actors per epoch (raytrain.compat says why)
+        ds = compat.read_parquet_listed(source.files, source.filesystem).select_columns([source.column])
     else:  # a hub dataset, streamed: nothing is downloaded on the driver
         import datasets  # only for hub datasets: its import costs ~2 s
 
