@@ -72,6 +72,10 @@ RUNNERUP24=(--paths deepspeed --micro-batch 55 --grad-accum 4 "${STEPS4[@]}" "${
   --set model.gradient_checkpointing=true --set scaling.cpus_per_worker=14 --gpu-memory-fraction $CAP24 --no-profile)
 case $part in plan*|caps1b|alloc1b|eta*|fp16|mfu62|main1b|twin1b|convert1b|profile|layers|superoffload)
   (while true; do free -m | awk 'NR==2{print $3}'; sleep 2; done) > "$W/host_used_mib.txt" & hostmem=$!
+  # The GPU's SM clock, power and why its clock is held down, every second: the same step made 58.3-62.1%
+  # MFU on different H200s of one power limit and max clock, so what each one ran at under load is recorded
+  nvidia-smi --query-gpu=utilization.gpu,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active \
+    --format=csv,noheader,nounits -lms 1000 > "$W/gpu_samples.csv" 2>&1 & gpusamples=$!
   { python -c 'import torch; print("torch", torch.__version__)'; nproc; free -g | head -2; ulimit -l
     strings "$(python -c 'import torch, os; print(os.path.dirname(torch.__file__))')/lib/libc10.so" \
       | grep -c pinned_max_round_threshold_mb | sed 's/^/pinned_max_round_threshold_mb in libc10: /'
@@ -325,6 +329,21 @@ layers)  # raytrain's model.fused_layers against the shipped step, profiled like
 esac
 if [ -n "${hostmem:-}" ]; then
   kill $hostmem; echo "host used MiB during the part: max $(sort -n "$W/host_used_mib.txt" | tail -1) of $(free -m | awk 'NR==2{print $2}')" >> "$W/status.txt"
+fi
+if [ -n "${gpusamples:-}" ]; then  # over the seconds the GPU was >= 90% busy: median SM clock, mean power, reasons
+  kill $gpusamples
+  python - "$W/gpu_samples.csv" >> "$W/status.txt" <<'PY'
+import collections, statistics, sys
+rows = [[f.strip() for f in line.split(",")] for line in open(sys.argv[1]) if line.count(",") == 4]
+busy = [r for r in rows if r[0].isdigit() and int(r[0]) >= 90]
+if not busy:
+    print("gpu samples: none >= 90% busy", rows[:1])
+else:
+    clocks, power = [int(r[1]) for r in busy], [float(r[2]) for r in busy]
+    print(f"gpu samples >= 90% busy: {len(busy)} s, SM clock median {statistics.median(clocks):.0f} MHz "
+          f"(min {min(clocks)}), power mean {statistics.mean(power):.0f} W (max {max(power):.0f}), "
+          f"max {max(int(r[3]) for r in busy)} C; clock event reasons: {dict(collections.Counter(r[4] for r in busy))}")
+PY
 fi
 cat "$W/status.txt"; cat "$W/results.md" 2>/dev/null
 tar czf "$OUT/$part.tgz" -C /tmp "bench_$part"
