@@ -187,6 +187,11 @@ ROWS = (
         optimizer_s=0.836, fused_layers=True),
     Row("1b-mb24x4-fp16-offload-1202g", BENCH, f"{SHIPPED_1B} --offload --set training.precision=fp16 "
         "--set deepspeed.fp16.enabled=true", 55_775, 64.2, host_used_gib=25.3, optimizer_s=0.782, fused_layers=True),
+    # 2026-12-03, session 35 (docs/benchmarks.md "runs at the GPU's power cap", call 2, plan7b): the 7.24B at the
+    # planner's pick of today (micro-batch 15 x 2, checkpointing, no offload), plain-DeepSpeed path: held out.
+    Row("7b-mb15-ga2-ckpt-1203", BENCH, f"{SHAPE_7B} --micro-batch 15 --grad-accum 2 --liger all {Z} "
+        "--set model.gradient_checkpointing=true --set scaling.cpus_per_worker=14", 10_773, 122.0, host_used_gib=15.6,
+        optimizer_s=0.181, fused_layers=True),
     # offload-max: `free -m` used, sampled every 5 s, peaked at 128,395 MiB (the host's OOM edge).
     Row("6.74b-mb1-ckpt-offload", BENCH, "--micro-batch 1 --hidden-size 4096 --num-layers 32 --num-heads 32 "
         f"--num-kv-heads 32 --intermediate-size 11008 --liger all {Z} --set model.gradient_checkpointing=true "
