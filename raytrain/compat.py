@@ -297,24 +297,33 @@ WORKER_GROUP_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 # each a new Python process, SPREAD over the cluster's nodes, killed once the footers are read. Each
 # actor reads up to RAY_DATA_PARQUET_FOOTER_BATCH_SIZE (10) files per call, 128 at a time, so a pool
 # larger than the number of such batches has actors with nothing to read. Measured on 2 cores, a
-# 2-file dataset iterated three times: 32 actors per epoch and 6.4 s per epoch; with one, 1.4-1.8 s.
+# 2-file dataset: 3.8 s per epoch with 32 actors, 1.4-2.1 s with one (benchmarks/parquet_listing.py).
 # The indexer reads the variable when it is built, in read_parquet on the driver, and travels with
 # the dataset to whichever process executes it (the split coordinator for Ray Train).
 PARQUET_FOOTER_ACTORS_ENV = "RAY_DATA_PARQUET_FOOTER_NUM_ACTORS"
 PARQUET_FOOTER_BATCH_ENV = "RAY_DATA_PARQUET_FOOTER_BATCH_SIZE"
 
 
-def read_parquet_listed(files: list[str], filesystem):
-    """`ray.data.read_parquet(files)` with the footer pool sized to the files: one actor per
-    footer batch, at most Ray's default. A user's RAY_DATA_PARQUET_FOOTER_NUM_ACTORS is kept."""
-    import ray.data
+def parquet_footer_actors(num_files: int) -> int | None:
+    """The footer pool for `num_files` files: one actor per footer batch, at most Ray's default pool;
+    None where the user set RAY_DATA_PARQUET_FOOTER_NUM_ACTORS (theirs stands)."""
     from ray.data._internal.datasource_v2.formats.parquet import footer_file_indexer
 
     if PARQUET_FOOTER_ACTORS_ENV in os.environ:
+        return None
+    per_call = max(1, int(os.environ.get(PARQUET_FOOTER_BATCH_ENV) or footer_file_indexer._DEFAULT_BATCH_SIZE))
+    return max(1, min(footer_file_indexer._DEFAULT_NUM_ACTORS, -(-num_files // per_call)))
+
+
+def read_parquet_listed(files: list[str], filesystem):
+    """`ray.data.read_parquet(files)` with the footer pool sized by `parquet_footer_actors`, set in the
+    environment for the call only."""
+    import ray.data
+
+    actors = parquet_footer_actors(len(files))
+    if actors is None:
         return ray.data.read_parquet(files, filesystem=filesystem)
-    per_call = int(os.environ.get(PARQUET_FOOTER_BATCH_ENV) or footer_file_indexer._DEFAULT_BATCH_SIZE)
-    needed = max(1, min(footer_file_indexer._DEFAULT_NUM_ACTORS, -(-len(files) // max(1, per_call))))
-    os.environ[PARQUET_FOOTER_ACTORS_ENV] = str(needed)
+    os.environ[PARQUET_FOOTER_ACTORS_ENV] = str(actors)
     try:
         return ray.data.read_parquet(files, filesystem=filesystem)
     finally:

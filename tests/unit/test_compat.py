@@ -320,3 +320,19 @@ def test_ray_datas_parquet_footer_pool_is_sized_when_read_parquet_builds_its_ind
     indexer = ParquetDatasourceV2([str(tmp_path / "a.parquet")])._get_file_indexer()
     monkeypatch.delenv(compat.PARQUET_FOOTER_ACTORS_ENV)
     assert indexer._num_actors == 3 and compat.PARQUET_FOOTER_ACTORS_ENV not in os.environ
+
+
+@pytest.mark.parametrize("files, batch, expected", [(1, None, 1), (2, None, 1), (10, None, 1), (11, None, 2),
+                                                    (25, None, 3), (320, None, 32), (5000, None, 32), (25, "5", 5)])
+def test_the_footer_pool_is_one_actor_per_footer_batch_at_most_rays_default(files, batch, expected, monkeypatch):
+    monkeypatch.delenv(compat.PARQUET_FOOTER_ACTORS_ENV, raising=False)
+    if batch is None:
+        monkeypatch.delenv(compat.PARQUET_FOOTER_BATCH_ENV, raising=False)
+    else:
+        monkeypatch.setenv(compat.PARQUET_FOOTER_BATCH_ENV, batch)
+    assert compat.parquet_footer_actors(files) == expected
+
+
+def test_a_footer_pool_the_user_set_is_kept(monkeypatch):
+    monkeypatch.setenv(compat.PARQUET_FOOTER_ACTORS_ENV, "7")
+    assert compat.parquet_footer_actors(2) is None
