@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import tempfile
 import time
 
@@ -58,6 +59,7 @@ def main() -> int:
             assert rows == 100 * args.files, rows
             print(f"| {name} | {epoch} | {time.perf_counter() - t:.1f} | {footer_readers() - start_count} |", flush=True)
     ray.shutdown()
+    shutil.rmtree(directory)
     return 0
 
 
