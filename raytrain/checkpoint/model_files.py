@@ -9,12 +9,14 @@ weights are not copied: the checkpoints hold them.
 from __future__ import annotations
 
 import contextlib
+import datetime
+import filecmp
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 
-from raytrain.checkpoint.layout import MODEL_DIR, filesystem
+from raytrain.checkpoint.layout import MODEL_DIR, filesystem, set_aside
 from raytrain.config import ModelConfig
 from raytrain.model import config_from_facts, load_tokenizer
 
@@ -25,10 +27,14 @@ def model_files_uri(run_uri: str) -> str:
     return f"{run_uri.rstrip('/')}/{MODEL_DIR}"
 
 
-def write_model_files(run_uri: str, model: ModelConfig, facts) -> None:
+def write_model_files(run_uri: str, model: ModelConfig, facts) -> str | None:
     """STORAGE/RUN/model/: the config as the run resolved it (raytrain.run_spec.ModelFacts), the
     tokenizer the data is tokenized with, and the model's generation config when it has one.
-    Replaces what an earlier session of the run wrote (the same files, unless the model changed)."""
+
+    An earlier session of the run wrote the same files: they are left as they are. Anything else
+    found there (a directory that was the user's before it became a run, a tokenizer edited between
+    sessions, files another transformers version wrote) is set aside under model.replaced-TIME, never
+    deleted; returns the note saying so, None when nothing was moved."""
     import pyarrow.fs
 
     with tempfile.TemporaryDirectory(prefix="raytrain-model-") as tmp:
@@ -37,11 +43,48 @@ def write_model_files(run_uri: str, model: ModelConfig, facts) -> None:
         generation = _generation_config(model)
         if generation is not None:
             generation.save_pretrained(tmp)
-        fs, path = filesystem(model_files_uri(run_uri))
-        if fs.get_file_info(path).type != pyarrow.fs.FileType.NotFound:
-            fs.delete_dir(path)
+        uri = model_files_uri(run_uri)
+        fs, path = filesystem(uri)
+        found = fs.get_file_info(path).type
+        note = None
+        if found != pyarrow.fs.FileType.NotFound:
+            differ = _differences(fs, path, tmp) if found == pyarrow.fs.FileType.Directory else [MODEL_DIR]
+            if not differ:
+                return None
+            suffix = f".replaced-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+            if found == pyarrow.fs.FileType.Directory:
+                aside = set_aside(uri, suffix)
+            else:  # a file named model
+                fs.move(path, path + suffix)
+                aside = uri + suffix
+            shown = ", ".join(differ[:3]) + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")
+            note = (f"{uri} held files other than this run's model files ({shown}): moved to {aside}; the run "
+                    f"writes its own there (the export reads them)")
         fs.create_dir(path, recursive=True)
         pyarrow.fs.copy_files(tmp, path, source_filesystem=pyarrow.fs.LocalFileSystem(), destination_filesystem=fs)
+        return note
+
+
+def _differences(fs, path: str, written: str) -> list[str]:
+    """The files that differ between directory `path` on `fs` and the local directory `written`:
+    missing on either side or not byte-equal, by their relative names."""
+    import pyarrow.fs
+
+    infos = fs.get_file_info(pyarrow.fs.FileSelector(path, recursive=True))
+    there = {i.path[len(path.rstrip("/")) + 1:]: i for i in infos if i.type == pyarrow.fs.FileType.File}
+    here = {os.path.relpath(os.path.join(root, f), written)
+            for root, _, files in os.walk(written) for f in files}
+    differ = sorted(there.keys() ^ here)
+    for name in sorted(there.keys() & here):
+        local = os.path.join(written, name)
+        if isinstance(fs, pyarrow.fs.LocalFileSystem):
+            same = filecmp.cmp(there[name].path, local, shallow=False)
+        else:
+            with fs.open_input_stream(there[name].path) as f, open(local, "rb") as mine:
+                same = there[name].size == os.path.getsize(local) and f.read() == mine.read()
+        if not same:
+            differ.append(name)
+    return sorted(differ)
 
 
 @contextlib.contextmanager

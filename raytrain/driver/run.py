@@ -105,7 +105,9 @@ def fit(cfg: RunConfig, fresh: bool = False, argv: Sequence[str] | None = None) 
     done = finished_checkpoint(spec.run_uri, cfg.training.max_steps)
     if done is not None:  # nothing to train: no datasets, no workers (tens of seconds saved)
         return _wrap_up(done, spec, cfg)
-    write_model_files(spec.run_uri, cfg.model, spec.model)  # export reads these, not the originals
+    moved = write_model_files(spec.run_uri, cfg.model, spec.model)  # export reads these, not the originals
+    if moved:
+        say(f"raytrain: note: {moved}")
     datasets = build_datasets(cfg.data, cfg.model, cfg.training.seed, sources, resolved.model.vocab_size, progress)
     trainer = _trainer(spec, datasets, progress)
     with progress, policy_installed(spec):

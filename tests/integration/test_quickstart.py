@@ -113,6 +113,9 @@ def test_the_printed_command_continues_the_run_to_its_end(quickstart):
     start = int(re.search(r"starting at step (\d+)", out).group(1))
     assert start >= 2 and "raytrain: done at step 20" in out
     assert unfinished(quickstart["storage"], quickstart["argv"]) == []  # finished: nothing to continue
+    # the continued run found its own model files from the first session, equal: left as they were
+    assert "held files other than" not in out
+    assert not list((quickstart["storage"] / quickstart["name"]).glob("model.replaced-*"))
 
 
 @pytest.mark.parametrize("run", ["interrupted", "second"])

@@ -81,6 +81,9 @@ def user_run(ray_cluster, tmp_path_factory):
     with open(data / "a.jsonl", "a") as f:  # skipped by the empty-document policy, reported once
         f.write(json.dumps({"id": 64, "body": ""}) + "\n" + json.dumps({"id": 65}) + "\n")
     storage = root / "runs"
+    # The run's name was a directory of the user's already, with a model/ of its own: set aside, not lost
+    (storage / "user" / "model").mkdir(parents=True)
+    (storage / "user" / "model" / "NOTES.md").write_text("mine")
     env = {**os.environ, "RAY_ADDRESS": ray_cluster["address"], "RAY_AUTH_MODE": "token", "PYTHONUNBUFFERED": "1"}
     p = run(env, f"model.name_or_path={root / 'model'}", "model.pretrained=true", f"model.tokenizer={root / 'tokenizer'}",
             f"data.path={data}", "data.text_column=body", f"data.seq_len={row.shape[1]}", "data.progress_every_s=0",
@@ -124,6 +127,16 @@ def test_the_run_directory_holds_the_models_config_tokenizer_and_generation_conf
     files = set(os.listdir(user_run["checkpoint"].parent / "model"))
     assert {"config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"} <= files
     assert not any(f.endswith(".safetensors") for f in files)  # the checkpoints hold the weights
+
+
+def test_a_model_directory_the_run_found_is_set_aside_and_said_once(user_run):
+    run = user_run["checkpoint"].parent
+    [aside] = run.glob("model.replaced-*")
+    assert (aside / "NOTES.md").read_text() == "mine"
+    lines = [line for line in user_run["p"].stdout.splitlines() if "held files other than" in line]
+    assert len(lines) == 1 and lines[0].startswith(
+        f"raytrain: note: {run}/model held files other than this run's model files (NOTES.md, config.json, "), lines
+    assert lines[0].endswith(f": moved to {aside}; the run writes its own there (the export reads them)"), lines
 
 
 def test_export_after_the_originals_are_gone_loads_and_generates(user_run):

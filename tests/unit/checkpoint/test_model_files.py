@@ -77,3 +77,45 @@ def test_a_cloud_out_dir_gets_every_file_of_the_local_export(tmp_path):
     upload(str(tmp_path / "out"), fs, path)
     files = {i.base_name: i.size for i in fs.get_file_info(pyarrow.fs.FileSelector(path))}
     assert files == {"config.json": 2, "model.safetensors": 1, "tokenizer.json": 1}
+
+
+def test_the_files_an_earlier_session_wrote_are_left_as_they_are(tmp_path):
+    run = tmp_path / "r"
+    assert write_model_files(str(run), ModelConfig(), facts(ModelConfig())) is None
+    before = {f: (run / "model" / f).stat().st_mtime_ns for f in os.listdir(run / "model")}
+    # the run continued: the same files again (their bytes do not depend on when they are written)
+    assert write_model_files(str(run), ModelConfig(), facts(ModelConfig())) is None
+    assert {f: (run / "model" / f).stat().st_mtime_ns for f in os.listdir(run / "model")} == before
+    assert not [p for p in os.listdir(run) if p.startswith("model.replaced-")]
+
+
+def test_other_files_in_the_runs_model_directory_are_set_aside_whole_and_said(tmp_path):
+    run = tmp_path / "r"
+    (run / "model" / "sub").mkdir(parents=True)  # the user's own directory before it became a run
+    (run / "model" / "config.json").write_text('{"mine": 1}')
+    (run / "model" / "sub" / "weights.bin").write_bytes(b"w" * 100)
+    note = write_model_files(str(run), ModelConfig(), facts(ModelConfig()))
+    [aside] = [p for p in os.listdir(run) if p.startswith("model.replaced-")]
+    assert note == (f"{run}/model held files other than this run's model files (config.json, sub/weights.bin, "
+                    f"tokenizer.json and 1 more): moved to {run}/{aside}; the run writes its own there (the export "
+                    f"reads them)")
+    assert (run / aside / "config.json").read_text() == '{"mine": 1}'  # nothing lost
+    assert (run / aside / "sub" / "weights.bin").read_bytes() == b"w" * 100
+    assert AutoConfig.from_pretrained(run / "model").hidden_size == load_model_config(ModelConfig()).hidden_size
+    # one file edited between sessions (a tokenizer changed by hand) is enough, and is named
+    (run / "model" / "tokenizer_config.json").write_text("{}")
+    import time
+
+    time.sleep(1.1)  # a second set-aside gets a name of its own (the suffix is to the second)
+    note = write_model_files(str(run), ModelConfig(), facts(ModelConfig()))
+    assert "(tokenizer_config.json): moved to" in note
+    assert len([p for p in os.listdir(run) if p.startswith("model.replaced-")]) == 2
+
+
+def test_a_file_named_model_in_the_run_is_set_aside_too(tmp_path):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "model").write_text("notes")
+    note = write_model_files(str(tmp_path / "r"), ModelConfig(), facts(ModelConfig()))
+    [aside] = [p for p in os.listdir(tmp_path / "r") if p.startswith("model.replaced-")]
+    assert "(model): moved to" in note and (tmp_path / "r" / aside).read_text() == "notes"
+    assert (tmp_path / "r" / "model" / "config.json").is_file()

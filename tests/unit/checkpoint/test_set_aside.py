@@ -79,3 +79,24 @@ def test_a_checkpoint_on_s3_is_named_with_its_scheme(s3):
     assert layout.checkpoint_uri(run, checkpoint) == f"{run}/checkpoint_step_00000003"
     assert layout.checkpoint_uri("/data/runs/named", ray.train.Checkpoint("/data/runs/named/checkpoint_step_00000003")) \
         == "/data/runs/named/checkpoint_step_00000003"
+
+
+def test_the_model_files_of_an_s3_run_are_kept_when_equal_and_set_aside_when_not(s3):
+    from raytrain.checkpoint.model_files import write_model_files
+    from raytrain.config import ModelConfig, RunConfig
+    from raytrain.planning.resolve import resolve_run, shape_from_config
+
+    cfg = RunConfig()
+    facts = resolve_run(cfg, shape_from_config(cfg)).model
+    fs, run = s3.filesystem(), f"{s3.bucket}/runs/m"
+    assert write_model_files(f"s3://{run}", ModelConfig(), facts) is None
+    written = files(fs, f"{run}/model")
+    assert write_model_files(f"s3://{run}", ModelConfig(), facts) is None  # compared object by object: equal
+    with fs.open_output_stream(f"{run}/model/config.json") as f:
+        f.write(b'{"edited": true}')
+    note = write_model_files(f"s3://{run}", ModelConfig(), facts)
+    assert note.startswith(f"s3://{run}/model held files other than this run's model files (config.json): moved to "
+                           f"s3://{run}/model.replaced-"), note
+    [aside] = {i.path for i in fs.get_file_info(pyarrow.fs.FileSelector(f"{s3.bucket}/runs/m"))} - {f"{run}/model"}
+    assert files(fs, aside)["config.json"] == b'{"edited": true}'  # nothing lost
+    assert files(fs, f"{run}/model") == written
