@@ -50,7 +50,8 @@ part=${1:?reader, offload, alloc1b, compile, compile-noliger, checks, zeropp, su
 OUT=${OUT:-/tmp/out}; W=/tmp/bench_$part; mkdir -p "$OUT" "$W"
 END=$(( $(date +%s) + ${BUDGET_S:-560} ))
 export TORCH_EXTENSIONS_DIR=/tmp/torch_ext
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$W/gpus.csv" 2>&1
+# uuid and serial: which GPU a record came from, so that records of one machine and of several can be told apart
+nvidia-smi --query-gpu=name,memory.total,driver_version,uuid,serial --format=csv > "$W/gpus.csv" 2>&1
 # Power limit and clocks: the same shipped step ran 58.3-60.1% MFU on different H200 machines (docs/benchmarks.md)
 nvidia-smi --query-gpu=power.limit,power.max_limit,clocks.max.sm,clocks.sm,clocks.mem,temperature.gpu,pstate \
   --format=csv >> "$W/gpus.csv" 2>&1
