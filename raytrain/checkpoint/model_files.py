@@ -77,11 +77,13 @@ def _differences(fs, path: str, written: str) -> list[str]:
     differ = sorted(there.keys() ^ here)
     for name in sorted(there.keys() & here):
         local = os.path.join(written, name)
-        if isinstance(fs, pyarrow.fs.LocalFileSystem):
+        if there[name].size != os.path.getsize(local):
+            same = False
+        elif isinstance(fs, pyarrow.fs.LocalFileSystem):
             same = filecmp.cmp(there[name].path, local, shallow=False)
-        else:
+        else:  # equal sizes: read whole (a config and a tokenizer, a few MB; a user's weights differ in size)
             with fs.open_input_stream(there[name].path) as f, open(local, "rb") as mine:
-                same = there[name].size == os.path.getsize(local) and f.read() == mine.read()
+                same = f.read() == mine.read()
         if not same:
             differ.append(name)
     return sorted(differ)
