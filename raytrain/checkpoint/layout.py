@@ -75,6 +75,7 @@ _STREAM_CHUNK_BYTES = 64 * 1024**2
 
 def set_aside(run: str, suffix: str) -> str:
     """Rename run directory `run` (a path or URI) to `run + suffix`; returns the new path or URI.
+    A single file there is moved the same way.
 
     A local, shared or HDFS directory is renamed at once. On S3 and GCS a "directory" is a prefix, so
     each object is moved (a server-side copy, then a delete), Ray Train's record of the run (its
@@ -85,7 +86,7 @@ def set_aside(run: str, suffix: str) -> str:
     fs, path = filesystem(run)
     path = path.rstrip("/")
     aside = path + suffix
-    if fs.type_name not in _OBJECT_STORES:
+    if fs.type_name not in _OBJECT_STORES or fs.get_file_info(path).type == pyarrow.fs.FileType.File:
         fs.move(path, aside)
     else:
         infos = [i for i in fs.get_file_info(pyarrow.fs.FileSelector(path, recursive=True))

@@ -51,12 +51,7 @@ def write_model_files(run_uri: str, model: ModelConfig, facts) -> str | None:
             differ = _differences(fs, path, tmp) if found == pyarrow.fs.FileType.Directory else [MODEL_DIR]
             if not differ:
                 return None
-            suffix = f".replaced-{datetime.datetime.now():%Y%m%d-%H%M%S}"
-            if found == pyarrow.fs.FileType.Directory:
-                aside = set_aside(uri, suffix)
-            else:  # a file named model
-                fs.move(path, path + suffix)
-                aside = uri + suffix
+            aside = set_aside(uri, f".replaced-{datetime.datetime.now():%Y%m%d-%H%M%S}")
             shown = ", ".join(differ[:3]) + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")
             note = (f"{uri} held files other than this run's model files ({shown}): moved to {aside}; the run "
                     f"writes its own there (the export reads them)")
@@ -74,7 +69,7 @@ def _differences(fs, path: str, written: str) -> list[str]:
     there = {i.path[len(path.rstrip("/")) + 1:]: i for i in infos if i.type == pyarrow.fs.FileType.File}
     here = {os.path.relpath(os.path.join(root, f), written)
             for root, _, files in os.walk(written) for f in files}
-    differ = sorted(there.keys() ^ here)
+    differ = list(there.keys() ^ here)
     for name in sorted(there.keys() & here):
         local = os.path.join(written, name)
         if there[name].size != os.path.getsize(local):

@@ -100,3 +100,11 @@ def test_the_model_files_of_an_s3_run_are_kept_when_equal_and_set_aside_when_not
     [aside] = {i.path for i in fs.get_file_info(pyarrow.fs.FileSelector(f"{s3.bucket}/runs/m"))} - {f"{run}/model"}
     assert files(fs, aside)["config.json"] == b'{"edited": true}'  # nothing lost
     assert files(fs, f"{run}/model") == written
+
+
+def test_a_single_object_on_s3_is_set_aside_as_it_is(s3):
+    fs = s3.filesystem()
+    with fs.open_output_stream(f"{s3.bucket}/runs/f/model") as f:  # a file where a directory would be
+        f.write(b"notes")
+    assert layout.set_aside(f"s3://{s3.bucket}/runs/f/model", ".replaced-1") == f"s3://{s3.bucket}/runs/f/model.replaced-1"
+    assert files(fs, f"{s3.bucket}/runs/f") == {"model.replaced-1": b"notes"}
