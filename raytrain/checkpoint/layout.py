@@ -19,6 +19,7 @@ run code: only load checkpoints from storage you trust.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 from typing import Any
@@ -73,9 +74,10 @@ S3_COPY_LIMIT_BYTES = 5 * 1024**3
 _STREAM_CHUNK_BYTES = 64 * 1024**2
 
 
-def set_aside(run: str, suffix: str) -> str:
-    """Rename run directory `run` (a path or URI) to `run + suffix`; returns the new path or URI.
-    A single file there is moved the same way.
+def set_aside(run: str, suffix: str | None = None) -> str:
+    """Rename run directory `run` (a path or URI) to `run + suffix`, by default `.replaced-` and the
+    local time (what --fresh and the model files' note name); returns the new path or URI. A single
+    file there is moved the same way.
 
     A local, shared or HDFS directory is renamed at once. On S3 and GCS a "directory" is a prefix, so
     each object is moved (a server-side copy, then a delete), Ray Train's record of the run (its
@@ -83,6 +85,8 @@ def set_aside(run: str, suffix: str) -> str:
     gone, which --fresh sets aside again (into a second name) rather than training over it."""
     import pyarrow.fs
 
+    if suffix is None:
+        suffix = f".replaced-{datetime.datetime.now():%Y%m%d-%H%M%S}"
     fs, path = filesystem(run)
     path = path.rstrip("/")
     aside = path + suffix

@@ -9,7 +9,6 @@ weights are not copied: the checkpoints hold them.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import filecmp
 import os
 import shutil
@@ -51,7 +50,7 @@ def write_model_files(run_uri: str, model: ModelConfig, facts) -> str | None:
             differ = _differences(fs, path, tmp) if found == pyarrow.fs.FileType.Directory else [MODEL_DIR]
             if not differ:
                 return None
-            aside = set_aside(uri, f".replaced-{datetime.datetime.now():%Y%m%d-%H%M%S}")
+            aside = set_aside(uri)
             shown = ", ".join(differ[:3]) + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")
             note = (f"{uri} held files other than this run's model files ({shown}): moved to {aside}; the run "
                     f"writes its own there (the export reads them)")

@@ -227,7 +227,7 @@ def _place(resolved: ResolvedRun, fresh: bool) -> tuple[RunSpec, DataProgress]:
     checkpoint, own = resume_checkpoint(cfg, storage, name, fresh)
     resuming = check_resume(checkpoint, resolved, own_run=own)  # before --fresh moves anything
     if fresh and _has_run(run):
-        aside = layout.set_aside(run, f".replaced-{datetime.datetime.now():%Y%m%d-%H%M%S}")
+        aside = layout.set_aside(run)
         say(f"raytrain: --fresh: moved the existing run {name!r} to {aside}")
     elif own and (step := layout.read_metadata(checkpoint)["step"]) >= cfg.training.max_steps:
         say(f"raytrain: run {name!r} in {storage} is already done at step {step} "
