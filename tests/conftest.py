@@ -64,7 +64,6 @@ SLOW_FIRST = [
     "tests/integration/test_object_storage.py",  # ~100 s alone (one run, S3 through moto's server)
     "tests/integration/test_zero3_knobs.py",  # ~100 s (~300 s on a new machine: DeepSpeed's CPU ops built)
     "tests/integration/test_bench_data.py",  # ~85 s
-    "tests/integration/test_plan_auto.py",  # ~70 s
     "tests/unit/tools/test_bench.py",  # ~70 s
     "tests/unit/checkpoint/test_universal.py",  # ~70 s
     "tests/unit/worker/test_loop.py",  # ~60 s

@@ -1,7 +1,8 @@
 """Fault tolerance for real: worker processes SIGKILLed from outside, three times in one run (twice in
-the middle of a checkpoint save), on the shared `ray start` cluster. The run must finish with per-step
-losses equal to an uninterrupted run's, bit for bit (CPU, fp32), and a save that was interrupted is
-never the one a restart resumes from. Then what a user does next with a run's checkpoints: resume from
+the middle of a checkpoint save), on the shared `ray start` cluster, its data shuffled and read ahead.
+The run must finish with per-step losses equal to an uninterrupted run's, bit for bit (CPU, fp32): every
+restart read on exactly where its checkpoint stood (mid-epoch, and across the epoch's end at step 9).
+A save that was interrupted is never the one a restart resumes from. Then what a user does next with a run's checkpoints: resume from
 a chosen one on another number of workers (DeepSpeed universal conversion, data shards reassigned),
 run the same command again (a finished run: nothing to train), start over with --fresh, and a run
 past max_failures.
@@ -30,10 +31,12 @@ pytestmark = pytest.mark.integration
 # 12 steps, a checkpoint every 3, 6 data shards (3 per worker; 2 per worker on 3 workers), micro-batch
 # 6: the same global batch of 36 sequences on 2 workers (GA 3) and 3 workers (GA 2). The built-in
 # Llama with 2 layers instead of 4: what is compared is the same either way, and each step is cheaper.
+# Shuffled in windows of at least 16 rows (default off; a shard holds 54-59 rows an epoch) and read ahead
+# (data.prefetch_batches, default 4): the restarts' data position is exact with both.
 ARGS = ["training.max_steps=12", "training.log_every_n_steps=1", "checkpoint.every_n_steps=3",
         "checkpoint.num_to_keep=3", "checkpoint.max_failures=6", "data.num_builtin_documents=120",
         "training.warmup_steps=3", "training.seed=7", "data.num_shards=6", "training.micro_batch_size_per_gpu=6",
-        'model.config={"num_hidden_layers": 2}']
+        "data.shuffle_buffer_size=16", 'model.config={"num_hidden_layers": 2}']
 TWO = ["training.gradient_accumulation_steps=3"]
 THREE = ["scaling.num_workers=3", "training.gradient_accumulation_steps=2"]
 

@@ -1,8 +1,11 @@
 """The worker's reader on real Ray Data splits (raytrain.data.ingest), without training: the data
 position is that of the last batch handed out (never of what was prefetched; the step's start in the
 middle of a step), a reader started at a position continues exactly there, and an epoch ends for
-every shard at once at a step boundary, dropping each shard's partial tail, whatever the micro-batch.
-The same reader inside real Ray Train workers, across world sizes: test_data_resume.py."""
+every shard at once at a step boundary, dropping each shard's partial tail, whatever the micro-batch,
+and a shuffled reader resumed at a position reads on exactly as the uninterrupted one did, across
+epochs. The same reader inside real Ray Train workers, across world sizes: test_data_resume.py; a
+restart of real workers at the same world size, shuffled, bit-exact in its losses:
+test_fault_tolerance.py."""
 
 import numpy as np
 import pytest
@@ -20,12 +23,12 @@ def splits(n_shards, rows=40):
     return ds.streaming_split(n_shards, equal=True)
 
 
-def reader(n_shards, position=(0, 0), prefetch=0, micro=4, step_rows=2, digests=False):
+def reader(n_shards, position=(0, 0), prefetch=0, micro=4, step_rows=2, digests=False, shuffle=0):
     from raytrain.data.ingest import MicroBatches, ShardGroup
 
     shards = splits(n_shards)
     return MicroBatches(ShardGroup(shards, list(range(n_shards))), micro, step_rows, torch.device("cpu"), seed=5,
-                        shuffle_buffer_size=0, position=position, prefetch=prefetch, digests=digests)
+                        shuffle_buffer_size=shuffle, position=position, prefetch=prefetch, digests=digests)
 
 
 def first_ids(batch):
@@ -47,6 +50,30 @@ def test_a_reader_started_at_a_position_continues_exactly_there(ray_cluster):
     resumed = reader(2, position=(0, 6))  # after 3 micro-batches of 2 rows from each of the 2 shards
     assert [first_ids(next(resumed)) for _ in range(2)] == expected[3:]
     resumed.close()
+
+
+def test_a_shuffled_reader_resumed_anywhere_reads_on_as_the_uninterrupted_one_across_epochs(ray_cluster):
+    # What a restart at the same world size does (its new worker group builds the same reader at the
+    # checkpoint's position), in one process: shuffle on, the resumed readers reading ahead.
+    def read(batches, n):
+        out, positions = [], []
+        for _ in range(n):
+            out.append(first_ids(next(batches)))
+            positions.append(batches.position())
+        batches.close()
+        return out, positions
+
+    # 20 rows per shard, 2 per step (one micro-batch of 4 from the 2 shards): 10 steps an epoch
+    full, positions = read(reader(2, shuffle=8), 25)
+    plain, _ = read(reader(2), 10)
+    epochs = [p["epoch"] for p in positions]
+    assert epochs.index(1) == 10 and epochs[-1] == 2, positions
+    assert full[:10] != plain and sorted(sum(full[:10], [])) == sorted(sum(plain, []))  # shuffled, same rows
+    assert full[10:20] != full[:10] and sorted(sum(full[10:20], [])) == sorted(sum(plain, []))  # anew per epoch
+    for k in (13, 9):  # mid-epoch 1; one step before an epoch boundary, which the resumed reader crosses
+        position = positions[k - 1]
+        resumed, _ = read(reader(2, position=(position["epoch"], position["rows"]), prefetch=3, shuffle=8), 25 - k)
+        assert resumed == full[k:], k
 
 
 def test_an_epoch_ends_for_every_shard_at_once(ray_cluster):

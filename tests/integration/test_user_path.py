@@ -1,9 +1,10 @@
 """The user's path, end to end with real components: a model directory written by save_pretrained
 (trained a little first, so that its weights are recognisable), a BPE tokenizer trained with
-`tokenizers`, JSON lines in a non-default column, `model.pretrained=true` under ZeRO-3, export
-after the original model and tokenizer are deleted, then `from_pretrained` + `generate`. And the
-user's mistake found while training: a line that is not JSON stops the run with one line, exit 2,
-never a retried worker failure."""
+`tokenizers`, JSON lines in a non-default column, `model.pretrained=true` under ZeRO-3, the micro-batch
+left to the planner ("auto": chosen on the driver with the same code as `--dry-run`, said once before
+the workers start, trained with), export after the original model and tokenizer are deleted, then
+`from_pretrained` + `generate`. And the user's mistake found while training: a line that is not JSON
+stops the run with one line, exit 2, never a retried worker failure."""
 
 import json
 import os
@@ -14,6 +15,9 @@ import sys
 
 import pytest
 import torch
+
+from raytrain.config import load_config
+from raytrain.driver.run import dry_run
 
 pytestmark = pytest.mark.integration
 
@@ -85,10 +89,14 @@ def user_run(ray_cluster, tmp_path_factory):
     (storage / "user" / "model").mkdir(parents=True)
     (storage / "user" / "model" / "NOTES.md").write_text("mine")
     env = {**os.environ, "RAY_ADDRESS": ray_cluster["address"], "RAY_AUTH_MODE": "token", "PYTHONUNBUFFERED": "1"}
-    p = run(env, f"model.name_or_path={root / 'model'}", "model.pretrained=true", f"model.tokenizer={root / 'tokenizer'}",
+    # The micro-batch left to the planner, within a global batch of 8 rows (micro-batch x accumulation
+    # x 2 workers); --dry-run's answer, in-process (no Ray involved), is what the run must choose.
+    args = [f"model.name_or_path={root / 'model'}", "model.pretrained=true", f"model.tokenizer={root / 'tokenizer'}",
             f"data.path={data}", "data.text_column=body", f"data.seq_len={row.shape[1]}", "data.progress_every_s=0",
-            "training.max_steps=4", "training.log_every_n_steps=1", "training.micro_batch_size_per_gpu=2",
-            f"checkpoint.storage_path={storage}", "checkpoint.name=user")
+            "training.max_steps=4", "training.log_every_n_steps=1", "training.micro_batch_size_per_gpu=auto",
+            "deepspeed.train_batch_size=8", f"checkpoint.storage_path={storage}", "checkpoint.name=user"]
+    resolved, notes = dry_run(load_config(None, args))
+    p = run(env, *args)
     checkpoint = storage / "user" / "checkpoint_step_00000004"
     # The run's files must be all the export needs: the originals go.
     shutil.rmtree(root / "model")
@@ -97,7 +105,8 @@ def user_run(ray_cluster, tmp_path_factory):
     export = subprocess.run([sys.executable, "-m", "raytrain.tools.export", str(checkpoint), str(out)],
                             capture_output=True, text=True, timeout=600)
     return {"p": p, "root": root, "row": row, "reference_loss": reference_loss, "checkpoint": checkpoint,
-            "export": export, "out": out, "env": env, "data": data}
+            "export": export, "out": out, "env": env, "data": data,
+            "micro": resolved.deepspeed.micro_batch_per_gpu, "notes": notes}
 
 
 def test_pretrained_run_says_once_where_the_weights_come_from(user_run):
@@ -105,6 +114,19 @@ def test_pretrained_run_says_once_where_the_weights_come_from(user_run):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     lines = [line for line in p.stdout.splitlines() if line.startswith("raytrain: model:")]
     assert lines == [f"raytrain: model: weights from {user_run['root'] / 'model'} (model.pretrained=true)"]
+
+
+def test_auto_micro_batch_is_chosen_on_the_driver_and_trained_with(user_run):
+    p, micro = user_run["p"], user_run["micro"]
+    # on CPU the planner takes the largest micro-batch that fits host RAM: here the global batch bounds it
+    assert micro == 4  # the largest of 1, 2, 4 (each with its accumulation to 8 rows): all fit
+    assert user_run["notes"][0].startswith(f"plan: chose micro-batch {micro}, ")
+    plan = [line for line in p.stdout.splitlines() if line.startswith("raytrain: plan: ")]
+    assert len(plan) == 1 and plan[0].startswith(f"raytrain: plan: chose micro-batch {micro}, "), plan
+    # said before anything a worker prints
+    assert p.stdout.index(plan[0]) < (p.stdout + p.stderr).index("step 1/4"), p.stdout[-3000:]
+    spec = json.loads((user_run["checkpoint"] / "raytrain.json").read_text())["spec"]
+    assert spec["deepspeed"]["micro_batch_per_gpu"] == micro and spec["plan"] == [plan[0][len("raytrain: plan: "):]]
 
 
 def test_skipped_documents_are_reported_once_for_the_run(user_run):
