@@ -129,7 +129,8 @@ class DataConfig:
     Ignored without eval_path or eval_fraction."""
     eval_max_batches: Annotated[Int, Field(ge=1)] = 8
     """Micro-batches each rank evaluates per evaluation; every rank runs the same count (all stop
-    early together if one rank's eval shard runs out)."""
+    early together if one rank's eval shard runs out; a shard's last micro-batch may be short). Eval
+    data without one row of seq_len tokens is an error before the first step."""
     progress_every_s: Annotated[Float, Field(ge=0)] = 30.0
     """Print how much of the training data has been read and tokenized (percent of the pass, rate,
     ETA) every this many seconds, from the driver (terminal and `ray job logs`). 0: never."""
@@ -422,7 +423,8 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
 # says "auto" (raytrain.deepspeed_config). The batch keys and precision are checked there.
 _FILLS = {"learning_rate": [("optimizer", "lr"), ("scheduler", "warmup_max_lr")],
           "weight_decay": [("optimizer", "weight_decay")], "adam_betas": [("optimizer", "betas")],
-          "adam_epsilon": [("optimizer", "eps")], "warmup_steps": [("scheduler", "warmup_num_steps")]}
+          "adam_epsilon": [("optimizer", "eps")], "warmup_steps": [("scheduler", "warmup_num_steps")],
+          "max_steps": [("scheduler", "total_num_steps")]}
 
 
 def _refuse_ignored_training_values(cfg: RunConfig, given: set[str]) -> None:

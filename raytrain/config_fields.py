@@ -136,6 +136,8 @@ def one_line(error: ValidationError, cls: type, key: str) -> ConfigError:
     hint = ""
     if isinstance(value, datetime.date) and "a string" in describe(tp):
         hint = f": YAML reads an unquoted {value.isoformat()} as a date; quote it (\"{value.isoformat()}\")"
+    elif value is None and describe(tp).startswith("a mapping"):
+        hint = f": YAML reads a section with nothing under it (all commented out) as null; write {where}: {{}} or delete it"
     return ConfigError(f"{where} must be {describe(tp)}, got {_shown(value)}{hint}")
 
 

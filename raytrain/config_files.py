@@ -98,7 +98,10 @@ def read_text(path: str, what: str) -> str:
     if os.path.isdir(expanded):
         raise ConfigError(f"{what} {path} is a directory: give the path of the file itself")
     if not os.path.exists(expanded):
-        raise ConfigError(f"{what} {path} does not exist: check the path")
+        # A relative path is read from the current directory (as every command line does), not from
+        # the directory of the YAML file that names it: say which directory that was.
+        relative = "" if os.path.isabs(expanded) else f" (relative to the current directory {os.getcwd()})"
+        raise ConfigError(f"{what} {path} does not exist{relative}: check the path")
     try:
         with open(expanded, "rb") as f:
             raw = f.read()

@@ -147,17 +147,19 @@ def _resolve_batch(ds: dict[str, Any], training: TrainingConfig, world_size: int
     from_training = {"train_micro_batch_size_per_gpu": training.micro_batch_size_per_gpu,
                      "gradient_accumulation_steps": training.gradient_accumulation_steps,
                      "train_batch_size": None}
+    training_keys = {"train_micro_batch_size_per_gpu": "micro_batch_size_per_gpu",
+                     "gradient_accumulation_steps": "gradient_accumulation_steps"}
     known: dict[str, int] = {}
+    named = {k: f"deepspeed.{k}" for k in keys}  # where each value came from, for the errors below
     for k in keys:
         if isinstance(given[k], int):
-            train_key = {"train_micro_batch_size_per_gpu": "micro_batch_size_per_gpu",
-                         "gradient_accumulation_steps": "gradient_accumulation_steps"}.get(k)
+            train_key = training_keys.get(k)
             if train_key and from_training[k] is not None and from_training[k] != given[k]:
                 raise ConfigError(f"training.{train_key}={from_training[k]} contradicts deepspeed.{k}={given[k]}: "
                                   f"set it in one place (or make the DeepSpeed value \"auto\")")
             known[k] = given[k]
         elif from_training[k] is not None:  # "auto" or absent: a value the user wrote is used, never dropped
-            known[k] = from_training[k]
+            known[k], named[k] = from_training[k], f"training.{training_keys[k]}"
     tbs, mbs, gas = (known.get(k) for k in keys)
 
     # DeepSpeed's rule (runtime/config.py _set_batch_related_parameters), done here so a world size
@@ -165,13 +167,13 @@ def _resolve_batch(ds: dict[str, Any], training: TrainingConfig, world_size: int
     if tbs is not None and mbs is not None and gas is not None:
         if tbs != mbs * gas * world_size:
             raise ConfigError(
-                f"deepspeed.train_batch_size={tbs} != train_micro_batch_size_per_gpu={mbs} x "
-                f"gradient_accumulation_steps={gas} x world size {world_size} = {mbs * gas * world_size}: "
-                f"change one of them (or set train_batch_size to \"auto\")")
+                f"deepspeed.train_batch_size={tbs} != {named[keys[1]]}={mbs} x {named[keys[2]]}={gas} x "
+                f"world size {world_size} = {mbs * gas * world_size}: change one of them (or set "
+                f"train_batch_size to \"auto\")")
     elif tbs is not None:
         if mbs is None and gas is None:
-            gas = training.gradient_accumulation_steps or 1
-        fixed, fixed_key = (mbs, "train_micro_batch_size_per_gpu") if mbs is not None else (gas, "gradient_accumulation_steps")
+            gas, named[keys[2]] = training.gradient_accumulation_steps or 1, "gradient_accumulation_steps"
+        fixed, fixed_key = (mbs, named[keys[1]]) if mbs is not None else (gas, named[keys[2]])
         if tbs % (fixed * world_size):
             raise ConfigError(
                 f"deepspeed.train_batch_size={tbs} is not divisible by {fixed_key}={fixed} x world size "
@@ -195,11 +197,20 @@ def _resolve_precision(ds: dict[str, Any], training: TrainingConfig, use_gpu: bo
         # "bfloat16"). Renamed so that every reader of the resolved dict finds it under one key.
         ds.pop("bf16", None)
         ds["bf16"] = ds.pop("bfloat16")
-    wanted = training.precision or ("bf16" if use_gpu else "fp32")
     sections = {name: _section(ds, name, '{"enabled": true}') for name in ("bf16", "fp16")}
+    # "auto" follows training.precision, else the precision the JSON itself turns on (fp16 true beside
+    # bf16 "auto" is an fp16 run, not both), else bf16 on GPUs.
+    stated = [name for name, section in sections.items() if section.get("enabled") is True]
+    default = "bf16" if use_gpu and sections["bf16"].get("enabled") is not False else "fp32"
+    wanted = training.precision or (stated[0] if len(stated) == 1 else default)
+    delegated = False
     for name, section in sections.items():
         if section.get("enabled") == AUTO:
-            section["enabled"] = wanted == name
+            section["enabled"], delegated = wanted == name, True
+    if delegated and wanted != "fp32" and "enabled" not in sections[wanted]:
+        # An "auto" precision with the wanted section absent (Hugging Face's stock ZeRO-3 JSON has only
+        # fp16 "auto"): add it, or the run would be fp32 on GPUs without a word, at twice the memory.
+        ds[wanted] = sections[wanted] = {**sections[wanted], "enabled": True}
     bf16, fp16 = (sections[name].get("enabled") is True for name in ("bf16", "fp16"))
     if bf16 and fp16:
         raise ConfigError("deepspeed.fp16.enabled and deepspeed.bf16.enabled are both true: enable one of them")

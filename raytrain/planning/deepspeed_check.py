@@ -69,6 +69,7 @@ def check_deepspeed(ds: dict[str, Any], *, world_size: int, seq_len: int, use_gp
     reads = _parse(parsed, world_size)
     _refuse_unread_keys(ds, reads)
     _refuse_quoted_numbers(parsed, reads, world_size)
+    _check_param_values(ds)
     _check_constructor_params(ds)
     _raytrain_rules(ds, world_size, seq_len)
 
@@ -177,8 +178,19 @@ def _from_pydantic(error, ds: dict[str, Any], log: _Log) -> ConfigError:
     if not loc:  # a model validator across several keys
         return ConfigError(f"{key or 'deepspeed'}: {message} (DeepSpeed's rule): fix the values there")
     if message.startswith("Input should be "):
-        message = "must be " + message.removeprefix("Input should be ")
+        message = "must be " + _deduplicated(message.removeprefix("Input should be "))
     return ConfigError(f"{key} {message} (DeepSpeed's rule), got {_shown(value)}")
+
+
+def _deduplicated(choices: str) -> str:
+    """pydantic's "0, 1, 2, 3 or 3" (DeepSpeed 0.19.8's ZeroStageEnum lists max_stage = 3 as its own
+    member) as "0, 1, 2 or 3"; any other message is returned as it is."""
+    head, sep, last = choices.rpartition(" or ")
+    items = head.split(", ") + [last] if sep else []
+    unique = list(dict.fromkeys(items))
+    if not sep or len(unique) == len(items):
+        return choices
+    return unique[0] if len(unique) == 1 else ", ".join(unique[:-1]) + " or " + unique[-1]
 
 
 def _from_exception(error: Exception, ds: dict[str, Any], log: _Log) -> ConfigError:
@@ -297,6 +309,41 @@ def _string_leaves(node: Any, path: tuple = ()):
         yield path
 
 
+# Optimizer params torch's optimizers refuse below 0 in the workers (AdamW: "Invalid learning rate"),
+# while DeepSpeed's fused ones would run with them.
+_NON_NEGATIVE = ("lr", "eps", "weight_decay")
+
+
+def _check_param_values(ds: dict[str, Any]) -> None:
+    """optimizer.params and scheduler.params go to a constructor as they are, outside DeepSpeed's
+    models: a number written as a string ("lr": "3e-4") reaches torch as a string, and a value out of
+    range is refused there, each in the workers and retried as a worker failure. The same values
+    under training.* are refused on the driver, so these are too."""
+    for section in ("optimizer", "scheduler"):
+        params = (ds.get(section) or {}).get("params") if isinstance(ds.get(section), dict) else None
+        if not isinstance(params, dict):
+            continue
+        for key, value in params.items():
+            items = enumerate(value) if isinstance(value, list) else [(None, value)]
+            for i, item in items:
+                path = (section, "params", key if i is None else f"{key}[{i}]")
+                if isinstance(item, str) and _spelled(item):
+                    raise _quoted(path, item, _spelled(item))
+                if isinstance(item, bool) or not isinstance(item, (int, float)):
+                    continue
+                if section == "optimizer" and key == "betas" and not 0 <= item < 1:
+                    raise ConfigError(f"{_dotted(path)}={item} is outside [0, 1): Adam's and Lion's betas are decay "
+                                      f"rates (for example [0.9, 0.95])")
+                negative_ok = section == "optimizer" and key not in _NON_NEGATIVE
+                if item < 0 and not negative_ok and (section == "optimizer" or key.endswith(("steps", "_lr", "size"))):
+                    raise ConfigError(f"{_dotted(path)}={item} is negative: write a value >= 0")
+    clip = ds.get("gradient_clipping")
+    if isinstance(clip, (int, float)) and not isinstance(clip, bool) and clip < 0:
+        # DeepSpeed clips only when the value is > 0: a negative one turns clipping off without a word.
+        raise ConfigError(f"deepspeed.gradient_clipping={clip} is negative, which DeepSpeed reads as no clipping: "
+                          f"write the maximum gradient norm (for example 1.0), or 0 for none")
+
+
 def _check_constructor_params(ds: dict[str, Any]) -> None:
     """optimizer.params / scheduler.params against the one class DeepSpeed will build with them, and
     the optimizer against ZeRO's tested list: on the workers an unknown or missing argument is a
@@ -359,24 +406,31 @@ def _optimizer_class(name: str, ds: dict[str, Any], params: Any) -> tuple[type |
     """(the class DeepSpeed builds for optimizer.type `name`, the arguments it passes itself, the
     params it takes out before the call), as deepspeed/runtime/engine.py (0.19.8)
     _configure_basic_optimizer and get_optimizer_configuration choose: for Adam and AdamW, torch's
-    class with torch_adam, DeepSpeedCPUAdam with an offloaded optimizer, else FusedAdam. None for
-    DeepSpeed's other names (Lamb, Lion, ...)."""
+    class with torch_adam, DeepSpeedCPUAdam with an offloaded optimizer, else FusedAdam; Adagrad and
+    Lion likewise (their CPU twins when offloaded). None for DeepSpeed's other names (Lamb, mup's)."""
     import torch
 
     from deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
     from deepspeed.runtime import config as ds_config
 
     params = params if isinstance(params, dict) else {}
-    if name.lower() not in ds_config.DEEPSPEED_OPTIMIZERS:
+    lowered = name.lower()
+    if lowered not in ds_config.DEEPSPEED_OPTIMIZERS:
         return getattr(torch.optim, name, None), set(), set()
-    if name.lower() not in ("adam", "adamw"):
+    zero = ds.get("zero_optimization") or {}
+    offloaded = str((zero.get("offload_optimizer") or {}).get("device", "none")).lower() in ("cpu", "nvme")
+    if lowered == "adagrad":  # the CPU twins with an offloaded optimizer (zero_use_cpu_optimizer)
+        return (_deepspeed_class("deepspeed.ops.adagrad", "DeepSpeedCPUAdagrad") if offloaded
+                else torch.optim.Adagrad), set(), set()
+    if lowered == "lion":
+        return _deepspeed_class("deepspeed.ops.lion", "DeepSpeedCPULion" if offloaded else "FusedLion"), set(), set()
+    if lowered not in ("adam", "adamw"):
         return None, set(), set()
     popped = {ds_config.ADAM_W_MODE, ds_config.TORCH_ADAM_PARAM, "fp32_optimizer_states"}
-    adam_w_mode = name.lower() == "adamw" or params.get(ds_config.ADAM_W_MODE, ds_config.ADAM_W_MODE_DEFAULT)
+    adam_w_mode = lowered == "adamw" or params.get(ds_config.ADAM_W_MODE, ds_config.ADAM_W_MODE_DEFAULT)
     if params.get(ds_config.TORCH_ADAM_PARAM):
         return (torch.optim.AdamW if adam_w_mode else torch.optim.Adam), {"foreach"}, popped | {"foreach"}
-    zero = ds.get("zero_optimization") or {}
-    if str((zero.get("offload_optimizer") or {}).get("device", "none")).lower() in ("cpu", "nvme"):
+    if offloaded:
         return DeepSpeedCPUAdam, {"adamw_mode", "fp32_optimizer_states"}, popped
     return FusedAdam, {"adam_w_mode"}, popped
 
@@ -422,6 +476,11 @@ def _deepspeed_class(module: str, name: str):
 
 def _raytrain_rules(ds: dict[str, Any], world_size: int, seq_len: int) -> None:
     zero = ds.get("zero_optimization") or {}
+    if isinstance(zero.get("stage"), bool):
+        # pydantic's lax mode reads true as stage 1 and false as stage 0: a ZeRO that shards nothing
+        # the user asked for, without a word.
+        raise ConfigError(f"deepspeed.zero_optimization.stage is {json.dumps(zero['stage'])}, but it is a stage "
+                          f"number: write 3 (ZeRO-3 shards parameters, gradients and optimizer states) or 0-2")
     stage = int(zero.get("stage", 0))
     if str((zero.get("offload_param") or {}).get("device", "none")).lower() != "none" and stage != 3:
         # DeepSpeed ignores offload_param below stage 3 (only stage 3 partitions parameters).

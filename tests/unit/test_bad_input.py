@@ -50,6 +50,10 @@ CLASSES: dict[str, list[tuple[list[str], str]]] = {
         (["training.max_steps=5", "training.max_steps.x=1"], "override training.max_steps.x: training.max_steps is a "
                                                              "value, not a section"),
         (["training=5"], "training must be a mapping, got 5"),
+        (["--config", "FILES/commented.yaml"], "training must be a mapping, got null: YAML reads a section with "
+                                               "nothing under it (all commented out) as null; write training: {}"),
+        (["deepspeed=no/such/ds.json"], "deepspeed: file no/such/ds.json does not exist (relative to the current "
+                                        "directory "),
         (["training.max_steps=20", "training.max_steps=30"], "training.max_steps is given twice on the command line "
                                                              "(training.max_steps=20 and training.max_steps=30)"),
         (['training={"max_steps": 3}', "training.max_steps=5"], "training.max_steps is given twice"),
@@ -132,6 +136,37 @@ CLASSES: dict[str, list[tuple[list[str], str]]] = {
          'deepspeed.activation_checkpointing.partition_activations is the string "false"'),
         (['deepspeed={"optimizer": {"type": "AdamW", "params": {"betaz": [0.9, 0.9]}}, %s}}' % Z3],
          "deepspeed.optimizer.params.betaz is not a parameter of AdamW"),
+        # optimizer and scheduler params reach their constructors as written, in the workers
+        (['deepspeed={"optimizer": {"type": "AdamW", "params": {"lr": "3e-4", "torch_adam": true}}, %s}}' % Z3],
+         'deepspeed.optimizer.params.lr is the string "3e-4", but DeepSpeed reads a number there: write 3e-4 '
+         'without quotes'),
+        (['deepspeed={"optimizer": {"type": "AdamW", "params": {"betas": ["0.9", 0.95]}}, %s}}' % Z3],
+         'deepspeed.optimizer.params.betas[0] is the string "0.9"'),
+        (['deepspeed={"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": "100"}}, %s}}' % Z3],
+         'deepspeed.scheduler.params.warmup_num_steps is the string "100"'),
+        (['deepspeed={"optimizer": {"type": "AdamW", "params": {"lr": -1e-4}}, %s}}' % Z3],
+         "deepspeed.optimizer.params.lr=-0.0001 is negative: write a value >= 0"),
+        (['deepspeed={"optimizer": {"type": "AdamW", "params": {"betas": [0.9, 1.5]}}, %s}}' % Z3],
+         "deepspeed.optimizer.params.betas[1]=1.5 is outside [0, 1)"),
+        (['deepspeed={"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": -5}}, %s}}' % Z3],
+         "deepspeed.scheduler.params.warmup_num_steps=-5 is negative"),
+        (['deepspeed={"gradient_clipping": -1.0, %s}}' % Z3],
+         "deepspeed.gradient_clipping=-1.0 is negative, which DeepSpeed reads as no clipping"),
+        (['deepspeed={"optimizer": {"type": "Lion", "params": {"lr": 1e-4, "weight_decai": 0.01}}, %s}}' % Z3],
+         "deepspeed.optimizer.params.weight_decai is not a parameter of Lion, which DeepSpeed builds as FusedLion "
+         "here (its constructor would refuse it in the workers); did you mean deepspeed.optimizer.params.weight_decay?"),
+        (['deepspeed={"optimizer": {"type": "Adagrad", "params": {"lr": 1e-2, "epz": 1e-8}}, %s}}' % Z3],
+         "deepspeed.optimizer.params.epz is not a parameter of Adagrad"),
+        (["deepspeed.zero_optimization.stage=true"], "deepspeed.zero_optimization.stage is true, but it is a stage number"),
+        (["deepspeed.zero_optimization.stage=5"], "deepspeed.zero_optimization.stage must be 0, 1, 2 or 3 (DeepSpeed's "
+                                                  "rule), got int 5"),
+        (['deepspeed={"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 1000, '
+          '"warmup_num_steps": 10}}, %s}}' % Z3, "training.max_steps=100"],
+         "training.max_steps=100 contradicts deepspeed.scheduler.params.total_num_steps=1000"),
+        (['deepspeed={"train_batch_size": 512, "gradient_accumulation_steps": 4, %s}}' % Z3,
+          "training.micro_batch_size_per_gpu=4"],
+         "deepspeed.train_batch_size=512 != training.micro_batch_size_per_gpu=4 x "
+         "deepspeed.gradient_accumulation_steps=4 x world size 2 = 32"),
         (["deepspeed=FILES/missing.json"], "deepspeed: file FILES/missing.json does not exist"),
         (["deepspeed=FILES/broken.json"], "deepspeed: FILES/broken.json is not valid JSON"),
         (["deepspeed=FILES/adir"], "deepspeed: file FILES/adir is a directory"),
@@ -218,6 +253,7 @@ def files(tmp_path_factory):
     (d / "latin1.yaml").write_bytes("training:\n  max_steps: 5  # caf\xe9\n".encode("latin-1"))
     (d / "broken.yaml").write_text("training:\n  max_steps: [1,\n")
     (d / "list.yaml").write_text("- training\n- data\n")
+    (d / "commented.yaml").write_text("training:\n  # max_steps: 5\n")
     (d / "twice.yaml").write_text("training:\n  max_steps: 5\ndata: {}\ntraining:\n  seed: 1\n")
     (d / "twice_nested.yaml").write_text("training:\n  max_steps: 5\n  max_steps: 6\n")
     (d / "twice.json").write_text('{"zero_optimization": {"stage": 3},\n "zero_optimization": {"stage": 2}}')

@@ -133,7 +133,7 @@ def test_training_batch_values_fill_keys_the_json_leaves_out():
     assert resolve(z3, world_size=2, gradient_accumulation_steps=4)["gradient_accumulation_steps"] == 4
     out = resolve({**z3, "train_batch_size": 32}, world_size=2, micro_batch_size_per_gpu=4)
     assert (out["train_micro_batch_size_per_gpu"], out["gradient_accumulation_steps"]) == (4, 4)
-    with pytest.raises(ConfigError, match="train_batch_size=32 is not divisible by train_micro_batch_size_per_gpu=5"):
+    with pytest.raises(ConfigError, match="train_batch_size=32 is not divisible by training.micro_batch_size_per_gpu=5"):
         resolve({**z3, "train_batch_size": 32}, world_size=2, micro_batch_size_per_gpu=5)
 
 
@@ -147,6 +147,13 @@ def test_training_batch_values_fill_keys_the_json_leaves_out():
     ({"bfloat16": {"enabled": True}}, None, True, "bf16"),  # DeepSpeed's old key, read alike
     ({"bfloat16": {"enabled": "auto"}}, None, True, "bf16"),
     ({"bfloat16": {"enabled": "auto"}}, None, False, "fp32"),
+    # Hugging Face's stock ZeRO-3 JSON: fp16 "auto" and no bf16 section is bf16 on GPUs, not fp32
+    ({"fp16": {"enabled": "auto"}}, None, True, "bf16"),
+    ({"fp16": {"enabled": "auto"}}, None, False, "fp32"),
+    ({"fp16": {"enabled": "auto"}, "bf16": {"enabled": False}}, None, True, "fp32"),  # bf16 turned off: kept
+    # "auto" beside a precision the JSON turns on follows it, instead of both being true
+    ({"fp16": {"enabled": True}, "bf16": {"enabled": "auto"}}, None, True, "fp16"),
+    ({"fp16": {"enabled": "auto"}, "bf16": {"enabled": True}}, None, True, "bf16"),
 ])
 def test_precision_from_training_or_the_json(ds, precision, use_gpu, want):
     out = resolve({"zero_optimization": {"stage": 3}, **ds}, use_gpu=use_gpu, precision=precision)
