@@ -6,7 +6,9 @@ most `max_batches` and, before each one, agrees with the other ranks that every 
 batch (one tiny all-reduce); if any rank's eval shard has run out, all stop together.
 
 `Evaluator` is the loop's component: it decides when to evaluate (every data.eval_every_n_steps
-and after the last step) over the shard Ray Train hands out for the "eval" dataset.
+and after the last step) over the shard Ray Train hands out for the "eval" dataset, and checks once,
+before the first step, that the eval data holds a row at all: found at the first evaluation, often
+after the last step and before its checkpoint, the same mistake would cost the whole run.
 """
 
 from __future__ import annotations
@@ -18,38 +20,66 @@ import torch
 import torch.distributed as dist
 
 from raytrain.console import emit
+from raytrain.data.bad_records import BadRecord, BadRecords
 
 
 class Evaluator:
     """When and on what to evaluate. `batches` opens one pass over this rank's eval shard."""
 
     def __init__(self, engine, batches: Callable[[], Iterable[dict[str, Any]]], device, every_n_steps: int,
-                 max_batches: int):
+                 max_batches: int, counter: str | None = None):
         self.engine, self.batches, self.device = engine, batches, device
-        self.every, self.max_batches = every_n_steps, max_batches
+        self.every, self.max_batches, self.counter = every_n_steps, max_batches, counter
 
     def due(self, step: int, last: bool) -> bool:
         return last or bool(self.every and step % self.every == 0)
 
+    def check(self) -> None:
+        """Every rank, before the first step: the eval data yields a batch, else one line and exit 2.
+        Costs the start of one pass over the eval shard (its first blocks tokenized) per session."""
+        batches = iter(self.batches())
+        try:
+            have = torch.tensor([0 if next(batches, None) is None else 1], dtype=torch.int32, device=self.device)
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
+        dist.all_reduce(have, op=dist.ReduceOp.MIN)
+        if not have.item():
+            no_eval_rows(self.counter)
+
     def run(self) -> dict[str, float]:
-        return evaluate(self.engine, self.batches(), self.device, self.max_batches)
+        return evaluate(self.engine, self.batches(), self.device, self.max_batches, self.counter)
+
+
+def no_eval_rows(counter: str | None) -> None:
+    """The eval data holds not one row of data.seq_len tokens: the user's data, the same at every
+    restart, so a bad record (one line, exit 2, no retry: raytrain.data.bad_records), not a failure."""
+    record = BadRecord(None, "the eval data yields not one row of data.seq_len tokens",
+                       "add eval data (data.eval_path, or a larger data.eval_fraction: it splits by document), "
+                       "lower data.seq_len, or remove the eval settings")
+    BadRecords(counter).found(record)  # without a counter it raises; with one, the run is stopping
+    raise record
 
 
 def eval_batches(shard, micro_batch: int, device) -> Iterator[dict[str, Any]]:
     """One pass over this rank's eval shard: {"input_ids"(, "position_ids")} LongTensors on `device`.
 
-    drop_last: every batch has `micro_batch` rows, so every rank's loss weighs the same.
+    The last batch may hold fewer rows than `micro_batch`: the loss is weighed by predicted tokens
+    (`evaluate`), and streaming_split(equal=True) gives every rank as many rows, so every rank runs
+    as many forwards. (Dropping it made a small eval set evaluate nothing.)
     """
     for batch in shard.iter_torch_batches(batch_size=micro_batch, dtypes=torch.long, device=device,
-                                          drop_last=True, prefetch_batches=2):
+                                          drop_last=False, prefetch_batches=2):
         yield batch
 
 
-def evaluate(engine, eval_iterable: Iterable[dict[str, Any]], device, max_batches: int) -> dict[str, float]:
+def evaluate(engine, eval_iterable: Iterable[dict[str, Any]], device, max_batches: int,
+             counter: str | None = None) -> dict[str, float]:
     """{"eval_loss", "eval_ppl"}: the token-weighted mean next-token loss over all ranks, and exp of it.
 
     Every rank must call this at the same step. Runs at most `max_batches` batches per rank, the
-    same number on every rank; raises if no rank-wide batch was available at all.
+    same number on every rank; no batch on some rank is the user's bad record (`no_eval_rows`).
     """
     was_training = engine.training
     engine.eval()
@@ -81,8 +111,7 @@ def evaluate(engine, eval_iterable: Iterable[dict[str, Any]], device, max_batche
         engine.train(was_training)
     dist.all_reduce(totals, op=dist.ReduceOp.SUM)
     if totals[1].item() == 0:
-        raise RuntimeError("the eval data yields no full micro-batch on some worker: add eval data "
-                           "(data.eval_path / data.eval_fraction) or lower data.seq_len")
+        no_eval_rows(counter)
     if ran < max_batches and dist.get_rank() == 0:
         emit(f"raytrain: eval ran {ran} of data.eval_max_batches={max_batches} batches per worker "
              f"(a worker's eval shard ran out)")

@@ -53,6 +53,8 @@ class Trainer:
         self.start_step, self.max_steps, self.history, self.is_rank0 = start_step, max_steps, history, is_rank0
 
     def train(self) -> None:
+        if self.evaluator is not None and self.start_step < self.max_steps:
+            self.evaluator.check()
         for step in range(self.start_step + 1, self.max_steps + 1):
             loss, data_wait = train_step(self.engine, self.batches, self.grad_accum, self.device)
             self.metrics.record(step, loss, data_wait)
@@ -128,7 +130,7 @@ def train_loop_per_worker(spec_dict: dict[str, Any]) -> None:
     if spec.data.has_eval:  # Ray Train raises KeyError for a dataset it was not given
         shard = ray.train.get_dataset_shard("eval")
         evaluator = Evaluator(engine, lambda: eval_batches(shard, facts.micro_batch_per_gpu, device), device,
-                              cfg.data.eval_every_n_steps, cfg.data.eval_max_batches)
+                              cfg.data.eval_every_n_steps, cfg.data.eval_max_batches, counter=spec.counter)
     tracker = Tracker(cfg.tracking, spec.storage_path, spec.run_name, spec_dict, active=rank.world == 0)
     samples = SampleLog(spec.run_uri, rank.world, rank.world_size) if cfg.data.sample_log else None
     trainer = Trainer(engine=engine, scheduler=scheduler, batches=batches,

@@ -10,7 +10,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from raytrain.worker.evaluation import evaluate
+from raytrain.data.bad_records import BadRecord
+from raytrain.worker.evaluation import Evaluator, evaluate
 from tests.helpers import init_gloo
 
 
@@ -63,7 +64,35 @@ def test_single_rank_runs_at_most_max_batches_and_restores_train_mode(tmp_path):
         out = evaluate(model, batches(7, 4), torch.device("cpu"), max_batches=3)
         assert model.training
         assert out["eval_loss"] == pytest.approx(reference_loss(tiny_model(), [batches(7, 4)[:3]]), rel=1e-5)
-        with pytest.raises(RuntimeError, match="the eval data yields no full micro-batch"):
+        # No row at all is the user's data, not a fault: a BadRecord (one line, exit 2, never retried).
+        with pytest.raises(BadRecord, match="^the eval data yields not one row of data.seq_len tokens: add eval data"):
             evaluate(model, [], torch.device("cpu"), max_batches=3)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_short_last_batch_is_evaluated_and_weighed_by_its_tokens(tmp_path):
+    """The eval shard's last micro-batch may be short (eval_batches no longer drops it: a small eval
+    set evaluated nothing): the mean is over predicted tokens, so its one row weighs one row."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1)
+    try:
+        model = tiny_model()
+        full, short = batches(3, 1)[0], {"input_ids": batches(4, 1)[0]["input_ids"][:1]}
+        out = evaluate(model, [full, short], torch.device("cpu"), max_batches=5)
+        rows = [full["input_ids"][0:1], full["input_ids"][1:2], short["input_ids"]]
+        with torch.no_grad():
+            per_row = [model(input_ids=r, labels=r).loss.item() for r in rows]
+        assert out["eval_loss"] == pytest.approx(sum(per_row) / 3, rel=1e-5)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_check_before_the_first_step_refuses_eval_data_without_a_row(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1)
+    try:
+        model = tiny_model()
+        Evaluator(model, lambda: iter(batches(5, 1)), torch.device("cpu"), 0, 2).check()  # a row: nothing said
+        with pytest.raises(BadRecord, match="^the eval data yields not one row"):
+            Evaluator(model, lambda: iter([]), torch.device("cpu"), 0, 2).check()
     finally:
         dist.destroy_process_group()
