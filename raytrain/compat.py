@@ -290,46 +290,6 @@ def install_scaling_policy(factory) -> Callable[[], None]:
 WORKER_GROUP_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 
 
-# Ray Data's parquet reader (ray 2.60.0, datasource V2, the default): every execution of a
-# read_parquet dataset (every epoch) lists its files on a pool of FooterReader actors, 32 of them
-# unless RAY_DATA_PARQUET_FOOTER_NUM_ACTORS says otherwise
-# (ray/data/_internal/datasource_v2/formats/parquet/footer_file_indexer.py), however few the files:
-# each a new Python process, SPREAD over the cluster's nodes, killed once the footers are read. Each
-# actor reads up to RAY_DATA_PARQUET_FOOTER_BATCH_SIZE (10) files per call, 128 at a time, so a pool
-# larger than the number of such batches has actors with nothing to read. Measured on 2 cores, a
-# 2-file dataset: 3.8 s per epoch with 32 actors, 1.4-2.1 s with one (benchmarks/parquet_listing.py).
-# The indexer reads the variable when it is built, in read_parquet on the driver, and travels with
-# the dataset to whichever process executes it (the split coordinator for Ray Train).
-PARQUET_FOOTER_ACTORS_ENV = "RAY_DATA_PARQUET_FOOTER_NUM_ACTORS"
-PARQUET_FOOTER_BATCH_ENV = "RAY_DATA_PARQUET_FOOTER_BATCH_SIZE"
-
-
-def parquet_footer_actors(num_files: int) -> int | None:
-    """The footer pool for `num_files` files: one actor per footer batch, at most Ray's default pool;
-    None where the user set RAY_DATA_PARQUET_FOOTER_NUM_ACTORS (theirs stands)."""
-    from ray.data._internal.datasource_v2.formats.parquet import footer_file_indexer
-
-    if PARQUET_FOOTER_ACTORS_ENV in os.environ:
-        return None
-    per_call = max(1, int(os.environ.get(PARQUET_FOOTER_BATCH_ENV) or footer_file_indexer._DEFAULT_BATCH_SIZE))
-    return max(1, min(footer_file_indexer._DEFAULT_NUM_ACTORS, -(-num_files // per_call)))
-
-
-def read_parquet_listed(files: list[str], filesystem):
-    """`ray.data.read_parquet(files)` with the footer pool sized by `parquet_footer_actors`, set in the
-    environment for the call only."""
-    import ray.data
-
-    actors = parquet_footer_actors(len(files))
-    if actors is None:
-        return ray.data.read_parquet(files, filesystem=filesystem)
-    os.environ[PARQUET_FOOTER_ACTORS_ENV] = str(actors)
-    try:
-        return ray.data.read_parquet(files, filesystem=filesystem)
-    finally:
-        os.environ.pop(PARQUET_FOOTER_ACTORS_ENV, None)
-
-
 # ---------------------------------------------------------------------------------------------
 # DeepSpeed's universal checkpoint load and per-group optimizer settings (deepspeed 0.19.8).
 

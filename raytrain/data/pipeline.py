@@ -17,12 +17,11 @@ from typing import Any
 
 import ray.data
 
-from raytrain import compat
 from raytrain.config import DataConfig, ModelConfig
 from raytrain.data.builtin import builtin_corpus
 from raytrain.data.packing import tokenize_and_pack
 from raytrain.data.progress import DataProgress
-from raytrain.data.readers import read_documents
+from raytrain.data.readers import read_documents, read_parquet_rows
 from raytrain.data.sources import Source, Sources
 
 def build_datasets(data: DataConfig, model: ModelConfig, seed: int, sources: Sources, vocab_size: int,
@@ -61,8 +60,13 @@ def _build(data: DataConfig, model: ModelConfig, seed: int, source: Source, spli
             "text_document": data.text_document, "invalid_utf8": data.invalid_utf8, "progress": progress,
             "counter": counter})
     elif source.format in ("parquet", "tokenized"):
-        # not ray.data.read_parquet: it would start 32 listing actors per epoch (raytrain.compat says why)
-        ds = compat.read_parquet_listed(source.files, source.filesystem).select_columns([source.column])
+        # Not ray.data.read_parquet: a damaged file failed its read task with a raw OSError (retried,
+        # then a worker failure); read_parquet_rows makes it a bad record naming the file. One task
+        # per file, a flat_map for the reason above.
+        ds = ray.data.from_items([{"path": f} for f in source.files], override_num_blocks=len(source.files))
+        ds = ds.flat_map(read_parquet_rows, fn_kwargs={
+            "filesystem": source.filesystem, "column": source.column,
+            "pretokenized": source.format == "tokenized", "counter": counter})
     else:  # a hub dataset, streamed: nothing is downloaded on the driver
         import datasets  # only for hub datasets: its import costs ~2 s
 

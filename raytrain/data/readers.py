@@ -1,9 +1,10 @@
 """Ray Data tasks that turn input files into documents (rows of {"text": ...}).
 
 Start at `read_documents`: one file in, its documents out, streamed (a line-per-document file
-never sits in memory whole). What a document is, by format, and the bad-input policy (invalid
-UTF-8, empty documents, malformed JSON) are described in raytrain.data.sources' docstring; what a
-task does with a bad record, in raytrain.data.bad_records'.
+never sits in memory whole); `read_parquet_rows` does the same for a parquet file's rows. What a
+document is, by format, and the bad-input policy (invalid UTF-8, empty documents, malformed JSON)
+are described in raytrain.data.sources' docstring; what a task does with a bad record, in
+raytrain.data.bad_records'.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any, Iterator
 from raytrain.config_files import first_line
 from raytrain.data.bad_records import BadRecord, BadRecords
 from raytrain.data.progress import FileReads, skipped
-from raytrain.data.sources import BOM, READ_ERRORS, compression_of, open_text, unreadable_fix
+from raytrain.data.sources import (BOM, READ_ERRORS, compression_of, open_text, unreadable_fix, wide_encoding,
+                                   wide_encoding_fix)
 
 logger = logging.getLogger("raytrain.data")
 
@@ -52,26 +54,43 @@ def _read_text_file(path: str, format: str, filesystem, text_column: str, text_d
     try:
         with open_text(filesystem, path) as stream:  # decompresses .gz/.zst/.br/.xz/... by suffix
             f = stream if compressed else reads.counting(stream)
-            if format == "text" and text_document == "file":
-                text = _checked(bad, _decode, f.read().removeprefix(BOM), invalid_utf8, path, counts)
+            head = f.read(1 << 20)
+            encoding = wide_encoding(head)
+            if encoding is not None:  # the driver checks local files; a remote one is found here
+                bad.found(BadRecord(path, f"is {encoding} text (it starts with a {encoding} byte order mark), "
+                                          f"not UTF-8", wide_encoding_fix(encoding)))
+            elif format == "text" and text_document == "file":
+                text = _checked(bad, _decode, (head + f.read()).removeprefix(BOM), invalid_utf8, path, counts)
                 if text:
                     yield {"text": text}
                 elif text is not None:
                     counts["empty"] += 1
             elif format == "text":
-                for lineno, raw in _lines(f, f.read(1 << 20).removeprefix(BOM)):
+                for lineno, raw in _lines(f, head.removeprefix(BOM)):
                     raw = raw.rstrip(b"\r")
                     if raw.strip():  # a blank line separates documents, it is not one
                         text = _checked(bad, _decode, raw, invalid_utf8, f"{path} line {lineno}", counts)
                         if text is not None and not bad.found_any:
                             yield {"text": text}
             else:
-                for where, record in _json_records(f, path, invalid_utf8, bad, counts):
+                records, keyed, other_keys = 0, 0, None
+                for where, record in _json_records(f, head, path, invalid_utf8, bad, counts):
+                    records += 1
+                    if isinstance(record, dict) and text_column in record:
+                        keyed += 1
+                    elif other_keys is None and isinstance(record, dict):
+                        other_keys = list(record)
                     text = _checked(bad, _document_of, record, where, text_column, counts)
                     if text is not None:
                         text = _checked(bad, _without_surrogates, text, invalid_utf8, where, counts)
                     if text is not None and not bad.found_any:
                         yield {"text": text}
+                if records and not keyed and other_keys is not None:
+                    # A missing key is an empty document, but a file with the key in no record uses
+                    # another one: the driver checks each local file's first record, this a remote one.
+                    bad.found(BadRecord(path, f"none of its {records:,} records has the key data.text_column="
+                                              f"{text_column!r} (the first has {', '.join(other_keys) or 'none'})",
+                                        "set data.text_column, or leave the file out of the data"))
     except READ_ERRORS as e:
         # Unreadable, corrupt or truncated (often only at its end, past what the driver checked):
         # the same file every retry, so a bad record of the file, not a task failure.
@@ -79,11 +98,11 @@ def _read_text_file(path: str, format: str, filesystem, text_column: str, text_d
     reads.close((lambda: filesystem.get_file_info(path).size) if compressed else None)
 
 
-def _json_records(f, path: str, invalid_utf8: str, bad: BadRecords,
+def _json_records(f, head: bytes, path: str, invalid_utf8: str, bad: BadRecords,
                   counts: collections.Counter) -> Iterator[tuple[str, Any]]:
-    """(where, record) of a JSON-lines file, or of a file holding one JSON array; bad lines are
-    handed to `bad` and left out."""
-    head = f.read(1 << 20).removeprefix(BOM)
+    """(where, record) of a JSON-lines file, or of a file holding one JSON array (`head`: what was
+    read of it already); bad lines are handed to `bad` and left out."""
+    head = head.removeprefix(BOM)
     if head.lstrip().startswith(b"["):  # one JSON array: the whole file is one value
         records = _checked(bad, lambda: _parse_json(_decode(head + f.read(), invalid_utf8, path, counts), path))
         for i, record in enumerate(records or ()):
@@ -190,6 +209,68 @@ def _read_arrow_file(path: str, filesystem, column: str, reads: FileReads, bad: 
             reads.close(stream.size)  # the IPC stream's end marker is never "read" as a batch
     except (OSError, pa.ArrowInvalid) as e:  # unreadable or cut short: the same at every retry
         bad.found(BadRecord(path, f"cannot be read ({first_line(e)})", "copy the save_to_disk directory again"))
+
+
+def read_parquet_rows(row: dict[str, Any], *, filesystem, column: str, pretokenized: bool,
+                      counter: str | None = None) -> Iterator[dict[str, Any]]:
+    """One parquet file -> rows of {column: value}, one row group's batch at a time: the text
+    column's strings, or (`pretokenized`) the input_ids column's int64 arrays (an empty one for a
+    null row: an empty document, as packing counts it).
+
+    Used instead of ray.data.read_parquet for one reason: a file that cannot be read (damaged pages
+    under an intact footer, cut short after the driver read it) raised a raw OSError inside Ray
+    Data's read task, which Ray retried, then failed the workers with pages of traceback; here it
+    is a bad record naming the file (raytrain.data.bad_records), as an unreadable JSON file is. A
+    null inside a row's id list is one too, naming the row (as int64 it became -2**63, "outside the
+    embedding table"). What it costs: one task per file (Ray Data splits a file by row groups), and
+    rows built in Python (~2 us a text row, ~10 us a 500-id row; far below tokenizing one).
+    """
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    path = row["path"]
+    bad = BadRecords(counter)
+    fix = "write the file again (or copy it again: it is damaged), or leave it out of the data"
+    done = 0
+    try:
+        with filesystem.open_input_file(path) as stream:
+            parquet = pq.ParquetFile(stream)
+            if column not in parquet.schema_arrow.names:  # a remote file past those the driver read
+                names = ", ".join(parquet.schema_arrow.names)
+                bad.found(BadRecord(path, f"has no column {column!r} (columns: {names})",
+                                    "set data.text_column, or write every file with the same columns"))
+                return
+            for batch in parquet.iter_batches(columns=[column]):
+                values = batch.column(0)
+                if not pretokenized:
+                    for text in values.to_pylist():
+                        yield {column: text}
+                    done += len(values)
+                    continue
+                if pa.types.is_null(values.type):  # every row null: empty documents
+                    for _ in range(len(values)):
+                        yield {column: np.zeros(0, np.int64)}
+                    done += len(values)
+                    continue
+                lengths = pc.fill_null(pc.list_value_length(values), 0).to_numpy()
+                flat = pc.list_flatten(values)
+                if flat.null_count:
+                    rows = [done + i + 1 for i, ids in enumerate(values.to_pylist()) if ids and None in ids]
+                    bad.found(BadRecord(f"{path} row {rows[0]}", "a null token id in input_ids",
+                                        "write token ids without nulls (drop or fix the row)"), more=len(rows) - 1)
+                    return
+                ids = flat.to_numpy().astype(np.int64, copy=False)
+                for document in np.split(ids, np.cumsum(lengths)[:-1]):
+                    yield {column: document}
+                done += len(values)
+    except (OSError, pa.ArrowException) as e:
+        # Damaged or cut short: the same at every retry, so a bad record of the file, not a task failure.
+        after = f" after its first {done:,} rows" if done else ""
+        bad.found(BadRecord(path, f"cannot be read as parquet{after} ({first_line(e)})", fix))
+    finally:
+        bad.close()
 
 
 def _document(value: Any, where: str, column: str, counts: collections.Counter) -> str | None:

@@ -300,39 +300,3 @@ def test_ray_init_prints_worker_logs_through_the_handler_compat_removes(monkeypa
     dispatcher.emit({"lines": ["y"]})
     compat.stop_printing_worker_logs()  # idempotent
     assert printed == [{"lines": ["x"]}]
-
-
-def test_ray_datas_parquet_footer_pool_is_sized_when_read_parquet_builds_its_indexer(tmp_path, monkeypatch):
-    """compat.read_parquet_listed sets the pool size only around read_parquet: the indexer must read
-    it there (in its constructor) and keep it, whatever the environment later."""
-    import os
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    from ray.data._internal.datasource_v2.formats.parquet import footer_file_indexer
-    from ray.data._internal.datasource_v2.formats.parquet.parquet_datasource_v2 import ParquetDatasourceV2
-
-    assert footer_file_indexer._DEFAULT_NUM_ACTORS == 32 and footer_file_indexer._DEFAULT_BATCH_SIZE == 10
-    source = inspect.getsource(footer_file_indexer.FooterFileIndexer.__init__)
-    assert 'env_integer(\n            "RAY_DATA_PARQUET_FOOTER_NUM_ACTORS"' in source and "self._num_actors" in source
-    pq.write_table(pa.table({"x": [1]}), tmp_path / "a.parquet")
-    monkeypatch.setenv(compat.PARQUET_FOOTER_ACTORS_ENV, "3")
-    indexer = ParquetDatasourceV2([str(tmp_path / "a.parquet")])._get_file_indexer()
-    monkeypatch.delenv(compat.PARQUET_FOOTER_ACTORS_ENV)
-    assert indexer._num_actors == 3 and compat.PARQUET_FOOTER_ACTORS_ENV not in os.environ
-
-
-@pytest.mark.parametrize("files, batch, expected", [(1, None, 1), (2, None, 1), (10, None, 1), (11, None, 2),
-                                                    (25, None, 3), (320, None, 32), (5000, None, 32), (25, "5", 5)])
-def test_the_footer_pool_is_one_actor_per_footer_batch_at_most_rays_default(files, batch, expected, monkeypatch):
-    monkeypatch.delenv(compat.PARQUET_FOOTER_ACTORS_ENV, raising=False)
-    if batch is None:
-        monkeypatch.delenv(compat.PARQUET_FOOTER_BATCH_ENV, raising=False)
-    else:
-        monkeypatch.setenv(compat.PARQUET_FOOTER_BATCH_ENV, batch)
-    assert compat.parquet_footer_actors(files) == expected
-
-
-def test_a_footer_pool_the_user_set_is_kept(monkeypatch):
-    monkeypatch.setenv(compat.PARQUET_FOOTER_ACTORS_ENV, "7")
-    assert compat.parquet_footer_actors(2) is None

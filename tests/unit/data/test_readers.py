@@ -121,3 +121,67 @@ def test_xz_and_upper_case_suffixes_are_decompressed(tmp_path):
     (tmp_path / "c.txt.xz").write_bytes(lzma.compress(b"x" * 1000)[:-20])
     with pytest.raises(ConfigError, match="c.txt.xz: cannot be read"):
         read(tmp_path / "c.txt.xz", "text")
+
+
+def test_a_utf16_file_is_a_bad_record_when_read(tmp_path):
+    """The driver checks local files' first bytes; a remote file's BOM is found by its reader."""
+    (tmp_path / "a.txt").write_bytes("hello\nworld\n".encode("utf-16"))
+    for document in ("file", "line"):
+        with pytest.raises(ConfigError, match=f"{tmp_path / 'a.txt'}: is UTF-16 LE text .*: re-encode it as UTF-8"):
+            read(tmp_path / "a.txt", "text", text_document=document)
+    (tmp_path / "b.jsonl").write_bytes('{"text": "x"}\n'.encode("utf-16-be"))  # no BOM: a NUL before each byte
+    with pytest.raises(ConfigError, match="b.jsonl line 1: not valid JSON"):
+        read(tmp_path / "b.jsonl", "json")
+
+
+def test_a_json_file_whose_records_all_lack_the_key_is_a_bad_record(tmp_path, caplog):
+    """A missing key is an empty document, but not in every record of a file: that file uses another key."""
+    f = tmp_path / "a.jsonl"
+    f.write_text('{"content": "x"}\n{"content": "y"}\n')
+    with pytest.raises(ConfigError, match=f"{f}: none of its 2 records has the key data.text_column='text' \\(the "
+                                          f"first has content\\): set data.text_column"):
+        read(f, "json")
+    f.write_text('{"content": "x"}\n{"text": "y"}\n')  # some records have it: the others are empty documents
+    with caplog.at_level(logging.WARNING, logger="raytrain.data"):
+        assert read(f, "json") == ["y"]
+    assert "skipped 1 empty documents" in caplog.text
+
+
+def read_parquet(path, column="text", pretokenized=False, **kwargs):
+    from raytrain.data.readers import read_parquet_rows
+
+    return [r[column] for r in read_parquet_rows({"path": str(path)}, filesystem=pafs.LocalFileSystem(),
+                                                 column=column, pretokenized=pretokenized, **kwargs)]
+
+
+def test_parquet_rows_and_a_damaged_file_is_a_bad_record_naming_it(tmp_path, counter):
+    import pyarrow.parquet as pq
+
+    docs = [f"doc {i} " * 50 for i in range(2000)]
+    pq.write_table(pa.table({"text": docs, "n": range(2000)}), tmp_path / "a.parquet", row_group_size=1000,
+                   compression="none")
+    assert read_parquet(tmp_path / "a.parquet") == docs
+    damaged = bytearray((tmp_path / "a.parquet").read_bytes())
+    damaged[5000:5400] = b"\xff" * 400  # inside the first row group's data page; the footer is intact
+    (tmp_path / "b.parquet").write_bytes(bytes(damaged))
+    with pytest.raises(ConfigError, match=f"^{tmp_path / 'b.parquet'}: cannot be read as parquet \\(.*\\): write the "
+                                          f"file again"):
+        read_parquet(tmp_path / "b.parquet")
+    # in a run: reported to the counter (which stops the run, never retried), nothing raised
+    assert read_parquet(tmp_path / "b.parquet", counter="c") == []
+    assert str(counter["bad"][0]).startswith(f"{tmp_path / 'b.parquet'}: cannot be read as parquet")
+
+
+def test_a_null_token_id_is_a_bad_record_naming_its_row(tmp_path):
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    ids = pa.array([[1, 2], None, [], [3, 4, 5]], pa.list_(pa.int32()))
+    pq.write_table(pa.table({"input_ids": ids}), tmp_path / "a.parquet")
+    out = read_parquet(tmp_path / "a.parquet", "input_ids", pretokenized=True)
+    assert [o.tolist() for o in out] == [[1, 2], [], [], [3, 4, 5]] and {o.dtype for o in out} == {np.dtype(np.int64)}
+    ids = pa.array([[1, 2], [3, None], [None], [4]], pa.list_(pa.int64()))
+    pq.write_table(pa.table({"input_ids": ids}), tmp_path / "b.parquet")
+    with pytest.raises(ConfigError, match=f"^{tmp_path / 'b.parquet'} row 2: a null token id in input_ids "
+                                          f"\\(and 1 more bad record\\): write token ids without nulls"):
+        read_parquet(tmp_path / "b.parquet", "input_ids", pretokenized=True)

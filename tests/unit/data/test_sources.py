@@ -25,7 +25,8 @@ def test_format_detection(tmp_path):
     with pytest.raises(ConfigError, match="data.format must be"):
         DataConfig(format="csv")
     (tmp_path / "c.txt").write_text("x")
-    with pytest.raises(ConfigError, match="mixes formats \\(json, text\\)"):
+    with pytest.raises(ConfigError, match="mixes formats: 1 json file \\(.*a.jsonl\\) and 1 text file "
+                                          "\\(.*c.txt\\): give one format per path list"):
         resolve_format(DataConfig(path=str(tmp_path)))
 
 
@@ -216,3 +217,98 @@ def test_unreadable_directories_and_files_are_one_line(tmp_path):
         f"data.path at the readable files",
         f"data.path: cannot read {tmp_path / 'f' / 'a.jsonl'} (permission denied): make it readable, or leave it "
         f"out of data.path"], out.stderr
+
+
+def test_every_local_json_file_has_its_first_record_checked(tmp_path):
+    """Only the first file was checked: a second file keyed "content" trained as empty documents."""
+    (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
+    (tmp_path / "b.jsonl").write_text('{"content": "y"}\n' * 3)
+    with pytest.raises(ConfigError, match="data.text_column='text' is not a key of the records in .*b.jsonl "
+                                          "\\(keys: content\\)"):
+        inspect_source(DataConfig(), str(tmp_path))
+    # what that costs per file: one 64 KiB read, not the 1 MiB read of a first record that may be long
+    from raytrain.data import sources
+
+    (tmp_path / "b.jsonl").write_text('{"text": "y"}\n' * 100_000)
+    source = inspect_source(DataConfig(), str(tmp_path))
+    assert source.files == [str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]
+    head = sources._read_head(source, str(tmp_path / "b.jsonl"), "data.path", enough=sources._has_first_line)
+    assert len(head) == 1 << 16
+
+
+def test_a_file_read_twice_is_refused_naming_both_paths(tmp_path):
+    import os
+
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "a.jsonl").write_text('{"text": "x"}\n')
+    with pytest.raises(ConfigError, match=f"data.path: {d / 'a.jsonl'} is read twice \\(data.path names it twice, "
+                                          f"or names it and a directory holding it\\): list each file"):
+        inspect_source(DataConfig(), [str(d), str(d / "a.jsonl")])
+    os.symlink(d / "a.jsonl", d / "latest.jsonl")
+    with pytest.raises(ConfigError, match=f"{d / 'latest.jsonl'} and {d / 'a.jsonl'} are the same file, through "
+                                          f"the symbolic link {d / 'latest.jsonl'}: read each file once"):
+        inspect_source(DataConfig(), str(d))
+    (d / "latest.jsonl").unlink()
+    os.symlink(d, d / "self")  # a link to its own directory: pyarrow lists a.jsonl ~40 times
+    with pytest.raises(ConfigError, match=f"{d / 'self' / 'a.jsonl'} and {d / 'a.jsonl'} are the same file, "
+                                          f"through the symbolic link {d / 'self'}:"):
+        inspect_source(DataConfig(), str(d))
+    (d / "self").unlink()
+    os.link(d / "a.jsonl", d / "b.jsonl")
+    with pytest.raises(ConfigError, match="b.jsonl and .*a.jsonl are the same file \\(hard links\\)"):
+        inspect_source(DataConfig(), str(d))
+
+
+def test_eval_files_that_are_training_files_are_refused(tmp_path):
+    from raytrain.data.sources import inspect_sources
+
+    (tmp_path / "train.jsonl").write_text('{"text": "x"}\n')
+    (tmp_path / "val.jsonl").write_text('{"text": "v"}\n')
+    with pytest.raises(ConfigError, match=f"data.eval_path: {tmp_path / 'val.jsonl'} is also in data.path: "
+                                          f"evaluate on files that are not trained on"):
+        inspect_sources(DataConfig(path=str(tmp_path), eval_path=str(tmp_path / "val.jsonl")))
+    (tmp_path / "link.jsonl").symlink_to(tmp_path / "train.jsonl")
+    with pytest.raises(ConfigError, match="link.jsonl is also in data.path \\(as .*train.jsonl\\)"):
+        inspect_sources(DataConfig(path=str(tmp_path / "train.jsonl"), eval_path=str(tmp_path / "link.jsonl")))
+    apart = inspect_sources(DataConfig(path=str(tmp_path / "train.jsonl"), eval_path=str(tmp_path / "val.jsonl")))
+    assert apart.eval.files == [str(tmp_path / "val.jsonl")]
+
+
+def test_a_dangling_link_in_a_directory_is_refused_naming_it(tmp_path):
+    """pyarrow's listing leaves links to nothing out (an unfetched git-annex or DVC file)."""
+    (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
+    (tmp_path / "notes.bak").symlink_to(tmp_path / "gone")  # not data under data.format=auto: not read
+    assert inspect_source(DataConfig(), str(tmp_path)).files == [str(tmp_path / "a.jsonl")]
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.jsonl").symlink_to("../.git/annex/objects/b")
+    with pytest.raises(ConfigError, match=f"data.path: {tmp_path / 'sub' / 'b.jsonl'} is a symbolic link to "
+                                          f"../.git/annex/objects/b, which does not exist: fetch the file"):
+        inspect_source(DataConfig(), str(tmp_path))
+
+
+def test_a_hub_snapshot_directory_names_the_odd_file_and_the_data_directory(tmp_path):
+    (tmp_path / "README.md").write_text("# Dataset card\n")
+    (tmp_path / "data").mkdir()
+    for i in range(2):
+        pq.write_table(pa.table({"text": ["x"]}), tmp_path / "data" / f"train-{i:05d}.parquet")
+    with pytest.raises(ConfigError, match=f"mixes formats: 1 text file \\({tmp_path / 'README.md'}\\) and 2 parquet "
+                                          f"files \\(.*train-00000.parquet, ...\\): point data.path at "
+                                          f"{tmp_path / 'data'}, which holds the parquet files only$"):
+        inspect_source(DataConfig(), str(tmp_path))
+    assert inspect_source(DataConfig(), str(tmp_path / "data")).format == "parquet"  # the advice works
+
+
+@pytest.mark.parametrize("encoding, name", [("utf-16", "UTF-16 LE"), ("utf-16-be", "UTF-16 BE"),
+                                            ("utf-32", "UTF-32 LE")])
+def test_utf16_and_utf32_files_are_refused_on_the_driver(tmp_path, encoding, name):
+    bom = {"utf-16-be": "\ufeff"}.get(encoding, "")  # utf-16 and utf-32 write their BOM themselves
+    (tmp_path / "a.txt").write_text("first file\n")
+    (tmp_path / "b.txt").write_bytes((bom + "hello\n").encode(encoding))  # not the first file: read all the same
+    with pytest.raises(ConfigError, match=f"data.path: .*b.txt is {name} text \\(it starts with a {name} byte order "
+                                          f"mark\\), not UTF-8: re-encode it as UTF-8 \\(iconv -f "
+                                          f"{name.split()[0]} -t UTF-8\\)"):
+        inspect_source(DataConfig(), str(tmp_path))
+    (tmp_path / "c.jsonl").write_bytes((bom + '{"text": "x"}\n').encode(encoding))
+    with pytest.raises(ConfigError, match=f"c.jsonl is {name} text"):
+        inspect_source(DataConfig(), str(tmp_path / "c.jsonl"))
