@@ -5,15 +5,18 @@ mapped and tensors are materialised one output shard at a time), so the host nee
 fp32 copy of the weights, not one per rank. OUT_DIR gets safetensors weights (sharded past 5 GB),
 config.json, the tokenizer and the generation config: `AutoModelForCausalLM.from_pretrained(OUT_DIR)`
 loads it. The weights are the files DeepSpeed's `convert_zero_checkpoint_to_fp32_state_dict`
-writes, byte for byte; raytrain runs its steps itself because the library call has no progress
-hook (it prints tqdm bars, escape codes in `ray job logs`), and a 70B export takes minutes: raytrain
-prints bytes, rate and ETA every few seconds instead.
+writes, byte for byte, except that a tied tensor is written once, as save_pretrained writes it
+(safetensors refuses two names for one tensor; from_pretrained ties them again). raytrain runs
+its steps itself because the library call has no progress hook (it prints tqdm bars, escape codes
+in `ray job logs`), and a 70B export takes minutes: raytrain prints bytes, rate and ETA every few
+seconds instead.
 
 Self-contained: the config comes from the checkpoint's raytrain.json (the run's ModelFacts), the
-tokenizer and generation config from the run's own copy (STORAGE/RUN/model/, next to the
-checkpoint: raytrain.checkpoint.model_files), so the export works after the model directory and
-tokenizer the run started from are gone. Everything is written into OUT_DIR.tmp-XXXX beside OUT_DIR
-and renamed to OUT_DIR at the end: OUT_DIR is complete or absent, never half written. An OUT_DIR
+tokenizer, generation config and a remote-code model's Python files from the run's own copy
+(STORAGE/RUN/model/, next to the checkpoint: raytrain.checkpoint.model_files), so the export works
+after the model directory and tokenizer the run started from are gone. Everything is written into
+OUT_DIR.tmp-XXXX beside OUT_DIR and renamed to OUT_DIR at the end: OUT_DIR is complete or absent,
+never half written. An OUT_DIR
 that exists and is not empty is refused (nothing is overwritten).
 
 The checkpoint and OUT_DIR may be URIs pyarrow knows (s3://, gs://, abfs://, file://), as the run's
@@ -42,7 +45,7 @@ from raytrain.checkpoint.model_files import local_model_files
 from raytrain.config import ConfigError
 from raytrain.config_files import first_line
 from raytrain.console import Meter, say
-from raytrain.model import config_from_facts, load_tokenizer
+from raytrain.model import causal_lm_class_name, config_from_facts, load_tokenizer
 from raytrain.run_spec import RunSpec
 
 PROGRESS_EVERY_S = 5.0
@@ -87,9 +90,7 @@ def _export(checkpoint_dir: str, out_dir: str, max_shard_size: str, model_dir: s
         say(f"raytrain.export: [1/3] merging ZeRO-3 shards of {checkpoint_dir}")
         write_weights(checkpoint_dir, tmp, max_shard_size)
         say(f"raytrain.export: [2/3] config ({time.perf_counter() - start:.1f}s)")
-        hf_config = config_from_facts(spec.model, spec.config.model)
-        hf_config.use_cache = True  # training turned the KV cache off; generation wants it
-        hf_config.save_pretrained(tmp)
+        write_config(spec, model_dir, tmp)
         say(f"raytrain.export: [3/3] tokenizer and generation config ({time.perf_counter() - start:.1f}s)")
         write_tokenizer(spec, model_dir, tmp)
         if os.path.isdir(out_dir):
@@ -132,13 +133,42 @@ def check_out_dir(out_dir: str, key: str = "OUT_DIR") -> None:
         raise ConfigError(f"{key} {out_dir} is a file: give a directory to create")
 
 
+def write_config(spec: RunSpec, model_dir: str | None, out_dir: str) -> None:
+    """config.json as the run trained it (the checkpoint's ModelFacts), with what save_pretrained
+    would write for the exported weights; a model with remote code gets its code files too."""
+    model = spec.config.model
+    code_dir = None
+    if model.trust_remote_code and spec.model.hf_config.get("auto_map"):
+        if not (model_dir and _code_files(model_dir)):
+            where = model_dir or f"{MODEL_DIR}/ next to the checkpoint"
+            raise ConfigError(f"the run's copy of the model's code ({where}) is missing: the config class of a "
+                              f"model with its own code is imported from there; put the run's {MODEL_DIR}/ "
+                              f"directory next to the checkpoint")
+        code_dir = model_dir
+    hf_config = config_from_facts(spec.model, model, code_dir)
+    hf_config.use_cache = True  # training turned the KV cache off; generation wants it
+    # The weights are written in fp32 whatever the source's dtype: a "bfloat16" left from the source
+    # would make from_pretrained(dtype="auto") round the trained weights.
+    hf_config.dtype = "float32"
+    hf_config.architectures = [causal_lm_class_name(hf_config, model.trust_remote_code)]  # as save_pretrained
+    hf_config.save_pretrained(out_dir)
+    for name in _code_files(code_dir) if code_dir else ():  # the modeling code: from_pretrained imports it
+        if not os.path.exists(os.path.join(out_dir, name)):
+            shutil.copyfile(os.path.join(code_dir, name), os.path.join(out_dir, name))
+
+
+def _code_files(directory: str) -> list[str]:
+    return sorted(f for f in os.listdir(directory) if f.endswith(".py"))
+
+
 def write_tokenizer(spec: RunSpec, model_dir: str | None, out_dir: str) -> None:
     """The tokenizer (and generation config) from the run's copy in `model_dir`, else from the
     tokenizer the run was started with (a run written before raytrain kept its own copy)."""
     from transformers import AutoTokenizer, GenerationConfig
 
     if model_dir and os.path.isdir(model_dir):
-        AutoTokenizer.from_pretrained(model_dir).save_pretrained(out_dir)
+        trust = spec.config.model.trust_remote_code  # without it a tokenizer with code asks on stdin
+        AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust).save_pretrained(out_dir)
         if os.path.isfile(os.path.join(model_dir, "generation_config.json")):
             GenerationConfig.from_pretrained(model_dir).save_pretrained(out_dir)
         return
@@ -163,12 +193,12 @@ def write_weights(checkpoint_dir: str, out_dir: str, max_shard_size: str,
     from safetensors.torch import save_file
 
     with _without_deepspeed_chatter():
-        lazy = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, lazy_mode=True)
+        lazy = _one_name_per_tensor(get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, lazy_mode=True))
     # Uninitialised tensors plan the shards without reading a weight (their pages are never touched).
     empty = to_torch_tensor(lazy, return_empty_tensor=True, dtype=torch.float32)
     split = split_torch_state_dict_into_shards(empty, filename_pattern="model{suffix}.safetensors",
                                                max_shard_size=max_shard_size)
-    meter = Meter(sum(t.nbytes for t in _unique(empty)), "B", every_s)
+    meter = Meter(sum(t.nbytes for t in empty.values()), "B", every_s)
     shards = list(split.filename_to_tensors.items())
     for i, (filename, names) in enumerate(shards, 1):
         tensors = _materialise(lazy, names, meter, f"shard {i} of {len(shards)}")
@@ -181,25 +211,29 @@ def write_weights(checkpoint_dir: str, out_dir: str, max_shard_size: str,
             f.write(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
+def _one_name_per_tensor(state_dict: dict) -> dict:
+    """`state_dict` with each tied tensor under its first name only, as save_pretrained writes it
+    (safetensors refuses two names for one tensor). DeepSpeed stores a tied parameter once, under the
+    name met first in the module tree, and adds the later names (its shared_params) after the stored
+    ones: for a causal LM the embedding comes first, so lm_head.weight is the name dropped, the one
+    transformers' _tied_weights_keys lists and from_pretrained ties back to the embedding."""
+    kept = {}
+    for name, tensor in state_dict.items():
+        kept.setdefault(id(tensor), (name, tensor))
+    return dict(kept.values())
+
+
 def _materialise(lazy: dict, names: list[str], meter: Meter, where: str) -> dict:
-    """Read the fp32 tensors `names` (gathered from every rank's partition); tied names stay one tensor."""
+    """Read the fp32 tensors `names` (gathered from every rank's partition), one at a time."""
     import torch
     from deepspeed.utils.zero_to_fp32 import to_torch_tensor
 
-    out, by_id = {}, {}
+    out = {}
     for name in names:
-        lazy_tensor = lazy[name]
-        if id(lazy_tensor) not in by_id:
-            by_id[id(lazy_tensor)] = to_torch_tensor({name: lazy_tensor}, dtype=torch.float32)[name]
-            if meter.add(by_id[id(lazy_tensor)].nbytes):
-                say(f"raytrain.export: [1/3] {meter.line()}, {where}")
-        out[name] = by_id[id(lazy_tensor)]
+        out[name] = to_torch_tensor({name: lazy[name]}, dtype=torch.float32)[name]
+        if meter.add(out[name].nbytes):
+            say(f"raytrain.export: [1/3] {meter.line()}, {where}")
     return out
-
-
-def _unique(state_dict: dict) -> list:
-    """The tensors of `state_dict`, each tied tensor once."""
-    return list({id(t): t for t in state_dict.values()}.values())
 
 
 # What zero_to_fp32 prints while it reads a checkpoint (print() and tqdm bars, deepspeed 0.19.8):

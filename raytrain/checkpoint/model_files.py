@@ -1,4 +1,5 @@
-"""The run's own copy of the model's files: config, tokenizer and generation config (STORAGE/RUN/model/).
+"""The run's own copy of the model's files: config, tokenizer, generation config and, for a model with
+remote code (model.trust_remote_code=true), its Python files (STORAGE/RUN/model/).
 
 Written by the driver when a run starts, before any worker (`write_model_files`), on any storage
 (a local directory or a pyarrow URI); read by the export (raytrain.checkpoint.export), which so
@@ -37,10 +38,15 @@ def write_model_files(run_uri: str, model: ModelConfig, facts) -> str | None:
     import pyarrow.fs
 
     with tempfile.TemporaryDirectory(prefix="raytrain-model-") as tmp:
-        config_from_facts(facts, model).save_pretrained(tmp)
+        hf_config = config_from_facts(facts, model)
+        hf_config.save_pretrained(tmp)  # a config with remote code copies its own module, not the model's
+        if model.trust_remote_code:
+            _copy_model_code(model.name_or_path, hf_config, tmp)
         load_tokenizer(model).save_pretrained(tmp)
         generation = _generation_config(model)
         if generation is not None:
+            if not model.pretrained:  # random init learns the tokenizer's ids (raytrain.model.token_ids_from_tokenizer)
+                generation.eos_token_id, generation.bos_token_id = hf_config.eos_token_id, hf_config.bos_token_id
             generation.save_pretrained(tmp)
         uri = model_files_uri(run_uri)
         fs, path = filesystem(uri)
@@ -101,6 +107,16 @@ def local_model_files(run_uri: str) -> Iterator[str | None]:
             yield tmp
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _copy_model_code(name_or_path: str, hf_config, out_dir: str) -> None:
+    """The Python files of the classes the config's auto_map names (and what they import relatively),
+    as save_pretrained copies them: the export imports the model's class from the run's copy."""
+    from transformers.dynamic_module_utils import custom_object_save, get_class_from_dynamic_module
+
+    for ref in (getattr(hf_config, "auto_map", None) or {}).values():
+        if isinstance(ref, str):  # a tokenizer's entry is a (slow, fast) pair: the tokenizer saves its own
+            custom_object_save(get_class_from_dynamic_module(ref, name_or_path), out_dir)
 
 
 def _generation_config(model: ModelConfig):

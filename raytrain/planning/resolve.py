@@ -19,7 +19,7 @@ from raytrain.config import ConfigError, RunConfig
 from raytrain.data.sources import Sources, data_facts, inspect_sources
 from raytrain.deepspeed_config import AUTO, DeepSpeedFacts, load_deepspeed, resolve_deepspeed
 from raytrain.hardware import Target
-from raytrain.model import load_model_config, load_tokenizer, param_stats
+from raytrain.model import load_model_config, load_tokenizer, param_stats, token_ids_from_tokenizer
 from raytrain.planning.choose import resolve_auto
 from raytrain.planning.deepspeed_check import check_deepspeed
 from raytrain.run_spec import ClusterShape, ModelFacts, ResolvedRun, WorldSizePlan
@@ -75,9 +75,14 @@ def resolve_run(cfg: RunConfig, shape: ClusterShape, sources: Sources | None = N
     _check_model_options(cfg, hf_config, shape)
     tokenizer = load_tokenizer(cfg.model)
     if len(tokenizer) > hf_config.vocab_size:
+        if cfg.model.pretrained:  # a bigger table would not load (raytrain does not resize pretrained weights)
+            raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens but the pretrained embedding table of "
+                              f"{cfg.model.name_or_path} has {hf_config.vocab_size}: use the model's own tokenizer "
+                              f"(unset model.tokenizer) or one of at most {hf_config.vocab_size} tokens")
         raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens but the model's embedding table has "
                           f"{hf_config.vocab_size}: set model.config.vocab_size >= {len(tokenizer)} or use the "
                           f"model's own tokenizer")
+    token_ids_from_tokenizer(hf_config, tokenizer, cfg.model)
     _check_cpus_for_data(cfg, shape)
     if cfg.data.sample_log and "://" in cfg.checkpoint.storage_path:
         raise ConfigError(f"data.sample_log=true appends to files under checkpoint.storage_path="
@@ -127,6 +132,14 @@ def advice(resolved: ResolvedRun) -> list[str]:
         notes.append(f"deepspeed.zero_optimization.offload_optimizer runs DeepSpeed's CPU Adam on the worker's "
                      f"scaling.cpus_per_worker={cpus:g} CPU threads: at 1.1B on one H200 that halved tokens/s "
                      f"(1 CPU: 26k, 14 CPUs: 51k; docs/benchmarks.md); raise scaling.cpus_per_worker")
+    model = resolved.config.model
+    if model.pretrained:
+        eos, ids = load_tokenizer(model).eos_token_id, resolved.model.hf_config.get("eos_token_id")
+        if ids is not None and eos not in (ids if isinstance(ids, list) else [ids]):
+            notes.append(f"the tokenizer's EOS is token {eos}, which packing ends every document with, but "
+                         f"{model.name_or_path}'s config.json has eos_token_id={ids}: generate() with the exported "
+                         f"model stops on the config's; use the model's own tokenizer, or set "
+                         f"model.config.eos_token_id={eos}")
     shape = resolved.cluster
     if shape.elastic:
         sizes = ", ".join(f"{p.world_size} x {p.deepspeed.gradient_accumulation_steps}" for p in resolved.world_sizes)

@@ -1,14 +1,19 @@
 """raytrain.model on the driver: the one line that says where the weights come from, a
-pretrained run refused before any worker starts when there are no weights to load, and the
-tokenizer's one-line errors naming the setting it came from."""
+pretrained run refused before any worker starts when there are no weights to load or when
+model.config would change their shapes, models that are not decoder-only causal LMs refused, the
+tokenizer's one-line errors naming the setting it came from, and the token ids a model built from
+a config takes from the tokenizer it trains with."""
 
 import json
 
 import pytest
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import BertConfig, LlamaConfig, LlamaForCausalLM, T5Config
 
-from raytrain.config import ConfigError, ModelConfig
+from raytrain.config import ConfigError, ModelConfig, RunConfig
 from raytrain.model import byte_tokenizer, load_model_config, load_tokenizer, model_source
+from raytrain.planning.resolve import advice, resolve_run, shape_from_config
+
+TINY = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=320)
 
 
 def test_the_model_line_says_weights_or_random_init_and_the_key_that_loads_weights():
@@ -47,3 +52,114 @@ def test_tokenizer_errors_name_the_key_that_was_set(tmp_path):
 def _saved(tmp_path):
     byte_tokenizer().save_pretrained(tmp_path / "tok")
     return tmp_path / "tok"
+
+
+def _pretrained(tmp_path, **config):
+    LlamaForCausalLM(LlamaConfig(**{**TINY, **config})).save_pretrained(tmp_path / "llama")
+    byte_tokenizer().save_pretrained(tmp_path / "llama")
+    return str(tmp_path / "llama")
+
+
+def test_pretrained_weights_are_loaded_as_saved_or_the_override_is_refused(tmp_path):
+    path = _pretrained(tmp_path)
+
+    def load(**config):
+        return load_model_config(ModelConfig(name_or_path=path, pretrained=True, config=config))
+
+    # each would pass on the driver, then every worker fails in from_pretrained (a size mismatch) or
+    # quietly randomly initialises what the checkpoint does not hold (a new layer, an untied lm_head)
+    with pytest.raises(ConfigError, match=r"^model.config.num_hidden_layers=2 changes the pretrained weights of "
+                                          r".*llama \(adds model.layers.1.self_attn.q_proj.weight and 8 more, randomly "
+                                          r"initialised\), which model.pretrained=true loads as saved: remove "
+                                          r"model.config.num_hidden_layers, or drop model.pretrained"):
+        load(num_hidden_layers=2)
+    with pytest.raises(ConfigError, match=r"^model.config.vocab_size=384 .*\(model.embed_tokens.weight \[320, 16\] "
+                                          r"-> \[384, 16\]\)"):
+        load(attention_dropout=0.1, vocab_size=384)  # the one that changes a shape is named
+    with pytest.raises(ConfigError, match=r"^model.config.tie_word_embeddings=True .*\(drops lm_head.weight\)"):
+        load(tie_word_embeddings=True)
+    assert load(attention_dropout=0.1, max_position_embeddings=4096).max_position_embeddings == 4096  # no weight
+    # random init builds whatever the config says
+    assert load_model_config(ModelConfig(name_or_path=path, config={"num_hidden_layers": 2})).num_hidden_layers == 2
+
+
+def test_a_tokenizer_bigger_than_a_pretrained_vocabulary_is_not_told_to_grow_it(tmp_path):
+    path = _pretrained(tmp_path)
+    big = byte_tokenizer()
+    big.add_tokens([f"<extra_{i}>" for i in range(80)])
+    big.save_pretrained(tmp_path / "big")
+    model = ModelConfig(name_or_path=path, pretrained=True, tokenizer=str(tmp_path / "big"))
+    cfg = RunConfig(model=model)
+    with pytest.raises(ConfigError, match=r"^the tokenizer has 337 tokens but the pretrained embedding table of "
+                                          r".*llama has 320: use the model's own tokenizer \(unset model.tokenizer\) "
+                                          r"or one of at most 320 tokens$"):
+        resolve_run(cfg, shape_from_config(cfg))
+
+
+@pytest.mark.parametrize("config, what", [
+    (BertConfig(**TINY), r"\(BertConfig\) is an encoder \(is_decoder=false: each token attends to the tokens after it"),
+    (T5Config(d_model=16, d_ff=32, num_layers=1, num_heads=2, vocab_size=320),
+     r"\(T5Config\) is an encoder-decoder model"),
+])
+def test_models_that_are_not_decoder_only_causal_lms_are_refused(tmp_path, config, what):
+    config.save_pretrained(tmp_path)
+    for pretrained in (False, True):  # BERT's causal LM class would train, seeing the tokens it predicts
+        if pretrained:
+            (tmp_path / "model.safetensors").write_bytes(b"")  # refused before any weight is read
+        with pytest.raises(ConfigError, match=f"^model.name_or_path=.* {what}.*: raytrain trains decoder-only causal "
+                                              f"LMs"):
+            load_model_config(ModelConfig(name_or_path=str(tmp_path), pretrained=pretrained))
+
+
+def test_a_file_a_missing_directory_remote_code_and_an_unreachable_hub_id_name_their_fix(tmp_path, monkeypatch):
+    path = _pretrained(tmp_path)
+    with pytest.raises(ConfigError, match=f"^model.name_or_path={path}/config.json is a file; give its directory "
+                                          f"\\(model.name_or_path={path}\\)$"):
+        load_model_config(ModelConfig(name_or_path=f"{path}/config.json"))
+    with pytest.raises(ConfigError, match=f"^model.tokenizer={path}/tokenizer.json is a file; give its directory"):
+        load_tokenizer(ModelConfig(tokenizer=f"{path}/tokenizer.json"))
+    with pytest.raises(ConfigError, match=f"there is no directory {tmp_path}/nothing: check the path$"):
+        load_model_config(ModelConfig(name_or_path=str(tmp_path / "nothing")))
+    (tmp_path / "code").mkdir()  # a model whose config names its own code
+    (tmp_path / "code" / "cfg.py").write_text("from transformers import LlamaConfig\n"
+                                              "class MyConfig(LlamaConfig):\n    model_type = 'mine'\n")
+    (tmp_path / "code" / "config.json").write_text(json.dumps(
+        {**TINY, "model_type": "mine", "auto_map": {"AutoConfig": "cfg.MyConfig"}}))
+    with pytest.raises(ConfigError, match=r"cannot load its config \(.*custom code.*\); .*: set "
+                                          r"model.trust_remote_code=true to run it \(only for code you trust\)$"):
+        load_model_config(ModelConfig(name_or_path=str(tmp_path / "code")))
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # as HF_HUB_OFFLINE=1: no request made
+    with pytest.raises(ConfigError, match=r"^model.name_or_path='raytrain-test/absent': cannot load its config .*; no "
+                                          r"local directory 'raytrain-test/absent', so it is a Hugging Face hub id "
+                                          r"\(HF_HUB_OFFLINE=1 is set: only the local hub cache is read\): check the "
+                                          r"name and the network, or download it first \(hf download "
+                                          r"raytrain-test/absent --local-dir DIR\) and set model.name_or_path=DIR$"):
+        load_model_config(ModelConfig(name_or_path="raytrain-test/absent"))
+
+
+def test_a_model_built_from_a_config_takes_the_token_ids_of_the_tokenizer_it_trains_with(tmp_path):
+    def resolved(model):
+        cfg = RunConfig(model=model)
+        return resolve_run(cfg, shape_from_config(cfg))
+
+    # LlamaConfig's defaults are eos 2, bos 1: packing ends documents with the byte tokenizer's EOS 256,
+    # and generate() would stop on byte 2
+    built_in = resolved(ModelConfig()).model.hf_config
+    assert (built_in["eos_token_id"], built_in["bos_token_id"]) == (256, None)
+    assert built_in["pad_token_id"] is None  # Llama's padding_idx: that embedding row would never learn
+    LlamaConfig(**TINY).save_pretrained(tmp_path / "config")
+    own = resolved(ModelConfig(name_or_path=str(tmp_path / "config"), tokenizer=str(_saved(tmp_path)),
+                               config={"bos_token_id": 7})).model.hf_config
+    assert (own["eos_token_id"], own["bos_token_id"]) == (256, 7)  # model.config wins
+    # pretrained: the ids are the model's, learnt with its own tokenizer; a different EOS is said
+    path = _pretrained(tmp_path)
+    run = resolved(ModelConfig(name_or_path=path, pretrained=True))
+    assert run.model.hf_config["eos_token_id"] == 2
+    assert [n for n in advice(run) if "EOS" in n] == [
+        f"the tokenizer's EOS is token 256, which packing ends every document with, but {path}'s config.json has "
+        f"eos_token_id=2: generate() with the exported model stops on the config's; use the model's own tokenizer, "
+        f"or set model.config.eos_token_id=256"]
+    assert not [n for n in advice(resolved(ModelConfig(name_or_path=path, pretrained=True,
+                                                      config={"eos_token_id": 256}))) if "EOS" in n]

@@ -1,18 +1,125 @@
-"""The export's own steps (raytrain.checkpoint.export); a real export of a trained run, byte for byte
-against DeepSpeed's converter, is in tests/integration/test_train_e2e.py."""
+"""The export's own steps (raytrain.checkpoint.export), and the Hugging Face directory it writes for
+models the end-to-end tests do not train: a tied-embedding model saved in bf16 and a model with its
+own code (trust_remote_code). Each is trained one step by a real ZeRO-3 engine (the worker's
+build_engine, gloo, one CPU rank, no Ray), exported after its source directory is deleted, and
+loaded with from_pretrained. A real export of a trained run, byte for byte against DeepSpeed's
+converter, is in tests/integration/test_train_e2e.py."""
+
+import json
+import os
+import shutil
 
 import torch
+import torch.multiprocessing as mp
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from raytrain.checkpoint.export import _materialise
+from raytrain.checkpoint.export import _materialise, _one_name_per_tensor, export
 from raytrain.console import Meter
+from raytrain.model import byte_tokenizer
+from tests.helpers import init_gloo
+
+TINY = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+            vocab_size=320, max_position_embeddings=64)
 
 
 def test_export_materialises_tensor_by_tensor_with_progress_lines(capsys):
-    shared, other = torch.ones(1000), torch.zeros(250)
     meter = Meter(total=5000, every_s=0.0)
-    out = _materialise({"embed": shared, "lm_head": shared, "norm": other}, ["embed", "lm_head", "norm"],
-                       meter, "shard 1 of 1")
-    assert out["embed"] is out["lm_head"] and meter.done == 5000  # a tied tensor is read and counted once
+    out = _materialise({"embed": torch.ones(1000), "norm": torch.zeros(250)}, ["embed", "norm"], meter,
+                       "shard 1 of 1")
+    assert out["embed"].sum() == 1000 and meter.done == 5000
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("raytrain.export")]
     assert len(lines) == 1 and lines[0].startswith("raytrain.export: [1/3] 4.00 kB of 5.00 kB (80%), ")
     assert lines[0].endswith(", shard 1 of 1") and "B/s, ETA " in lines[0]
+
+
+def test_a_tied_tensor_is_written_once_under_the_name_deepspeed_stored():
+    # zero_to_fp32 puts the stored name first and appends the tied ones (its shared_params) after
+    embed, norm = torch.ones(4), torch.zeros(2)
+    kept = _one_name_per_tensor({"model.embed_tokens.weight": embed, "model.norm.weight": norm,
+                                 "lm_head.weight": embed})
+    assert list(kept) == ["model.embed_tokens.weight", "model.norm.weight"]
+
+
+def _train_one_step(rank, out_dir, overrides):
+    """One rank: resolve the run, write its model files, build the engine, one step, a checkpoint."""
+    init_gloo(rank, 1, f"{out_dir}/rendezvous")
+    import deepspeed
+
+    from raytrain.checkpoint.layout import METADATA, tag_for
+    from raytrain.checkpoint.model_files import write_model_files
+    from raytrain.config import load_config
+    from raytrain.planning.resolve import resolve_run
+    from raytrain.run_spec import ClusterShape, RunSpec
+    from raytrain.worker.engine import build_engine, train_step
+
+    cfg = load_config(None, overrides + ["data.seq_len=16", "training.micro_batch_size_per_gpu=2",
+                                         "deepspeed.train_batch_size=2", "training.learning_rate=0.01",
+                                         f"checkpoint.storage_path={out_dir}"])
+    spec = RunSpec.place(resolve_run(cfg, ClusterShape(num_workers=1, use_gpu=False)), run_name="run",
+                         storage_path=out_dir, resume_from=None)
+    write_model_files(spec.run_uri, cfg.model, spec.model)
+    engine, _, _ = build_engine(spec, torch.device("cpu"))
+    rows = torch.randint(0, 257, (2, 16), generator=torch.Generator().manual_seed(0))
+    train_step(engine, iter([{"input_ids": rows}]), 1, torch.device("cpu"))
+    ckpt = f"{spec.run_uri}/checkpoint_{tag_for(1)}"
+    engine.save_checkpoint(ckpt, tag=tag_for(1))
+    with open(os.path.join(ckpt, METADATA), "w") as f:
+        json.dump({"step": 1, "world_size": 1, "metrics": {}, "history": [], "spec": spec.to_dict()}, f, default=str)
+    trained = {}
+    for name, p in engine.module.named_parameters():
+        with deepspeed.zero.GatheredParameters([p]):
+            trained[name] = p.detach().clone().float()
+    torch.save(trained, f"{out_dir}/trained.pt")
+
+
+def _exported(tmp_path, source, overrides, trust_remote_code=False):
+    """Train one step from `source`, delete `source`, export: (loaded model, trained weights, out dir)."""
+    mp.start_processes(_train_one_step, args=(str(tmp_path), overrides), nprocs=1, join=True, start_method="spawn")
+    shutil.rmtree(source)  # the export reads the run's own copy, not the directory the run started from
+    out = tmp_path / "out"
+    export(str(tmp_path / "run" / "checkpoint_step_00000001"), str(out))
+    model = AutoModelForCausalLM.from_pretrained(out, dtype="auto", trust_remote_code=trust_remote_code)
+    return model, torch.load(tmp_path / "trained.pt"), out
+
+
+def _assert_is_the_trained_model(model, trained):
+    loaded = dict(model.named_parameters())
+    assert loaded.keys() == trained.keys()
+    for name, weight in trained.items():
+        assert loaded[name].dtype == torch.float32 and torch.equal(loaded[name], weight), name
+
+
+def test_a_tied_bf16_model_exports_as_save_pretrained_writes_it(tmp_path):
+    # Llama-3.2-1B, small Qwen2.5, Gemma and GPT-2 tie the head to the embedding: safetensors refused the
+    # two names for one tensor. The source's bf16 must not stay in config.json: the weights are fp32.
+    source = tmp_path / "llama"
+    LlamaForCausalLM(LlamaConfig(**TINY, tie_word_embeddings=True)).to(torch.bfloat16).save_pretrained(source)
+    byte_tokenizer().save_pretrained(source)
+    model, trained, out = _exported(tmp_path, source, [f"model.name_or_path={source}", "model.pretrained=true"])
+    _assert_is_the_trained_model(model, trained)
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # tied again by from_pretrained
+    with safe_open(out / "model.safetensors", "pt") as f:
+        assert "model.embed_tokens.weight" in f.keys() and "lm_head.weight" not in f.keys()  # as save_pretrained
+    config = json.loads((out / "config.json").read_text())
+    assert config["dtype"] == "float32" and config["architectures"] == ["LlamaForCausalLM"]
+
+
+def test_a_model_with_its_own_code_exports_with_that_code(tmp_path):
+    source = tmp_path / "mine"
+    source.mkdir()
+    (source / "cfg.py").write_text("from transformers import LlamaConfig\n\n\nclass MyConfig(LlamaConfig):\n"
+                                   "    model_type = 'mine'\n")
+    (source / "mdl.py").write_text("from transformers import LlamaForCausalLM\n\nfrom .cfg import MyConfig\n\n\n"
+                                   "class MyModel(LlamaForCausalLM):\n    config_class = MyConfig\n")
+    (source / "config.json").write_text(json.dumps(
+        {**TINY, "model_type": "mine",
+         "auto_map": {"AutoConfig": "cfg.MyConfig", "AutoModelForCausalLM": "mdl.MyModel"}}))
+    byte_tokenizer().save_pretrained(source)
+    model, trained, out = _exported(tmp_path, source, [f"model.name_or_path={source}", "model.trust_remote_code=true"],
+                                    trust_remote_code=True)
+    assert type(model).__name__ == "MyModel" and {"cfg.py", "mdl.py"} <= set(os.listdir(out))
+    _assert_is_the_trained_model(model, trained)
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["MyModel"] and config["eos_token_id"] == 256  # the byte tokenizer's EOS
+

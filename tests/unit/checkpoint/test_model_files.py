@@ -22,7 +22,7 @@ def test_the_run_keeps_the_resolved_config_the_tokenizer_and_the_generation_conf
     source = tmp_path / "model"
     LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                 vocab_size=320).save_pretrained(source)
-    GenerationConfig(max_new_tokens=7).save_pretrained(source)
+    GenerationConfig(max_new_tokens=7, eos_token_id=2, bos_token_id=1).save_pretrained(source)
     byte_tokenizer().save_pretrained(tmp_path / "tok")
     model = ModelConfig(name_or_path=str(source), tokenizer=str(tmp_path / "tok"), config={"num_hidden_layers": 2})
     run = tmp_path / "runs" / "r"
@@ -31,6 +31,10 @@ def test_the_run_keeps_the_resolved_config_the_tokenizer_and_the_generation_conf
         assert copy == str(run / "model")
         assert AutoConfig.from_pretrained(copy).num_hidden_layers == 2  # overrides applied, as trained
         assert GenerationConfig.from_pretrained(copy).max_new_tokens == 7
+        # random init learns the byte tokenizer's EOS (256), not LlamaConfig's default 2 that both files had:
+        # generate() reads the generation config
+        assert AutoConfig.from_pretrained(copy).eos_token_id == 256
+        assert GenerationConfig.from_pretrained(copy).eos_token_id == 256
         assert AutoTokenizer.from_pretrained(copy)("ab")["input_ids"] == byte_tokenizer()("ab")["input_ids"]
     with local_model_files(str(tmp_path / "runs" / "older")) as copy:
         assert copy is None  # a run from before: the export falls back to the original tokenizer
