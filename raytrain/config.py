@@ -427,6 +427,13 @@ _FILLS = {"learning_rate": [("optimizer", "lr"), ("scheduler", "warmup_max_lr")]
           "max_steps": [("scheduler", "total_num_steps")]}
 
 
+# DeepSpeed's schedulers (deepspeed/runtime/lr_schedules.py, 0.19.8) that take no warmup_num_steps
+# or warmup_max_lr and set the learning rate from their own params, ignoring the optimizer's lr
+# (tests/unit/test_config.py pins this against their signatures).
+_SETS_ITS_OWN_LR = {"OneCycle": "cycle_min_lr / cycle_max_lr and cycle_first_step_size",
+                    "LRRangeTest": "lr_range_test_min_lr and lr_range_test_step_size"}
+
+
 def _refuse_ignored_training_values(cfg: RunConfig, given: set[str]) -> None:
     """A training value the user wrote must take effect: refuse one that a concrete value in the
     DeepSpeed JSON contradicts, or that the JSON's own optimizer or scheduler would silently leave
@@ -453,6 +460,11 @@ def _refuse_ignored_training_values(cfg: RunConfig, given: set[str]) -> None:
             if not isinstance(params, dict):
                 continue  # no such section, or a malformed one (raytrain.deepspeed_config names it)
             written = params.get(ds_key, _ABSENT)
+            scheduler_type = str(section.get("type")) if name == "scheduler" else None
+            if written is _ABSENT and scheduler_type in _SETS_ITS_OWN_LR and key in ("learning_rate", "warmup_steps"):
+                # These take no warmup_num_steps or warmup_max_lr: writing one there would be refused next.
+                refuse(key, f"deepspeed.scheduler ({scheduler_type}) sets the learning rate itself, from its "
+                            f"own {_SETS_ITS_OWN_LR[scheduler_type]}", "set those in deepspeed.scheduler.params")
             if written is _ABSENT and (name == "optimizer" or key == "warmup_steps"):
                 refuse(key, f"deepspeed.{name} ({section.get('type')}) has no params.{ds_key}, so DeepSpeed would use "
                             f"its own default", f'write "{ds_key}": "auto" there')

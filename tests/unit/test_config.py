@@ -195,6 +195,31 @@ def test_a_training_value_the_deepspeed_json_would_override_or_ignore_is_refused
         load_config(str(run), [f"deepspeed={ds}"])
 
 
+ONE_CYCLE = {"type": "OneCycle", "params": {"cycle_min_lr": 1e-5, "cycle_max_lr": 1e-4, "cycle_first_step_size": 50}}
+
+
+@pytest.mark.parametrize("training", ["training.warmup_steps=20", "training.learning_rate=3e-4"])
+def test_a_scheduler_that_sets_its_own_learning_rate_names_its_own_params(training, tmp_path):
+    """OneCycle takes no warmup_num_steps: the usual advice (write it as "auto") would be refused next."""
+    ds = {**OWN_OPTIMIZER, "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}, "scheduler": ONE_CYCLE}
+    with pytest.raises(ConfigError, match=r"would be ignored: deepspeed.scheduler \(OneCycle\) sets the learning rate "
+                                          r"itself, from its own cycle_min_lr / cycle_max_lr and cycle_first_step_size"):
+        load_config(None, [f"deepspeed={json.dumps(ds)}", training])
+    load_config(None, [f"deepspeed={json.dumps(ds)}", "training.max_steps=20"])  # the loop's length: used
+
+
+def test_the_schedulers_that_set_their_own_learning_rate_take_no_warmup():
+    import inspect
+
+    from deepspeed.runtime import lr_schedules
+
+    from raytrain.config import _SETS_ITS_OWN_LR
+
+    for name in lr_schedules.VALID_LR_SCHEDULES:
+        takes = set(inspect.signature(getattr(lr_schedules, name).__init__).parameters)
+        assert ("warmup_num_steps" not in takes) == (name in _SETS_ITS_OWN_LR), name
+
+
 def test_training_values_the_deepspeed_json_agrees_with_or_leaves_auto_pass(tmp_path):
     ds = tmp_path / "ds.json"
     ds.write_text(json.dumps(OWN_OPTIMIZER))
