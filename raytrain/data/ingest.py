@@ -41,6 +41,7 @@ import ray.data
 import ray.train
 
 from raytrain import compat
+from raytrain.data.progress import skipped
 
 
 class ShardGroup(compat.SplitCoordinatorOwner):
@@ -237,6 +238,11 @@ class MicroBatches:
             if any(p is None for p in parts):
                 if self._read_rows == 0:
                     self._no_step()
+                # Each shard's tail of fewer than step_rows rows is not trained on this epoch: told to
+                # the counter, as the tokenizer's tails are (the same rows every epoch without shuffle).
+                tail = sum(reader.available() + (0 if p is None else len(next(iter(p.values()))))
+                           for reader, p in zip(self._readers, parts))
+                skipped(self._counter, epoch_tail_rows=tail)
                 for reader in self._readers:
                     reader.close()
                 self._readers, self._read_epoch, self._read_rows = None, self._read_epoch + 1, 0
@@ -287,8 +293,8 @@ class _ShardReader:
         self._chunks = self._windows()
         self._fill(1)  # the first read crosses the barrier, even with nothing to skip
         skip = self._skip
-        while skip and self._available():  # chunk by chunk: a long prefix never sits in memory
-            step = min(skip, self._available())
+        while skip and self.available():  # chunk by chunk: a long prefix never sits in memory
+            step = min(skip, self.available())
             self._offset, skip = self._offset + step, skip - step
             self._fill(1)
 
@@ -297,7 +303,7 @@ class _ShardReader:
         if self._chunks is None:
             self.prime()
         self._fill(n)
-        if self._available() < n:
+        if self.available() < n:
             return None
         out = {k: v[self._offset:self._offset + n] for k, v in self._buf.items()}
         self._offset += n
@@ -315,11 +321,12 @@ class _ShardReader:
             self._chunks.close()
             self._chunks = None
 
-    def _available(self) -> int:
+    def available(self) -> int:
+        """Rows read and not yet taken: at the end of an epoch, the shard's tail."""
         return 0 if self._buf is None else len(next(iter(self._buf.values()))) - self._offset
 
     def _fill(self, n: int) -> None:
-        while self._available() < n:
+        while self.available() < n:
             chunk = next(self._chunks, None)
             if chunk is None:
                 return

@@ -52,7 +52,10 @@ SKIPS = {"empty": "empty documents skipped (null, \"\", a missing key, an empty 
                            "(data.invalid_utf8=error stops on them instead)",
          "tail_tokens": "tokens{share} dropped at the end of tokenize batches, each tail shorter than "
                         "data.seq_len, counted at every read of the data (a larger data.tokenize_batch_size drops "
-                        "fewer)"}
+                        "fewer)",
+         "epoch_tail_rows": "rows of data.seq_len tokens left out at the ends of epochs, each shard's tail shorter "
+                            "than one step's rows (train_batch_size / shards; data.shuffle_buffer_size varies which "
+                            "rows)"}
 """What the data policies skip or change, by the name the tasks report them under. "packed_tokens",
 also reported, is no skip: all the tokens packing was given, the share `tail_tokens` is of."""
 

@@ -23,12 +23,13 @@ def splits(n_shards, rows=40):
     return ds.streaming_split(n_shards, equal=True)
 
 
-def reader(n_shards, position=(0, 0), prefetch=0, micro=4, step_rows=2, digests=False, shuffle=0):
+def reader(n_shards, position=(0, 0), prefetch=0, micro=4, step_rows=2, digests=False, shuffle=0, counter=None):
     from raytrain.data.ingest import MicroBatches, ShardGroup
 
     shards = splits(n_shards)
     return MicroBatches(ShardGroup(shards, list(range(n_shards))), micro, step_rows, torch.device("cpu"), seed=5,
-                        shuffle_buffer_size=shuffle, position=position, prefetch=prefetch, digests=digests)
+                        shuffle_buffer_size=shuffle, position=position, prefetch=prefetch, digests=digests,
+                        counter=counter)
 
 
 def first_ids(batch):
@@ -77,13 +78,24 @@ def test_a_shuffled_reader_resumed_anywhere_reads_on_as_the_uninterrupted_one_ac
 
 
 def test_an_epoch_ends_for_every_shard_at_once(ray_cluster):
-    batches = reader(2, micro=6, step_rows=3)  # 20 rows per shard, 3 per step: 6 steps, 2 rows dropped per shard
-    for _ in range(6):
+    import ray
+
+    from raytrain.data.progress import Counter
+
+    # the run's counter is told the rows left out, for the end-of-run data line
+    counter = ray.remote(num_cpus=0)(Counter).options(name="test-ingest-epoch-tail").remote()
+    batches = reader(2, micro=6, step_rows=3, counter="test-ingest-epoch-tail")  # 20 rows per shard, 3 per step:
+    for _ in range(6):                                                           # 6 steps, 2 rows dropped per shard
         next(batches)
     assert batches.position() == {"epoch": 0, "rows": 18}
     next(batches)
     assert batches.position() == {"epoch": 1, "rows": 3}
     batches.close()
+    summary = ray.get(counter.summary.remote())  # after the reader's own calls: one caller's calls run in order
+    assert summary.skipped == {"epoch_tail_rows": (4, None)}
+    assert summary.skipped_line().startswith("raytrain: data: 4 rows of data.seq_len tokens left out at the ends of "
+                                             "epochs, each shard's tail shorter than one step's rows")
+    ray.kill(counter)
 
 
 def test_a_step_is_cut_into_micro_batches_and_its_tail_does_not_depend_on_them(ray_cluster):
