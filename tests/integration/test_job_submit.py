@@ -121,8 +121,10 @@ def test_stopped_job_resubmitted_continues_from_its_checkpoint(ray_cluster, work
     # What a user watching `ray job logs` sees (the feature itself, so read from the logs): rank 0's
     # progress lines, forwarded from a live worker ...
     assert re.search(r"step 10/25  loss [\d.]+", logs), logs[-3000:]
-    # and so do the driver's tokenization progress lines
-    assert re.search(r"^raytrain: data: pass 1: \S+ documents of 400 documents \(\d+%\), ", logs, re.M), logs[-3000:]
+    # and so do the driver's tokenization progress lines, of any pass: the counts come in whole tokenize
+    # batches (400 documents are two), so under load the driver's first reading can come after pass 1.
+    # Session 39's first .ci/run found no pass-1 line (the log's head was not kept: the cause is inferred).
+    assert re.search(r"^raytrain: data: pass \d+: \S+ documents of 400 documents \(\d+%\), ", logs, re.M), logs[-3000:]
 
     second = submit(ray_cluster, workdir, *cmd)
     wait_status(ray_cluster, second, ["succeeded"], timeout=900)
