@@ -59,7 +59,10 @@ MAX_VMS_PER_AVAILABILITY_SET = 200
 _SET_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,78}[A-Za-z0-9_])?$")
 # Azure size names: Standard_<family><vCPUs>[-<constrained vCPUs>]<features>[_<accelerator>][_<version>];
 # the feature letter "r" marks RDMA (InfiniBand) sizes: ND96isr_H100_v5, HB176rs_v4, ND96amsr_A100_v4.
-_VM_SIZE = re.compile(r"^Standard_[A-Z]+\d+(?:-\d+)?(?P<features>[a-z]*)(?:_|$)")
+# Matched in any case, as are `priority` values below: we take Azure's compute API to accept size names
+# and priorities case-insensitively (as ARM does its names; not found stated in Azure's docs), so
+# standard_nd96isr_h100_v5 deploys the same RDMA VM and must meet the same checks.
+_VM_SIZE = re.compile(r"^Standard_[A-Z]+\d+(?:-\d+)?(?P<features>[a-z]*)(?:_|$)", re.IGNORECASE)
 # The address space Azure's RDMA network reserves; a VNet that overlaps it breaks IP over IB.
 _AZURE_RDMA_NETWORK = ipaddress.ip_network("172.16.0.0/16")
 
@@ -67,7 +70,7 @@ _AZURE_RDMA_NETWORK = ipaddress.ip_network("172.16.0.0/16")
 def is_rdma_vm_size(vm_size: str) -> bool:
     """True for Azure sizes with InfiniBand (the "r" feature letter), e.g. Standard_ND96isr_H100_v5."""
     match = _VM_SIZE.match(vm_size)
-    return bool(match) and "r" in match.group("features")
+    return bool(match) and "r" in match.group("features").lower()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -81,6 +84,9 @@ def check_cluster_config(config: Mapping[str, Any]) -> None:
     provider = config["provider"]
     node_types = config["available_node_types"]
     head_type = config["head_node_type"]
+    # Ray's top-level max_workers caps the workers of all types together (both autoscalers enforce it on
+    # top of each type's own max_workers), so no type, and no set, can hold more VMs than it.
+    cluster_max_workers = config.get("max_workers", float("inf"))
     _check_subnet(provider)
     vm_size_by_set: dict[str, tuple[str, str]] = {}
     workers_by_set: dict[str, int] = {}
@@ -90,7 +96,7 @@ def check_cluster_config(config: Mapping[str, Any]) -> None:
         set_name = node_config.get(AVAILABILITY_SET_KEY)
         vm_size = node_config.get("azure_arm_parameters", {}).get("vmSize", "")
         if set_name is None:
-            max_workers = node_type.get("max_workers", 0)
+            max_workers = min(node_type.get("max_workers", 0), cluster_max_workers)
             if name != head_type and is_rdma_vm_size(vm_size) and max_workers > 1:
                 raise ValueError(
                     f"{key}.node_config.{AVAILABILITY_SET_KEY} is missing: {max_workers} {vm_size} VMs deployed "
@@ -104,16 +110,18 @@ def check_cluster_config(config: Mapping[str, Any]) -> None:
                 "remove the key from the head's node_config")
         check_member_node_config(key, node_config, provider)
         first = vm_size_by_set.setdefault(set_name, (name, vm_size))
-        if first[1] != vm_size:
+        if first[1].lower() != vm_size.lower():
             raise ValueError(
                 f"{key}.node_config.{AVAILABILITY_SET_KEY}: set {set_name} already holds {first[0]}'s "
                 f"{first[1]}; one set is one hardware cluster, so give {vm_size} a set of its own")
         workers_by_set[set_name] = workers_by_set.get(set_name, 0) + node_type.get("max_workers", 0)
-        if workers_by_set[set_name] > MAX_VMS_PER_AVAILABILITY_SET:
+        num_vms = min(workers_by_set[set_name], cluster_max_workers)
+        if num_vms > MAX_VMS_PER_AVAILABILITY_SET:
             raise ValueError(
-                f"{key}.max_workers: node types in availability set {set_name} may reach "
-                f"{workers_by_set[set_name]} VMs, Azure allows {MAX_VMS_PER_AVAILABILITY_SET} per set; "
-                f"lower max_workers or split the workers over several sets (no InfiniBand between sets)")
+                f"{key}.max_workers: node types in availability set {set_name} may reach {num_vms} VMs (their "
+                "max_workers summed, capped by the top-level max_workers), Azure allows "
+                f"{MAX_VMS_PER_AVAILABILITY_SET} per set; lower max_workers or split the workers over several sets "
+                "(no InfiniBand between sets)")
 
 
 def check_member_node_config(key: str, node_config: Mapping[str, Any], provider: Mapping[str, Any]) -> None:
@@ -129,10 +137,11 @@ def check_member_node_config(key: str, node_config: Mapping[str, Any], provider:
         raise ValueError(
             f"{key}.node_config.{AVAILABILITY_SET_KEY}: vmSize {vm_size!r} has no InfiniBand (no 'r' in its "
             "features), so a set buys nothing; use an RDMA size such as Standard_ND96isr_H100_v5 or remove the key")
-    if arm.get("priority", "Regular") == "Spot":
+    priority = arm.get("priority", "Regular")
+    if str(priority).lower() == "spot":
         raise ValueError(
-            f"{key}.node_config.azure_arm_parameters.priority: Azure refuses Spot VMs in an availability set "
-            "(AzureSpotVMNotSupportedInAvailabilitySet); set priority: Regular")
+            f"{key}.node_config.azure_arm_parameters.priority: {priority!r} asks for Spot VMs, and Azure refuses "
+            "Spot VMs in an availability set (AzureSpotVMNotSupportedInAvailabilitySet); set priority: Regular")
     # Ray's precedence: the node's availability_zone, else the provider's; unset means "auto", which
     # places VMs in zones, and Azure refuses a VM with both a zone and an availability set.
     where, zone = ((f"{key}.node_config.azure_arm_parameters.availability_zone", arm["availability_zone"])
@@ -145,7 +154,15 @@ def check_member_node_config(key: str, node_config: Mapping[str, Any], provider:
 
 def _check_subnet(provider: Mapping[str, Any]) -> None:
     subnet_mask = provider.get("subnet_mask")
-    if subnet_mask is not None and ipaddress.ip_network(subnet_mask, strict=False).overlaps(_AZURE_RDMA_NETWORK):
+    if subnet_mask is None:
+        return
+    try:
+        network = ipaddress.ip_network(subnet_mask, strict=False)
+    except ValueError as e:
+        raise ValueError(
+            f"provider.subnet_mask: {subnet_mask!r} is not an address range ({e}); write it in CIDR form "
+            "(e.g. 10.40.0.0/16) or leave it out") from None
+    if network.overlaps(_AZURE_RDMA_NETWORK):
         raise ValueError(
             f"provider.subnet_mask: {subnet_mask} overlaps {_AZURE_RDMA_NETWORK}, which Azure's RDMA network "
             "reserves; pick another range (e.g. 10.40.0.0/16) or leave it out")

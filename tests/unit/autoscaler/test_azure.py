@@ -252,7 +252,7 @@ BAD_CLUSTER_FILES = {
     "set on a non-RDMA size": (lambda c: _arm(c).update(vmSize="Standard_NC96ads_A100_v4"),
                                r"vmSize 'Standard_NC96ads_A100_v4' has no InfiniBand"),
     "201 workers for one set": (lambda c: (_gpu(c).update(max_workers=201), c.update(max_workers=201)),
-                                r"ray\.worker\.gpu\.max_workers: .* 201 VMs, Azure allows 200"),
+                                r"ray\.worker\.gpu\.max_workers: .* 201 VMs .*Azure allows 200"),
     "Spot in a set": (lambda c: _arm(c).update(priority="Spot"),
                       r"priority: .*AzureSpotVMNotSupportedInAvailabilitySet"),
     "head in the set": (lambda c: c["available_node_types"]["ray.head.default"]["node_config"].update(
@@ -268,6 +268,22 @@ BAD_CLUSTER_FILES = {
     "two sizes in one set": (_h200_sharing_the_set, r"give Standard_ND96isr_H200_v5 a set of its own"),
     "not a set name": (lambda c: _gpu(c)["node_config"].update(infiniband_availability_set="-ib"),
                        r"'-ib' is not an Azure availability set name"),
+    # Azure takes size names and priorities in any case, so the checks do too.
+    "lowercase RDMA size without a set": (
+        lambda c: (_arm(c).update(vmSize="standard_nd96isr_h100_v5"),
+                   _gpu(c)["node_config"].pop("infiniband_availability_set")),
+        r"infiniband_availability_set is missing: 4 standard_nd96isr_h100_v5 VMs"),
+    "lowercase Spot in a set": (lambda c: _arm(c).update(priority="spot"),
+                                r"priority: 'spot' asks for Spot VMs, .*AzureSpotVMNotSupportedInAvailabilitySet"),
+    "subnet_mask not a network": (lambda c: c["provider"].update(subnet_mask="10.0.0.0/33"),
+                                  r"^provider\.subnet_mask: '10\.0\.0\.0/33' is not an address range .*; write it "
+                                  r"in CIDR form"),
+    # The top-level max_workers caps what a type or a set can reach, and the message counts that.
+    "RDMA workers without a set, top-level cap 2": (
+        lambda c: (_gpu(c)["node_config"].pop("infiniband_availability_set"), c.update(max_workers=2)),
+        r"infiniband_availability_set is missing: 2 Standard_ND96isr_H100_v5 VMs"),
+    "300 per type, top-level cap 201": (lambda c: (_gpu(c).update(max_workers=300), c.update(max_workers=201)),
+                                        r"ray\.worker\.gpu\.max_workers: .* 201 VMs .* Azure allows 200"),
 }
 
 
@@ -282,7 +298,34 @@ def test_bad_cluster_files_fail_ray_up_before_anything_is_created(cloud, tmp_pat
     assert not cloud.calls, "nothing reached Azure"
 
 
+def _lowercase_size_sharing_the_set(config: dict[str, Any]) -> None:
+    _h200_sharing_the_set(config)
+    _arm(config).update(vmSize="standard_nd96isr_h100_v5")
+    config["available_node_types"]["ray.worker.h200"]["node_config"]["azure_arm_parameters"].update(
+        vmSize="STANDARD_ND96ISR_H100_V5")
+
+
+GOOD_CLUSTER_FILES = {
+    "lowercase RDMA size in a set": lambda c: _arm(c).update(vmSize="standard_nd96isr_h100_v5"),
+    "one size in two spellings in one set": _lowercase_size_sharing_the_set,
+    # Ray launches at most the top-level max_workers workers of all types together.
+    "300 per type, top-level cap 4": lambda c: _gpu(c).update(max_workers=300),
+    "RDMA workers without a set, top-level cap 1": lambda c: (
+        _gpu(c)["node_config"].pop("infiniband_availability_set"), c.update(max_workers=1)),
+}
+
+
+@pytest.mark.parametrize("case", GOOD_CLUSTER_FILES, ids=list(GOOD_CLUSTER_FILES))
+def test_cluster_files_azure_and_ray_would_run_pass_ray_up(cloud, tmp_path, case):
+    config = ib_config()
+    GOOD_CLUSTER_FILES[case](config)
+    resolved, _ = bootstrap(tmp_path, config)
+    assert resolved["max_workers"] <= ib_azure.MAX_VMS_PER_AVAILABILITY_SET
+    assert [d["name"] for d in cloud.deployments] == ["ray-config"], "Ray's own bootstrap ran"
+
+
 @pytest.mark.parametrize("vm_size, rdma", [
+    ("standard_nd96isr_h100_v5", True), ("STANDARD_HB120-96RS_V3", True), ("standard_nc96ads_a100_v4", False),
     ("Standard_ND96isr_H100_v5", True), ("Standard_ND96isr_H200_v5", True), ("Standard_ND96amsr_A100_v4", True),
     ("Standard_HB120-96rs_v3", True), ("Standard_HC44rs", True), ("Standard_NC80adis_H100_v5", False),
     ("Standard_NC96ads_A100_v4", False), ("Standard_D16s_v5", False), ("", False)])
