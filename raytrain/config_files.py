@@ -124,7 +124,14 @@ def read_yaml_file(path: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must be a mapping of sections (model, data, training, ...), "
                           f"got {type(data).__name__}")
+    if _RAY_UP_KEYS.intersection(data):  # else "unknown key cluster_name; did you mean cluster?": the wrong way
+        raise ConfigError(f"config file {path} is a Ray cluster file (for ray up), not a run config: "
+                          f"pass a run config such as configs/llama-1b-1gpu.yaml")
     return data
+
+
+# Top-level keys of a `ray up` cluster file (cluster/*.yaml) that no run config has.
+_RAY_UP_KEYS = frozenset({"cluster_name", "provider", "available_node_types", "head_node_type"})
 
 
 def parse_override(item: str) -> tuple[str, Any]:

@@ -59,6 +59,8 @@ def export(checkpoint_dir: str, out_dir: str, max_shard_size: str = "5GB", model
     from ray.train import Checkpoint  # a plain class: no Ray cluster needed
     import pyarrow.fs
 
+    # raytrain.json, `latest` and every rank's shards, before anything is created: DeepSpeed's reader
+    # would otherwise stop mid-merge on a missing shard with a FileNotFoundError traceback.
     check_is_checkpoint(checkpoint_dir, "the checkpoint")
     check_out_dir(out_dir)
     source_fs, source = filesystem(checkpoint_dir)
@@ -84,6 +86,11 @@ def _export(checkpoint_dir: str, out_dir: str, max_shard_size: str, model_dir: s
         spec = RunSpec.from_dict(json.load(f)["spec"])
     start = time.perf_counter()
     parent = os.path.dirname(out_dir)
+    created = []  # the directories made for OUT_DIR's parent, innermost first: removed again on a failure
+    directory = parent
+    while directory and not os.path.exists(directory):
+        created.append(directory)
+        directory = os.path.dirname(directory)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=os.path.basename(out_dir) + ".tmp-", dir=parent)
     try:
@@ -98,6 +105,9 @@ def _export(checkpoint_dir: str, out_dir: str, max_shard_size: str, model_dir: s
         os.rename(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        for directory in created:
+            with contextlib.suppress(OSError):  # not empty: something else writes there now
+                os.rmdir(directory)
         raise
     say(f"raytrain.export: wrote {out_dir} in {time.perf_counter() - start:.1f}s")
     return out_dir

@@ -151,9 +151,23 @@ def latest_checkpoint(run: str):
 
 
 def check_is_checkpoint(path: str, key: str) -> None:
-    """A one-line ConfigError unless `path` (local or URI) is a raytrain checkpoint directory: its
-    raytrain.json, DeepSpeed's `latest` file and the tag directory it names (a universal copy, or a
-    directory with raytrain.json alone, is none: DeepSpeed could not load it)."""
+    """A one-line ConfigError unless `path` (local or URI) is a raytrain checkpoint DeepSpeed can load:
+    its raytrain.json (valid JSON), DeepSpeed's `latest` file, the tag directory it names, and in that
+    directory every rank's shard files for the world size raytrain.json records (`missing_shards`). A
+    universal copy, or a directory with raytrain.json alone, is none. A path pyarrow cannot open (an
+    unknown scheme, no credentials) is one line too."""
+    from raytrain.config_files import first_line
+
+    try:
+        _check_is_checkpoint(path, key)
+    except ConfigError:
+        raise
+    except (OSError, ValueError) as e:  # pyarrow: unknown scheme (ArrowInvalid is a ValueError), no network
+        raise ConfigError(f"{key}={path}: cannot read it ({first_line(e)[:300]}): check the path or URI and its "
+                          f"credentials") from None
+
+
+def _check_is_checkpoint(path: str, key: str) -> None:
     root = path.rstrip("/")
     missing = None
     if not exists(f"{root}/{METADATA}"):
@@ -169,9 +183,69 @@ def check_is_checkpoint(path: str, key: str) -> None:
     if missing:
         raise ConfigError(f"{key}={path} is not a raytrain checkpoint ({missing}): give a checkpoint_step_* "
                           f"directory of a run")
+    meta_fs, meta_path = filesystem(f"{root}/{METADATA}")
+    meta = _read_json(meta_fs, meta_path, f"{root}/{METADATA}")
+    absent = missing_shards(f"{root}/{tag}", meta)
+    if absent:
+        more = f" and {len(absent) - 1} more of its shard files" if len(absent) > 1 else ""
+        world = _world_size(meta)
+        raise ConfigError(f"{key}={path} is incomplete: {METADATA} says {world} worker{'s' if world != 1 else ''} wrote it, and its "
+                          f"DeepSpeed tag {tag}/ has no {absent[0]}{more} (a save cut short, or files deleted): "
+                          f"choose an earlier checkpoint_step_* directory of the run")
+
+
+def _world_size(meta: dict[str, Any]) -> int:
+    """The world size that wrote a checkpoint: the group's own (an elastic run's varies), else the spec's
+    (as raytrain.checkpoint.reshard.written_by reads it; that module imports this one)."""
+    return meta.get("world_size") or meta.get("spec", {}).get("cluster", {}).get("num_workers") or 1
+
+
+def missing_shards(tag_dir: str, meta: dict[str, Any]) -> list[str]:
+    """The shard files DeepSpeed's load_checkpoint opens (deepspeed 0.19.8, runtime/engine.py
+    `_get_ckpt_name`, `_get_rank_zero_ckpt_name`) that `tag_dir` lacks, for the world size and ZeRO
+    stage `meta` (raytrain.json) records: ZeRO-3 writes zero_pp_rank_R_mp_rank_00_model_states.pt per
+    rank (stages 0-2 one mp_rank_00_model_states.pt) and ZeRO 1-3 one optimizer file per rank, named
+    with a bf16_ prefix in bf16 mode (either is accepted; so is DeepSpeed's older `..._00optim_states.pt`).
+    Without the full set the workers fail inside DeepSpeed's load, and Ray Train retries that
+    checkpoint.max_failures times. One directory listing (a single LIST request on S3/GCS), not a stat
+    per file: a 512-rank checkpoint holds 1,024 files."""
+    import pyarrow.fs
+
+    fs, path = filesystem(tag_dir)
+    names = {i.base_name for i in fs.get_file_info(pyarrow.fs.FileSelector(path.rstrip("/")))}
+    stage = int(meta.get("spec", {}).get("deepspeed", {}).get("zero_stage", 3))
+    wanted: list[tuple[str, ...]] = []
+    for rank in range(_world_size(meta)):
+        if stage >= 3:
+            wanted.append((f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt",))
+        elif rank == 0:
+            wanted.append(("mp_rank_00_model_states.pt",))
+        if stage >= 1:
+            optim = f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+            wanted.append((optim, "bf16_" + optim, optim.replace("_optim", "optim")))
+    return [spellings[0] for spellings in wanted if not names.intersection(spellings)]
 
 
 def read_metadata(checkpoint) -> dict[str, Any]:
-    """raytrain.json of a ray.train.Checkpoint (local or remote storage)."""
-    with checkpoint.filesystem.open_input_stream(f"{checkpoint.path}/{METADATA}") as f:
-        return json.loads(f.read().decode())
+    """raytrain.json of a ray.train.Checkpoint (local or remote storage); a ConfigError naming the
+    file when it is not JSON (cut short, edited by hand)."""
+    fs = checkpoint.filesystem
+    path = f"{checkpoint.path.rstrip('/')}/{METADATA}"
+    # Ray's Checkpoint.path drops a URI's scheme: put it back, so the path in the message can be pasted.
+    scheme = {"local": "", "gcs": "gs://"}.get(fs.type_name, f"{fs.type_name}://")
+    return _read_json(fs, path, scheme + path)
+
+
+def _read_json(fs, path: str, shown: str) -> dict[str, Any]:
+    with fs.open_input_stream(path) as f:
+        text = f.read()
+    try:
+        meta = json.loads(text.decode())
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ConfigError(f"{shown} is not valid JSON ({str(e)[:200]}): the checkpoint's save was cut short or the file "
+                          f"was edited; choose another checkpoint (an earlier checkpoint_step_* of the run), or "
+                          f"for a run's own latest checkpoint pass --fresh to start over") from None
+    if not isinstance(meta, dict):
+        raise ConfigError(f"{shown} holds {type(meta).__name__}, not raytrain's record of a checkpoint: choose "
+                          f"another checkpoint (an earlier checkpoint_step_* of the run)")
+    return meta

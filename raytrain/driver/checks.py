@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 
 from raytrain import hardware
 from raytrain.checkpoint import layout
@@ -44,12 +45,19 @@ def check_before_ray(cfg: RunConfig) -> None:
     if cfg.checkpoint.export_dir:
         check_writable_dir(cfg.checkpoint.export_dir, "checkpoint.export_dir")
         check_out_dir(cfg.checkpoint.export_dir, "checkpoint.export_dir")  # before hours of training
-    if cfg.cluster.address is None and os.environ.get("RAY_ADDRESS"):
-        address = os.environ["RAY_ADDRESS"]
+    check_ray_address(cfg.cluster.address)
+
+
+def check_ray_address(address: str | None) -> None:
+    """The environment's RAY_ADDRESS, when `address` (cluster.address, already checked by the config)
+    does not override it, follows cluster.address's rule. Also called by every `connect` (plan and
+    preflight too): ray.init's own refusal of a dashboard address is a 27-line ValueError traceback."""
+    if address is None and os.environ.get("RAY_ADDRESS"):
+        env = os.environ["RAY_ADDRESS"]
         try:
-            ray_address(address)  # the rule cluster.address is declared with
+            ray_address(env)  # the rule cluster.address is declared with
         except ValueError as e:
-            raise ConfigError(f"the environment's RAY_ADDRESS={address!r} {e} (or unset it for a local "
+            raise ConfigError(f"the environment's RAY_ADDRESS={env!r} {e} (or unset it for a local "
                               f"cluster)") from None
 
 
@@ -59,7 +67,12 @@ def check_writable_dir(path: str, key: str) -> None:
     A cloud URI (s3://, gs://, ...) is not checked here: opening it needs credentials and the
     network, and the run's first write reports it."""
     if "://" in path:
+        check_storage_uri(path, key)
         return
+    scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]+):/(?!/)", path)
+    if scheme:  # `s3:/bucket/runs` would silently be a local directory ./s3:/bucket/runs
+        raise ConfigError(f"{key}={path}: a URI takes two slashes after its scheme: write "
+                          f"{scheme.group(1)}://{path[scheme.end():]} (or ./{path} for a local directory)")
     local = os.path.abspath(os.path.expanduser(path))
     existing = local
     while not os.path.exists(existing):
@@ -70,6 +83,30 @@ def check_writable_dir(path: str, key: str) -> None:
     if not os.access(existing, os.W_OK | os.X_OK):
         what = "it is not writable" if existing == local else f"it cannot be created ({existing} is not writable)"
         raise ConfigError(f"{key}={path}: {what}: choose a writable directory or a cloud URI")
+
+
+def check_storage_uri(uri: str, key: str) -> None:
+    """`uri`'s scheme is one pyarrow (Ray Train's storage layer) has a filesystem for. Nothing is
+    opened: a bucket's credentials and reachability are the run's first write's to report. An unknown
+    scheme (az://, s3a://, wasbs://) otherwise raised ArrowInvalid after ray.init, or in the dry run
+    as a traceback."""
+    import pyarrow.fs
+
+    scheme = uri.partition("://")[0].lower()
+    if scheme in _ARROW_SCHEMES:
+        return
+    try:  # a scheme registered outside pyarrow's list (a later pyarrow, an fsspec handler): let pyarrow say
+        pyarrow.fs.FileSystem.from_uri(uri)
+    except (ValueError, OSError, pyarrow.lib.ArrowException) as e:  # ArrowInvalid is a ValueError
+        if "Unrecognized filesystem type" not in str(e):
+            return  # a known scheme that could not be opened here (credentials, network): the run reports it
+        raise ConfigError(f"{key}={uri}: pyarrow has no filesystem for the scheme {scheme}:// : use s3://, gs://, "
+                          f"hdfs:// or a local path (an S3-compatible store is s3:// with AWS_ENDPOINT_URL)") from None
+
+
+# pyarrow.fs.FileSystem.from_uri's schemes, answered without calling it: for s3:// and gs:// it resolves
+# the bucket's region and credentials over the network (seconds, or a hang without one).
+_ARROW_SCHEMES = frozenset({"s3", "gs", "gcs", "hdfs", "viewfs", "file", "mock", "abfs", "abfss"})
 
 
 def resolve_before_ray(cfg: RunConfig, sources: Sources) -> ResolvedRun | None:
@@ -142,9 +179,12 @@ def dry_run_target(cfg: RunConfig, *, gpu_memory_gib: float | None, host_memory_
         if value is not None and value <= 0:
             raise ConfigError(f"{flag} must be positive, got {value:g}")
     if any(v is not None for v in (gpu_memory_gib, host_memory_gib, gpus_per_node)):
-        if gpu_memory_gib is not None and cfg.scaling.use_gpu is False:
-            raise ConfigError("--gpu-memory-gib plans a GPU cluster but scaling.use_gpu=false: drop one of them")
-        if gpu_memory_gib is not None and cfg.scaling.use_gpu is None:
+        # Either GPU flag states a GPU target; --gpus-per-node alone once planned CPU workers against it
+        # (memory "?") and said "fits".
+        gpu_flag = "--gpu-memory-gib" if gpu_memory_gib is not None else "--gpus-per-node" if gpus_per_node else None
+        if gpu_flag and cfg.scaling.use_gpu is False:
+            raise ConfigError(f"{gpu_flag} plans a GPU cluster but scaling.use_gpu=false: drop one of them")
+        if gpu_flag and cfg.scaling.use_gpu is None:
             cfg = cfg.with_overrides(["scaling.use_gpu=true"])
         target = hardware.Target(int(gpu_memory_gib * GIB) if gpu_memory_gib else None,
                                  int(host_memory_gib * GIB) if host_memory_gib else None, gpus_per_node)

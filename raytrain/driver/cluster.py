@@ -12,6 +12,8 @@ import os
 import signal
 import socket
 import threading
+import time
+import uuid
 from collections.abc import Iterator, Sequence
 
 import ray
@@ -19,6 +21,7 @@ import ray
 from raytrain import compat, hardware
 from raytrain.config import ClusterConfig, ConfigError, RunConfig, ScalingConfig
 from raytrain.console import say
+from raytrain.driver.checks import check_ray_address
 from raytrain.network.preflight import run_preflight
 from raytrain.network.preflight_report import PreflightReport
 from raytrain.planning.resolve import shape_from_cluster
@@ -29,6 +32,7 @@ def connect(cluster: ClusterConfig, scaling: ScalingConfig) -> None:
     """Join the cluster this runs on (cluster.address, or RAY_ADDRESS under `ray job submit`), else start one."""
     if ray.is_initialized():
         return
+    check_ray_address(cluster.address)  # plan and preflight connect without raytrain.main's check_before_ray
     address = cluster.address or os.environ.get("RAY_ADDRESS")
     if address:
         # logging_level: the driver's own "ray" logger; INFO is "Connecting to existing Ray cluster".
@@ -150,7 +154,8 @@ PROBE_FIRST_WAIT_S = 60
 PROBE_TIMEOUT_S = 600
 
 
-def cluster_target(use_gpu: bool, timeout_s: float = PROBE_TIMEOUT_S) -> hardware.Target:
+def cluster_target(use_gpu: bool, timeout_s: float = PROBE_TIMEOUT_S,
+                   storage_path: str | None = None) -> hardware.Target:
     """GPU memory per GPU, host RAM per node and GPUs per node of the connected cluster.
 
     Each is the smallest over the alive nodes that would run workers (GPU nodes for a GPU run),
@@ -158,15 +163,43 @@ def cluster_target(use_gpu: bool, timeout_s: float = PROBE_TIMEOUT_S) -> hardwar
     autoscaling cluster whose GPU nodes start at zero): plan with stated sizes then. Nodes that have not
     answered after `timeout_s` are left out, with a note (their probe is cancelled): the probe only
     informs the memory check and "auto" settings, and the run's own workers wait for the same nodes.
+
+    `storage_path` (checkpoint.storage_path, for a run): the same probe also answers whether the node
+    sees a local storage path (`check_storage_shared`); raises ConfigError when a node does not.
     """
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     nodes = [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get("GPU" if use_gpu else "CPU", 0) > 0]
+    local = storage_path is not None and "://" not in storage_path
+    if local and use_gpu and not nodes:
+        # Nothing to ask: the GPU nodes of an autoscaling cluster start at zero (and an elastic run's later
+        # nodes are never asked either). The workers will run on nodes other than this GPU-less one, so say it.
+        say(f"raytrain: note: checkpoint.storage_path={storage_path} is a local path and no GPU node is up yet to "
+            f"check that it sees it: unless it is a filesystem mounted at the same path on every node, the first "
+            f"checkpoint save fails on the GPU nodes; use s3://... or gs://... there")
     if not nodes:
         return hardware.Target()
-    probe = ray.remote(num_cpus=0)(hardware.this_machine)
-    refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(use_gpu)
-            for n in nodes]
+    # A node other than the driver's runs workers: a local path must be visible there too. One machine
+    # (the driver's node alone) needs no marker, and no file is written.
+    here = ray.get_runtime_context().get_node_id()
+    with storage_marker(storage_path if local and any(n["NodeID"] != here for n in nodes) else None) as marker:
+        probe = ray.remote(num_cpus=0)(probe_node)
+        refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+                .remote(use_gpu, marker) for n in nodes]
+        targets, sees = _wait_for_probes(refs, timeout_s)
+    if marker is not None:
+        check_storage_shared(storage_path, {n["NodeManagerAddress"]: seen for n, seen in zip(nodes, sees)})
+    targets = [t for t in targets if t is not None]
+    if not targets:
+        return hardware.Target()
+    gpu_sizes = [t.gpu_memory_bytes for t in targets if t.gpu_memory_bytes]
+    return hardware.Target(gpu_memory_bytes=min(gpu_sizes) if gpu_sizes else None,
+                           host_memory_bytes=min(t.host_memory_bytes for t in targets),
+                           gpus_per_node=min(int(n["Resources"].get("GPU", 0)) for n in nodes) if use_gpu else None)
+
+
+def _wait_for_probes(refs: list, timeout_s: float) -> tuple[list[hardware.Target | None], list[bool | None]]:
+    """Each probe's (target, sees the marker), in the order of `refs`; None for a node that did not answer."""
     ready, pending = ray.wait(refs, num_returns=len(refs), timeout=min(PROBE_FIRST_WAIT_S, timeout_s))
     if pending and timeout_s > PROBE_FIRST_WAIT_S:
         say(f"raytrain: waiting for {len(pending)} of {len(refs)} node(s) to read their memory (a job's first task "
@@ -178,14 +211,65 @@ def cluster_target(use_gpu: bool, timeout_s: float = PROBE_TIMEOUT_S) -> hardwar
             ray.cancel(ref)
         checked = "the nodes that did" if ready else "none: not checked"
         say(f"raytrain: note: {len(pending)} of {len(refs)} node(s) did not report their memory within {timeout_s:g} s; "
-            f"the run's memory is checked against {checked}")
-    targets = ray.get(ready)
-    if not targets:
-        return hardware.Target()
-    gpu_sizes = [t.gpu_memory_bytes for t in targets if t.gpu_memory_bytes]
-    return hardware.Target(gpu_memory_bytes=min(gpu_sizes) if gpu_sizes else None,
-                           host_memory_bytes=min(t.host_memory_bytes for t in targets),
-                           gpus_per_node=min(int(n["Resources"].get("GPU", 0)) for n in nodes) if use_gpu else None)
+            f"the run's memory is checked against {checked}")  # a local storage path likewise
+    answers = dict(zip(ready, ray.get(ready)))
+    found = [answers.get(ref, (None, None)) for ref in refs]
+    return [t for t, _ in found], [seen for _, seen in found]
+
+
+def probe_node(use_gpu: bool, marker: str | None) -> tuple[hardware.Target, bool | None]:
+    """On a node: its memory (hardware.this_machine) and whether it sees `marker` (None: not asked)."""
+    return hardware.this_machine(use_gpu), None if marker is None else sees_file(marker)
+
+
+def sees_file(path: str, retry_after_s: float = 2.0) -> bool:
+    """Whether this node sees `path`, asked twice: an NFS client may serve a directory listing from its
+    attribute cache for a few seconds. The second look costs `retry_after_s` on a node that does not see
+    it, where the run stops anyway."""
+    if os.path.exists(path):
+        return True
+    time.sleep(retry_after_s)
+    return os.path.exists(path)
+
+
+@contextlib.contextmanager
+def storage_marker(storage_path: str | None) -> Iterator[str | None]:
+    """A new empty file where a local `storage_path` lives, removed afterwards; None for None or a URI.
+
+    Written in the storage directory, or where the run will create it (its nearest existing parent, on the
+    same filesystem), so that checking creates no directory. None as well when it cannot be written: the
+    run's own first write reports that."""
+    if storage_path is None or "://" in storage_path:
+        yield None
+        return
+    existing = os.path.abspath(os.path.expanduser(storage_path))  # what the run's workers are given
+    while not os.path.isdir(existing):
+        existing = os.path.dirname(existing)
+    marker = os.path.join(existing, f".raytrain-shared-{uuid.uuid4().hex}")
+    try:
+        open(marker, "x").close()
+    except OSError:
+        yield None
+        return
+    try:
+        yield marker
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(marker)
+
+
+def check_storage_shared(storage_path: str, sees: dict[str, bool | None]) -> None:
+    """Refuse a local checkpoint.storage_path that some node running workers cannot see (`sees`: node IP
+    -> whether it saw the driver's marker file there; None: the node did not answer, not judged).
+
+    Ray Train persists each checkpoint from the workers' nodes into the storage path: a directory on the
+    head's own disk fails there at the first save ("Unable to set up cluster storage"), after the run's
+    start-up and up to every_n_steps steps, then again for each of max_failures retries."""
+    blind = sorted(node for node, seen in sees.items() if seen is False)
+    if blind:
+        raise ConfigError(f"checkpoint.storage_path={storage_path} is not shared: node(s) {', '.join(blind)} cannot "
+                          f"see it (a directory on the head's disk): set checkpoint.storage_path to s3://..., "
+                          f"gs://..., or a filesystem mounted at the same path on every node")
 
 
 def preflight_cluster(cfg: RunConfig, sizes: Sequence[int] | None = None, **options) -> PreflightReport:

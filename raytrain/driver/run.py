@@ -82,7 +82,8 @@ def fit(cfg: RunConfig, fresh: bool = False, argv: Sequence[str] | None = None) 
         _check_resume_before_ray(early, fresh)
     connect(cfg.cluster, cfg.scaling)
     shape = live_shape(cfg)
-    found = cluster_target(shape.use_gpu)  # None where unknown: not checked
+    # None where unknown: not checked; a local checkpoint.storage_path must be seen by every worker node
+    found = cluster_target(shape.use_gpu, storage_path=cfg.checkpoint.storage_path)
     target = hardware.Target(found.gpu_memory_bytes, found.host_memory_bytes, shape.gpus_per_node or found.gpus_per_node)
     resolved = resolve_run(cfg, shape, sources, target)  # "auto" settings are chosen here, for this cluster
     for line in resolved.plan:
@@ -150,8 +151,7 @@ def dry_run(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_memory_
     resolved = resolve_run(cfg, shape, target=target)
     resuming = _check_resume_before_ray(resolved, fresh)
     notes = [f"plan: {line}" for line in resolved.plan] + [f"note: {note}" for note in advice(resolved)]
-    if resuming:
-        notes.append(resuming)
+    notes.extend((resuming or "").splitlines())
     if target is None:
         notes.append("memory: not checked: this machine has no GPU to plan a GPU run against; state the "
                      "target's sizes with --gpu-memory-gib, --host-memory-gib and --gpus-per-node")
@@ -238,8 +238,8 @@ def _place(resolved: ResolvedRun, fresh: bool) -> tuple[RunSpec, DataProgress]:
         started = f" (started from {cfg.checkpoint.resume_from})" if cfg.checkpoint.resume_from else ""
         say(f"raytrain: run {name!r} exists in {storage}: continuing from its latest checkpoint{started} "
             f"(pass --fresh to start over; the old run is kept under another name)")
-    if resuming:
-        say(f"raytrain: {resuming}")
+    for line in (resuming or "").splitlines():
+        say(f"raytrain: {line}")
     progress = DataProgress(cfg.data, name)
     return RunSpec.place(resolved, run_name=name, storage_path=storage, resume_from=cfg.checkpoint.resume_from,
                          counter=progress.name), progress
@@ -284,11 +284,17 @@ def _check_resume_before_ray(resolved: ResolvedRun, fresh: bool) -> str | None:
 
 
 def _has_run(run: str) -> bool:
-    """Whether --fresh has a run to set aside: one with a checkpoint, or one whose record is broken."""
-    try:
-        return layout.latest_checkpoint(run) is not None
-    except layout.BrokenRun:
+    """Whether --fresh has a run to set aside: a run directory that holds anything. Not only one with
+    checkpoints (or a broken record): an attempt stopped before its first checkpoint leaves its
+    tensorboard/ events and samples/ digests, and the new run's would mix with them. An empty
+    directory is left as it is (nothing to mix). One listing of the run's top level."""
+    import pyarrow.fs
+
+    fs, path = layout.filesystem(run)
+    info = fs.get_file_info(path)
+    if info.type == pyarrow.fs.FileType.File:
         return True
+    return info.type == pyarrow.fs.FileType.Directory and bool(fs.get_file_info(pyarrow.fs.FileSelector(path)))
 
 
 def _inside(path: str, run: str) -> bool:
@@ -296,6 +302,8 @@ def _inside(path: str, run: str) -> bool:
     fs, inner = layout.filesystem(path)
     run_fs, outer = layout.filesystem(run)
     inner, outer = inner.rstrip("/"), outer.rstrip("/")
+    if fs.type_name == "local":  # storage given through a symlink (/shared -> /mnt/nfs): the same directories
+        inner, outer = os.path.realpath(inner), os.path.realpath(outer)
     return fs.type_name == run_fs.type_name and (inner == outer or inner.startswith(outer + "/"))
 
 
@@ -315,7 +323,8 @@ def check_resume(checkpoint, resolved: ResolvedRun, own_run: bool = False) -> st
     hold this run's model (the ModelFacts its raytrain.json records), be before training.max_steps
     (a resume_from one: the run's own at max_steps is a done run), and have a data position this run
     can read: the same data shards. Another number of workers is fine: the first group of another
-    size converts the checkpoint (raytrain.checkpoint.reshard): the note that says so is returned."""
+    size converts the checkpoint (raytrain.checkpoint.reshard). Returns the notes to print, one per
+    line (that resize, and data settings other than the checkpoint's: `_data_changes`), or None."""
     if checkpoint is None:
         return None
     meta = layout.read_metadata(checkpoint)
@@ -343,13 +352,51 @@ def check_resume(checkpoint, resolved: ResolvedRun, own_run: bool = False) -> st
                           f"data shards), and this run has {shape.num_workers} workers and {new_shards} shards: resuming "
                           f"on another number of workers needs the same data.num_shards, divisible by both (start runs "
                           f"with e.g. data.num_shards=48 to allow it), else resume on {old_world} workers")
+    notes = []
     if shape.elastic:
-        return (f"resuming step {meta['step']} (written by {old_world} workers); a worker group of another "
-                f"size converts it to DeepSpeed's universal checkpoint first")
-    if old_world != shape.num_workers:
-        return (f"resuming step {meta['step']} on {shape.num_workers} workers (written by {old_world}): the "
-                f"workers convert it to DeepSpeed's universal checkpoint first")
-    return None
+        notes.append(f"resuming step {meta['step']} (written by {old_world} workers); a worker group of another "
+                     f"size converts it to DeepSpeed's universal checkpoint first")
+    elif old_world != shape.num_workers:
+        notes.append(f"resuming step {meta['step']} on {shape.num_workers} workers (written by {old_world}): the "
+                     f"workers convert it to DeepSpeed's universal checkpoint first")
+    changes = _data_changes(meta["spec"].get("config", {}), json.loads(json.dumps(cfg.to_dict())))
+    if changes:
+        # A note, not a refusal: continuing training on new or re-cut data from a checkpoint is a real
+        # use (more data appended, a longer seq_len, a fine-tuning set after pre-training), and
+        # raytrain has no setting that resets the position. What it costs: the workers skip the
+        # checkpoint's count of rows in each shard of the new data (never trained on this epoch), or
+        # re-read rows, and the shuffle windows move. The note names the way to start the data at 0.
+        back = "set them back to resume the same rows; " if own_run else ""
+        notes.append(f"note: checkpoint {shown} was written with other data settings ({', '.join(changes)}): its "
+                     f"data position (the epoch and the rows read from each data shard by step {meta['step']}) is "
+                     f"applied to this run's data as it is, so rows are skipped or read twice; {back}to read this "
+                     f"data from its start, export the checkpoint (python -m raytrain.tools.export) and start a new "
+                     f"run with model.name_or_path=OUT_DIR model.pretrained=true (the optimizer state is not kept)")
+    return "\n".join(notes) or None
+
+
+# What decides which rows each data shard holds and in which order: the checkpoint's data position
+# (epoch, rows read from each shard; raytrain.data.ingest) means the same rows only under the same
+# values. Not compared: what changes speed or logging only (prefetch, concurrency, eval cadence).
+_DATA_ROWS = ("path", "format", "text_column", "text_document", "hf_split", "seq_len", "tokenize_batch_size",
+              "shuffle_buffer_size", "eval_fraction")
+
+
+def _data_changes(recorded: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """`key=old -> new` for each setting that places the training rows and differs between the run
+    config a checkpoint records (its raytrain.json) and this run's (both as raytrain.json holds them).
+    A key the checkpoint does not record (an older raytrain) is not compared."""
+    keys = [("data", k) for k in _DATA_ROWS] + [("training", "seed")]
+    if recorded.get("data", {}).get("path") is None and now["data"]["path"] is None:
+        keys.append(("data", "num_builtin_documents"))  # the built-in corpus' size; unused with a path
+    changes = [f"{section}.{key}={recorded[section][key]} -> {now[section][key]}" for section, key in keys
+               if key in recorded.get(section, {}) and recorded[section][key] != now[section][key]]
+    old_model, new_model = recorded.get("model", {}), now["model"]
+    if "tokenizer" in old_model:  # the tokenizer is model.tokenizer, else the model's own
+        old_tok, new_tok = (m.get("tokenizer") or m.get("name_or_path") for m in (old_model, new_model))
+        if old_tok != new_tok:
+            changes.append(f"tokenizer {old_tok} -> {new_tok}")
+    return changes
 
 
 def _shown(checkpoint, cfg: RunConfig, own_run: bool) -> str:

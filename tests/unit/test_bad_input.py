@@ -33,6 +33,8 @@ CLASSES: dict[str, list[tuple[list[str], str]]] = {
         (["--config", "/proc/self/mem"], "config file /proc/self/mem cannot be read"),
         (["--config", "FILES/broken.yaml"], "config file FILES/broken.yaml is not valid YAML"),
         (["--config", "FILES/list.yaml"], "config file FILES/list.yaml must be a mapping of sections"),
+        (["--config", "FILES/rayup.yaml"], "config file FILES/rayup.yaml is a Ray cluster file (for ray up), not a run "
+                                           "config: pass a run config such as configs/llama-1b-1gpu.yaml"),
     ],
     "YAML duplicate keys": [
         (["--config", "FILES/twice.yaml"], "FILES/twice.yaml line 4: key training is given twice (first at line 1)"),
@@ -205,6 +207,11 @@ CLASSES: dict[str, list[tuple[list[str], str]]] = {
     ],
     "checkpoint": [
         (["checkpoint.storage_path=FILES/afile"], "checkpoint.storage_path=FILES/afile: it is a file, not a directory"),
+        (["checkpoint.storage_path=nofs://bucket/runs", "checkpoint.name=r1"],
+         "checkpoint.storage_path=nofs://bucket/runs: pyarrow has no filesystem for the scheme nofs://"),
+        (["checkpoint.storage_path=az://container/runs"], "pyarrow has no filesystem for the scheme az://"),
+        (["checkpoint.storage_path=s3:/bucket/runs"], "checkpoint.storage_path=s3:/bucket/runs: a URI takes two "
+                                                      "slashes after its scheme: write s3://bucket/runs"),
         (["checkpoint.storage_path=FILES/afile/runs"], "checkpoint.storage_path=FILES/afile/runs: FILES/afile, on its path, "
                                                        "is a file"),
         (["checkpoint.resume_from=FILES/adir"], "checkpoint.resume_from=FILES/adir is not a raytrain checkpoint"),
@@ -253,6 +260,7 @@ def files(tmp_path_factory):
     (d / "latin1.yaml").write_bytes("training:\n  max_steps: 5  # caf\xe9\n".encode("latin-1"))
     (d / "broken.yaml").write_text("training:\n  max_steps: [1,\n")
     (d / "list.yaml").write_text("- training\n- data\n")
+    (d / "rayup.yaml").write_text("cluster_name: gpus\nprovider: {type: azure}\nhead_node_type: head\n")
     (d / "commented.yaml").write_text("training:\n  # max_steps: 5\n")
     (d / "twice.yaml").write_text("training:\n  max_steps: 5\ndata: {}\ntraining:\n  seed: 1\n")
     (d / "twice_nested.yaml").write_text("training:\n  max_steps: 5\n  max_steps: 6\n")
@@ -311,6 +319,16 @@ def test_the_environments_ray_address_is_checked_like_cluster_address(monkeypatc
     one_error_line(capsys, rc, "the environment's RAY_ADDRESS='http://127.0.0.1:8265' is the dashboard's address")
 
 
+@pytest.mark.parametrize("tool, argv", [(plan_main, ["scaling.num_workers=16"]),
+                                        (preflight_main, ["--no-use-gpu", "--num-workers", "2"])])
+def test_plan_and_preflight_check_the_environments_ray_address_too(tool, argv, monkeypatch, capsys):
+    import ray
+
+    monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:8265")  # was ray.init's 27-line ValueError, exit 1
+    one_error_line(capsys, tool(argv), "the environment's RAY_ADDRESS='http://127.0.0.1:8265' is the dashboard's")
+    assert not ray.is_initialized()
+
+
 def test_a_run_that_does_not_fit_is_refused_with_the_planners_line(capsys, tmp_path):
     rc = train_main(["--dry-run", "--gpu-memory-gib", "1", "--host-memory-gib", "64", "scaling.use_gpu=true",
                      "scaling.num_workers=2", f"checkpoint.storage_path={tmp_path / 'runs'}",
@@ -328,6 +346,8 @@ TOOLS = [
     (plan_main, ["--gpu-mem", "80"], "unrecognized arguments: --gpu-mem ("),  # not taken for --gpu-memory-gib
     (plan_main, ["training.warmup_steps=-1"], "training.warmup_steps must be an integer >= 0"),
     (plan_main, ["--config", "FILES/adir"], "config file FILES/adir is a directory"),
+    (plan_main, ["--config", "FILES/rayup.yaml"], "config file FILES/rayup.yaml is a Ray cluster file (for ray up)"),
+    (preflight_main, ["--config", "FILES/rayup.yaml"], "config file FILES/rayup.yaml is a Ray cluster file"),
     (plan_main, ["--config", "FILES/list.yaml", "--config", "FILES/twice.yaml"], "--config is given 2 times"),
     (plan_main, ["training.max_steps=2", "training.max_steps=3"], "training.max_steps is given twice"),
     (plan_main, ["--gpu-memory-gib", "1e400"], "argument --gpu-memory-gib: must be a finite number, got 1e400"),

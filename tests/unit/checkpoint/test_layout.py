@@ -15,7 +15,7 @@ def test_names_of_a_run_and_its_checkpoints():
 
 def test_only_a_directory_deepspeed_can_load_counts_as_a_checkpoint_naming_the_key(tmp_path):
     def refused(why):
-        with pytest.raises(ConfigError, match=rf"checkpoint.resume_from=.* is not a raytrain checkpoint \({why}"):
+        with pytest.raises(ConfigError, match=rf"checkpoint.resume_from=.* (is not a raytrain checkpoint \()?{why}"):
             layout.check_is_checkpoint(str(tmp_path), "checkpoint.resume_from")
 
     refused("no raytrain.json")
@@ -26,6 +26,10 @@ def test_only_a_directory_deepspeed_can_load_counts_as_a_checkpoint_naming_the_k
     (tmp_path / "latest").write_text("step_00000001")
     refused("its DeepSpeed 'latest' file names tag 'step_00000001', which is not in it")
     (tmp_path / "step_00000001").mkdir()
+    refused("is incomplete: raytrain.json says 1 worker wrote it, and its DeepSpeed tag step_00000001/ has no "
+            "zero_pp_rank_0_mp_rank_00_model_states.pt and 1 more")  # a save cut short: DeepSpeed could not load it
+    for name in ("zero_pp_rank_0_mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"):
+        (tmp_path / "step_00000001" / name).write_bytes(b"")
     layout.check_is_checkpoint(str(tmp_path), "checkpoint.resume_from")
     layout.check_is_checkpoint(f"file://{tmp_path}/", "checkpoint.resume_from")
 

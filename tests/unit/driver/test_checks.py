@@ -1,14 +1,18 @@
 """The checks a run passes before Ray (raytrain.driver.checks), shared by --dry-run and real runs:
-paths without creating anything, the config resolved before ray.init, the memory verdict."""
+paths without creating anything, the config resolved before ray.init, the memory verdict; and the
+driver's check that a local storage path is shared by the nodes (raytrain.driver.cluster), whose
+decision is tested here without Ray (one machine, where it passes, runs in the integration tests)."""
 
 import json
+import os
 
 import pytest
 
 from raytrain import hardware
 from raytrain.config import ConfigError, load_config
 from raytrain.data.sources import inspect_sources
-from raytrain.driver.checks import check_writable_dir, resolve_before_ray
+from raytrain.driver.checks import check_writable_dir, dry_run_target, resolve_before_ray
+from raytrain.driver.cluster import check_storage_shared, probe_node, sees_file, storage_marker
 from raytrain.main import main
 
 
@@ -48,3 +52,31 @@ def test_a_dry_run_prints_the_planners_verdict_and_writes_nothing(tmp_path, caps
         assert main(["--dry-run", f"checkpoint.storage_path={storage}", "scaling.use_gpu=true",
                      "scaling.num_workers=8"]) == 0
         assert "raytrain: memory: not checked: this machine has no GPU" in capsys.readouterr().err
+
+
+def test_a_local_storage_path_some_node_cannot_see_is_refused_naming_the_nodes(tmp_path):
+    storage = tmp_path / "runs"  # not there yet: the marker goes where the run will create it
+    with storage_marker(str(storage)) as marker:
+        assert marker is not None and os.path.dirname(marker) == str(tmp_path) and not storage.exists()
+        assert probe_node(False, marker)[1] is True  # the probe's answer on a node that shares the path
+        assert sees_file(str(tmp_path / "elsewhere" / os.path.basename(marker)), retry_after_s=0) is False
+    assert os.listdir(tmp_path) == []  # the marker is removed, no directory created
+    with storage_marker("s3://bucket/runs") as marker:
+        assert marker is None  # object storage is every node's
+    assert probe_node(False, None)[1] is None  # not asked: one machine
+    check_storage_shared(str(storage), {"10.0.0.1": True, "10.0.0.2": None})  # None: did not answer, not judged
+    with pytest.raises(ConfigError) as e:
+        check_storage_shared("/home/u/raytrain_runs", {"10.0.0.1": True, "10.0.0.3": False, "10.0.0.2": False})
+    assert str(e.value) == (
+        "checkpoint.storage_path=/home/u/raytrain_runs is not shared: node(s) 10.0.0.2, 10.0.0.3 cannot see it "
+        "(a directory on the head's disk): set checkpoint.storage_path to s3://..., gs://..., or a filesystem "
+        "mounted at the same path on every node")
+
+
+def test_gpus_per_node_plans_a_gpu_target():
+    cfg, shape, target = dry_run_target(load_config(None, ["scaling.num_workers=16"]), gpu_memory_gib=None,
+                                        host_memory_gib=None, gpus_per_node=8)
+    assert cfg.scaling.use_gpu is True and shape.use_gpu and shape.gpus_per_node == 8 and target.gpus_per_node == 8
+    with pytest.raises(ConfigError, match="--gpus-per-node plans a GPU cluster but scaling.use_gpu=false"):
+        dry_run_target(load_config(None, ["scaling.use_gpu=false"]), gpu_memory_gib=None, host_memory_gib=None,
+                       gpus_per_node=8)

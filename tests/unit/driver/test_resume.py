@@ -27,12 +27,20 @@ def resolved(*overrides):
     return resolve_run(cfg, shape_from_config(cfg))
 
 
-def checkpoint(path, step, *overrides, resume_from=None):
-    """A checkpoint directory as a run of `overrides` leaves it: raytrain.json with the run's spec,
-    DeepSpeed's `latest` and its tag directory (no shards: nothing here loads them)."""
+SHARDS = [f"zero_pp_rank_{r}_mp_rank_00_{kind}_states.pt" for r in (0, 1) for kind in ("model", "optim")]
+"""What DeepSpeed 0.19.8's ZeRO-3 save_checkpoint writes into the tag directory for 2 ranks in fp32
+(a trained run's, as tests/integration/test_train_e2e.py lists them)."""
+
+
+def checkpoint(path, step, *overrides, resume_from=None, shards=SHARDS):
+    """A checkpoint directory as a run of `overrides` on 2 workers leaves it: raytrain.json with the
+    run's spec, DeepSpeed's `latest` and its tag directory with every rank's shard files, empty
+    (nothing here loads them; the driver only checks they are there)."""
     spec = RunSpec.place(resolved(*TWO, *overrides), run_name=os.path.basename(os.path.dirname(path)),
                          storage_path=os.path.dirname(os.path.dirname(path)), resume_from=resume_from)
     os.makedirs(os.path.join(path, layout.tag_for(step)))
+    for name in shards:
+        open(os.path.join(path, layout.tag_for(step), name), "w").close()
     with open(os.path.join(path, layout.METADATA), "w") as f:
         json.dump({"step": step, "world_size": 2, "metrics": {}, "history": [], "spec": spec.to_dict()}, f)
     with open(os.path.join(path, "latest"), "w") as f:
@@ -148,3 +156,94 @@ def test_a_checkpoint_the_run_cannot_resume_is_refused_before_ray_by_a_dry_run_t
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and len(err) == 1 and err[0].startswith("raytrain: error: ") and needle in err[0], err
     assert not storage.exists() and not ray.is_initialized()
+
+
+def dry(capsys, *argv):
+    """`python -m raytrain.main --dry-run ARGV` in-process: (exit code, stderr lines)."""
+    rc = main(["--dry-run", "--host-memory-gib", "64", *argv])
+    return rc, capsys.readouterr().err.strip().splitlines()
+
+
+@pytest.mark.usefixtures("no_ray_driver")
+def test_a_checkpoint_missing_a_ranks_shard_is_refused_before_ray_naming_the_file(tmp_path, capsys):
+    # raytrain.json says 2 workers, the tag directory lacks shards: a save cut short (or files deleted).
+    # DeepSpeed's load failed in every worker, and Ray Train retried it max_failures times.
+    storage = f"checkpoint.storage_path={tmp_path / 'runs'}"
+    half = checkpoint(tmp_path / "a" / "checkpoint_step_00000008", 8, shards=SHARDS[:3])
+    rc, err = dry(capsys, "--resume-from", half, storage, *TWO)
+    assert rc == 2 and len(err) == 1, err
+    assert err[0] == (f"raytrain: error: checkpoint.resume_from={half} is incomplete: raytrain.json says 2 workers "
+                      f"wrote it, and its DeepSpeed tag step_00000008/ has no zero_pp_rank_1_mp_rank_00_optim_states.pt "
+                      f"(a save cut short, or files deleted): choose an earlier checkpoint_step_* directory of the run")
+    empty = checkpoint(tmp_path / "b" / "checkpoint_step_00000008", 8, shards=[])
+    rc, err = dry(capsys, "--resume-from", empty, storage, *TWO)
+    assert rc == 2 and "has no zero_pp_rank_0_mp_rank_00_model_states.pt and 3 more of its shard files" in err[0]
+    # bf16 mode names the optimizer files bf16_zero_pp_rank_*: complete too
+    bf16 = checkpoint(tmp_path / "c" / "checkpoint_step_00000008", 8,
+                      shards=[n if "model" in n else "bf16_" + n for n in SHARDS])
+    assert dry(capsys, "--resume-from", bf16, storage, *TWO)[0] == 0
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.usefixtures("no_ray_driver")
+def test_a_truncated_raytrain_json_is_one_line_naming_the_file(tmp_path, capsys):
+    bad = checkpoint(tmp_path / "a" / "checkpoint_step_00000004", 4)
+    text = (tmp_path / "a" / "checkpoint_step_00000004" / "raytrain.json").read_text()
+    (tmp_path / "a" / "checkpoint_step_00000004" / "raytrain.json").write_text(text[: len(text) // 2])
+    rc, err = dry(capsys, "--resume-from", bad, f"checkpoint.storage_path={tmp_path / 'runs'}", *TWO)
+    assert rc == 2 and len(err) == 1, err
+    assert err[0].startswith(f"raytrain: error: {bad}/raytrain.json is not valid JSON (") and "choose another" in err[0]
+    # the run's own latest checkpoint, found through Ray Train's record, says the same
+    run = run_with_checkpoints(tmp_path / "runs", "r1", [4])
+    (tmp_path / "runs" / "r1" / "checkpoint_step_00000004" / "raytrain.json").write_text("{\"step\": 4, ")
+    with pytest.raises(ConfigError, match=rf"^{run}/checkpoint_step_00000004/raytrain.json is not valid JSON .*"
+                                          r"pass --fresh to start over$"):
+        place(tmp_path / "runs", "checkpoint.name=r1")
+
+
+@pytest.mark.usefixtures("no_ray_driver")
+def test_resuming_with_other_data_settings_notes_what_differs(tmp_path, capsys):
+    source = checkpoint(tmp_path / "old" / "checkpoint_step_00000008", 8)
+    storage = f"checkpoint.storage_path={tmp_path / 'runs'}"
+    rc, err = dry(capsys, "--resume-from", source, storage, *TWO)
+    assert rc == 0 and not [line for line in err if "data settings" in line], err  # the same data: nothing to say
+    rc, err = dry(capsys, "--resume-from", source, storage, *TWO, "data.seq_len=64", "training.seed=7",
+                  "data.shuffle_buffer_size=100", "data.prefetch_batches=2")  # prefetch: speed only, not named
+    notes = [line for line in err if "data settings" in line]
+    assert rc == 0 and len(notes) == 1, err
+    assert notes[0].startswith(f"raytrain: note: checkpoint {source} was written with other data settings "
+                               f"(data.seq_len=128 -> 64, data.shuffle_buffer_size=0 -> 100, training.seed=1234 -> 7): "
+                               f"its data position (the epoch and the rows read from each data shard by step 8) is "
+                               f"applied to this run's data as it is")
+    # continuing the run itself with other data: the same note, and setting them back is the fix
+    run_with_checkpoints(tmp_path / "runs", "r1", [4])
+    (tmp_path / "other.txt").write_text("another corpus\n")
+    capsys.readouterr()
+    place(tmp_path / "runs", "checkpoint.name=r1", "data.path=" + str(tmp_path / "other.txt"))
+    out = capsys.readouterr().out
+    assert "(data.path=None -> " in out and "other.txt): its data position" in out and "set them back" in out
+
+
+def test_fresh_sees_a_resume_from_inside_the_run_through_a_symlinked_storage_path(tmp_path):
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "link")  # e.g. /shared -> /mnt/nfs/shared
+    run_with_checkpoints(tmp_path / "real" / "runs", "r1", [4, 8])
+    inside = tmp_path / "real" / "runs" / "r1" / "checkpoint_step_00000004"
+    for spelling in (inside, tmp_path / "link" / "runs" / "r1" / ".." / "r1" / "checkpoint_step_00000004"):
+        with pytest.raises(ConfigError, match=r"--fresh sets run 'r1' aside, and checkpoint.resume_from=.* is inside"):
+            place(tmp_path / "link" / "runs", "checkpoint.name=r1", f"checkpoint.resume_from={spelling}", fresh=True)
+    assert os.listdir(tmp_path / "real" / "runs") == ["r1"] and inside.is_dir()  # nothing moved
+
+
+def test_fresh_sets_aside_a_run_directory_stopped_before_its_first_checkpoint(tmp_path, capsys):
+    # an attempt stopped before its first checkpoint left its TensorBoard events and sample digests
+    (tmp_path / "runs" / "r1" / "tensorboard").mkdir(parents=True)
+    (tmp_path / "runs" / "r1" / "tensorboard" / "events.out.tfevents.1.host").write_text("old attempt")
+    place(tmp_path / "runs", "checkpoint.name=r1", fresh=True)
+    aside = [p for p in os.listdir(tmp_path / "runs") if p.startswith("r1.replaced-")]
+    assert len(aside) == 1 and os.listdir(tmp_path / "runs" / aside[0] / "tensorboard")
+    assert f"--fresh: moved the existing run 'r1' to {tmp_path / 'runs' / aside[0]}" in capsys.readouterr().out
+    # an empty directory holds nothing to mix with: left where it is
+    (tmp_path / "runs" / "r2").mkdir()
+    place(tmp_path / "runs", "checkpoint.name=r2", fresh=True)
+    assert (tmp_path / "runs" / "r2").is_dir() and not [p for p in os.listdir(tmp_path / "runs") if p.startswith("r2.")]

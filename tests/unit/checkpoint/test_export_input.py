@@ -1,0 +1,39 @@
+"""What `python -m raytrain.tools.export` refuses before it writes anything (raytrain.checkpoint.export,
+layout.check_is_checkpoint): a checkpoint missing a rank's shards, a URI pyarrow cannot open, and a
+failed merge leaves no directory behind. The export of real checkpoints: test_export.py."""
+
+import os
+
+import pytest
+
+from raytrain.checkpoint.export import export
+from raytrain.tools.export import main
+from tests.unit.driver.test_resume import SHARDS, checkpoint
+
+
+def test_an_incomplete_checkpoint_is_refused_in_one_line_before_out_dirs_parent_is_made(tmp_path, capsys):
+    half = checkpoint(tmp_path / "runs" / "r1" / "checkpoint_step_00000008", 8, shards=SHARDS[1:])
+    out = tmp_path / "new" / "hf"
+    assert main([half, str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"raytrain: error: the checkpoint={half} is incomplete: ") and (
+        "has no zero_pp_rank_0_mp_rank_00_model_states.pt (a save cut short" in err[0]), err
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("uri", ["az://container/runs/r1/checkpoint_step_00000008",
+                                 "s3a://bucket/runs/r1/checkpoint_step_00000008"])
+def test_a_uri_pyarrow_cannot_open_is_one_line(uri, tmp_path, capsys):
+    assert main([uri, str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"raytrain: error: the checkpoint={uri}: cannot read it (") and (
+        err[0].endswith("): check the path or URI and its credentials")), err
+
+
+def test_a_failed_merge_removes_the_directories_it_made(tmp_path):
+    # every shard file is there but empty (a disk that filled up): DeepSpeed's reader fails mid-export
+    broken = checkpoint(tmp_path / "runs" / "r1" / "checkpoint_step_00000008", 8)
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(Exception):  # DeepSpeed's own error, from torch.load of an empty file
+        export(broken, str(tmp_path / "kept" / "new" / "deeper" / "hf"))
+    assert os.listdir(tmp_path / "kept") == []  # new/deeper/ and the .tmp- directory gone; kept/ was there
