@@ -188,15 +188,15 @@ def _check_is_checkpoint(path: str, key: str) -> None:
     absent = missing_shards(f"{root}/{tag}", meta)
     if absent:
         more = f" and {len(absent) - 1} more of its shard files" if len(absent) > 1 else ""
-        world = _world_size(meta)
+        world = written_world_size(meta)
         raise ConfigError(f"{key}={path} is incomplete: {METADATA} says {world} worker{'s' if world != 1 else ''} wrote it, and its "
                           f"DeepSpeed tag {tag}/ has no {absent[0]}{more} (a save cut short, or files deleted): "
                           f"choose an earlier checkpoint_step_* directory of the run")
 
 
-def _world_size(meta: dict[str, Any]) -> int:
-    """The world size that wrote a checkpoint: the group's own (an elastic run's varies), else the spec's
-    (as raytrain.checkpoint.reshard.written_by reads it; that module imports this one)."""
+def written_world_size(meta: dict[str, Any]) -> int:
+    """The world size that wrote a checkpoint (its raytrain.json `meta`): the group's own (an elastic
+    run's varies), else the spec's (older checkpoints record only that)."""
     return meta.get("world_size") or meta.get("spec", {}).get("cluster", {}).get("num_workers") or 1
 
 
@@ -215,7 +215,7 @@ def missing_shards(tag_dir: str, meta: dict[str, Any]) -> list[str]:
     names = {i.base_name for i in fs.get_file_info(pyarrow.fs.FileSelector(path.rstrip("/")))}
     stage = int(meta.get("spec", {}).get("deepspeed", {}).get("zero_stage", 3))
     wanted: list[tuple[str, ...]] = []
-    for rank in range(_world_size(meta)):
+    for rank in range(written_world_size(meta)):
         if stage >= 3:
             wanted.append((f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt",))
         elif rank == 0:

@@ -45,7 +45,7 @@ import time
 
 import pyarrow.fs
 
-from raytrain.checkpoint.layout import METADATA, UNIVERSAL_DIR, exists, filesystem, tag_for
+from raytrain.checkpoint.layout import METADATA, UNIVERSAL_DIR, exists, filesystem, tag_for, written_world_size
 
 # The converter dies with the worker that started it (PR_SET_PDEATHSIG): a worker group shut down
 # mid-conversion (a node lost, a resize) must not leave a converter writing into the run directory.
@@ -62,9 +62,8 @@ ds_to_universal.main(ds_to_universal.parse_arguments())
 def written_by(meta: dict) -> tuple[int, int]:
     """(world size, data shards) of the run that wrote a checkpoint (its raytrain.json). The world
     size is the group's own (an elastic run's varies); older checkpoints have only the spec's."""
-    spec = meta["spec"]
-    world = meta.get("world_size") or spec["cluster"]["num_workers"]
-    return world, spec["config"]["data"].get("num_shards") or world
+    world = written_world_size(meta)
+    return world, meta["spec"]["config"]["data"].get("num_shards") or world
 
 
 def universal_uri(run_uri: str, checkpoint_uri: str, meta: dict) -> str:

@@ -20,7 +20,6 @@ from raytrain import hardware
 from raytrain.checkpoint import layout
 from raytrain.checkpoint.export import check_out_dir
 from raytrain.config import ConfigError, RunConfig
-from raytrain.config_files import first_line
 from raytrain.config_fields import ray_address
 from raytrain.data.sources import Sources
 from raytrain.deepspeed_config import load_deepspeed
@@ -33,15 +32,8 @@ from raytrain.run_spec import ClusterShape, ResolvedRun
 def check_before_ray(cfg: RunConfig) -> None:
     """Paths and addresses, with one-line ConfigErrors; nothing is created."""
     check_writable_dir(cfg.checkpoint.storage_path, "checkpoint.storage_path")
-    if cfg.checkpoint.resume_from:
-        try:
-            layout.check_is_checkpoint(cfg.checkpoint.resume_from, "checkpoint.resume_from")
-        except (OSError, ValueError) as e:  # pyarrow, for a URI it cannot reach (ArrowInvalid is a ValueError)
-            if isinstance(e, ConfigError):
-                raise
-            reason = first_line(e)
-            raise ConfigError(f"checkpoint.resume_from={cfg.checkpoint.resume_from}: cannot read it ({reason}): "
-                              f"check the path or URI and its credentials") from None
+    if cfg.checkpoint.resume_from:  # a URI pyarrow cannot reach is one line there too
+        layout.check_is_checkpoint(cfg.checkpoint.resume_from, "checkpoint.resume_from")
     if cfg.checkpoint.export_dir:
         check_writable_dir(cfg.checkpoint.export_dir, "checkpoint.export_dir")
         check_out_dir(cfg.checkpoint.export_dir, "checkpoint.export_dir")  # before hours of training

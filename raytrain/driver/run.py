@@ -151,7 +151,7 @@ def dry_run(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_memory_
     resolved = resolve_run(cfg, shape, target=target)
     resuming = _check_resume_before_ray(resolved, fresh)
     notes = [f"plan: {line}" for line in resolved.plan] + [f"note: {note}" for note in advice(resolved)]
-    notes.extend((resuming or "").splitlines())
+    notes.extend(resuming)
     if target is None:
         notes.append("memory: not checked: this machine has no GPU to plan a GPU run against; state the "
                      "target's sizes with --gpu-memory-gib, --host-memory-gib and --gpus-per-node")
@@ -238,7 +238,7 @@ def _place(resolved: ResolvedRun, fresh: bool) -> tuple[RunSpec, DataProgress]:
         started = f" (started from {cfg.checkpoint.resume_from})" if cfg.checkpoint.resume_from else ""
         say(f"raytrain: run {name!r} exists in {storage}: continuing from its latest checkpoint{started} "
             f"(pass --fresh to start over; the old run is kept under another name)")
-    for line in (resuming or "").splitlines():
+    for line in resuming:
         say(f"raytrain: {line}")
     progress = DataProgress(cfg.data, name)
     return RunSpec.place(resolved, run_name=name, storage_path=storage, resume_from=cfg.checkpoint.resume_from,
@@ -275,7 +275,7 @@ def resume_checkpoint(cfg: RunConfig, storage: str, name: str | None, fresh: boo
     return latest, True
 
 
-def _check_resume_before_ray(resolved: ResolvedRun, fresh: bool) -> str | None:
+def _check_resume_before_ray(resolved: ResolvedRun, fresh: bool) -> list[str]:
     """`check_resume` of the checkpoint a run would resume, before ray.init and without creating
     the storage directory (a dry run writes nothing)."""
     cfg = resolved.config
@@ -318,15 +318,15 @@ def _model_shape(facts: dict[str, Any]) -> dict[str, Any]:
     return {k: facts.get(k) for k in _MODEL_SHAPE} | {k: config.get(k) for k in _CONFIG_SHAPE}
 
 
-def check_resume(checkpoint, resolved: ResolvedRun, own_run: bool = False) -> str | None:
+def check_resume(checkpoint, resolved: ResolvedRun, own_run: bool = False) -> list[str]:
     """What Ray Train will hand the workers (the run's latest checkpoint, else resume_from) must
     hold this run's model (the ModelFacts its raytrain.json records), be before training.max_steps
     (a resume_from one: the run's own at max_steps is a done run), and have a data position this run
     can read: the same data shards. Another number of workers is fine: the first group of another
-    size converts the checkpoint (raytrain.checkpoint.reshard). Returns the notes to print, one per
-    line (that resize, and data settings other than the checkpoint's: `_data_changes`), or None."""
+    size converts the checkpoint (raytrain.checkpoint.reshard). Returns the notes to print, one line
+    each: that resize, and data settings other than the checkpoint's (`_data_changes`)."""
     if checkpoint is None:
-        return None
+        return []
     meta = layout.read_metadata(checkpoint)
     cfg = resolved.config
     shown = _shown(checkpoint, cfg, own_run)
@@ -372,7 +372,7 @@ def check_resume(checkpoint, resolved: ResolvedRun, own_run: bool = False) -> st
                      f"applied to this run's data as it is, so rows are skipped or read twice; {back}to read this "
                      f"data from its start, export the checkpoint (python -m raytrain.tools.export) and start a new "
                      f"run with model.name_or_path=OUT_DIR model.pretrained=true (the optimizer state is not kept)")
-    return "\n".join(notes) or None
+    return notes
 
 
 # What decides which rows each data shard holds and in which order: the checkpoint's data position

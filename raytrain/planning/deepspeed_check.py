@@ -334,8 +334,9 @@ def _check_param_values(ds: dict[str, Any]) -> None:
                 if section == "optimizer" and key == "betas" and not 0 <= item < 1:
                     raise ConfigError(f"{_dotted(path)}={item} is outside [0, 1): Adam's and Lion's betas are decay "
                                       f"rates (for example [0.9, 0.95])")
-                negative_ok = section == "optimizer" and key not in _NON_NEGATIVE
-                if item < 0 and not negative_ok and (section == "optimizer" or key.endswith(("steps", "_lr", "size"))):
+                # a scheduler's step counts, sizes and learning rates; last_batch_iteration=-1 is legitimate
+                checked = key in _NON_NEGATIVE if section == "optimizer" else key.endswith(("steps", "_lr", "size"))
+                if item < 0 and checked:
                     raise ConfigError(f"{_dotted(path)}={item} is negative: write a value >= 0")
     clip = ds.get("gradient_clipping")
     if isinstance(clip, (int, float)) and not isinstance(clip, bool) and clip < 0:

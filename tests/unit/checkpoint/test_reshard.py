@@ -51,12 +51,12 @@ def resolved(*overrides):
 
 def test_another_world_size_with_the_same_shards_is_left_to_the_workers(tmp_path):
     old = Checkpoint(checkpoint(tmp_path, world=2, num_shards=6))
-    note = check_resume(old, resolved("scaling.num_workers=3", "data.num_shards=6",
-                                      "training.micro_batch_size_per_gpu=2"))
-    assert note.startswith("resuming step 4 on 3 workers (written by 2): the workers convert it")
+    notes = check_resume(old, resolved("scaling.num_workers=3", "data.num_shards=6",
+                                       "training.micro_batch_size_per_gpu=2"))
+    assert len(notes) == 1 and notes[0].startswith("resuming step 4 on 3 workers (written by 2): the workers convert it")
     # same size: loaded as written, nothing to say
     assert check_resume(old, resolved("scaling.num_workers=2", "data.num_shards=6",
-                                      "training.micro_batch_size_per_gpu=3")) is None
+                                      "training.micro_batch_size_per_gpu=3")) == []
 
 
 def test_a_checkpoint_of_another_model_is_refused_naming_both_shapes(tmp_path):
