@@ -126,7 +126,7 @@ def _check_causal_lm(hf_config, cfg: ModelConfig) -> None:
 def _check_same_weights(loaded, hf_config, cfg: ModelConfig) -> None:
     """With model.pretrained=true, `cfg.config` (which made `loaded` into `hf_config`) must leave
     every weight's name and shape as the checkpoint has them: compared on meta-device builds (no
-    memory; 0.9 s for a Llama-70B config on 2 CPU cores), so any field counts (vocab_size,
+    memory; 0.8 s for a Llama-70B config on 2 CPU cores: benchmarks/driver_check_costs.py), so any field counts (vocab_size,
     num_hidden_layers, tie_word_embeddings, GPT-2's n_positions, ...). Only when something differs
     is each override tried alone, to name it."""
     before = weight_shapes(loaded, cfg.trust_remote_code)
