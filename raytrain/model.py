@@ -357,6 +357,10 @@ def build_model(cfg: ModelConfig, hf_config, ds_config: dict[str, Any]):
             model = AutoModelForCausalLM.from_config(
                 hf_config, attn_implementation=cfg.attn_implementation,
                 trust_remote_code=cfg.trust_remote_code)
+    # from_pretrained returns the model in eval mode: without train() a fine-tune ran without dropout, without
+    # checkpointing's recompute (transformers checkpoints only when training) and without Liger's fused loss
+    # (kernels.py: full logits), so above the memory the planner counted on.
+    model.train()
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False  # no KV cache in training: it only costs memory

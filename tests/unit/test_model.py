@@ -163,3 +163,18 @@ def test_a_model_built_from_a_config_takes_the_token_ids_of_the_tokenizer_it_tra
         f"or set model.config.eos_token_id=256"]
     assert not [n for n in advice(resolved(ModelConfig(name_or_path=path, pretrained=True,
                                                       config={"eos_token_id": 256}))) if "EOS" in n]
+
+
+def test_a_pretrained_model_is_built_in_training_mode(tmp_path):
+    """from_pretrained returns eval mode; a fine-tune must train (dropout, checkpointing's recompute and Liger's
+    fused loss all run only when module.training is true)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from raytrain.model import build_model
+
+    LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                 num_key_value_heads=1, vocab_size=300)).save_pretrained(tmp_path)
+    cfg = ModelConfig(name_or_path=str(tmp_path), pretrained=True, gradient_checkpointing=True)
+    model = build_model(cfg, LlamaConfig.from_pretrained(tmp_path), {"zero_optimization": {"stage": 0}})
+    assert model.training and all(m.training for m in model.modules())
+    assert model.is_gradient_checkpointing
