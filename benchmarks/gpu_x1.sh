@@ -36,6 +36,8 @@
 # fp16:      the seed's fp16 with full offload vs bf16 at the same settings (with and without DeepSpeed's host
 #            overflow scan), and fp16 without offload (~6 min).
 # mfu62:     1.1B mb 24 x GA 4 bf16: as shipped, ZeRO stage 2, every parameter persistent, torchao float8 (~4.5 min).
+# fp8main:   configs/llama-1b-1gpu.yaml through raytrain.main, 70 steps, bf16 then model.fp8=true: the loss side by side (~9 min).
+# fp8:       1.1B as shipped and 7.24B at mb 15 x 2 + checkpointing, bf16 against FP8 GEMMs in the fused layers (~9 min; ONLY=1b / 7b).
 # profile:   the same 1.1B step under torch.profiler (benchmarks/profile_step.py): GPU time by kernel category, idle
 #            time, GEMM TFLOP/s; as shipped, fused q/k/v + gate/up projections, SDPA flash only, expandable segments,
 #            all three (~8 min).
@@ -46,7 +48,7 @@
 # Every bench record carries the planner's prediction ("predicted"), the GPU peak (max_memory_allocated)
 # and the host's used memory sampled every 2 s; host_used_mib.txt samples the whole part the same way.
 set -u
-part=${1:?reader, offload, alloc1b, compile, compile-noliger, checks, zeropp, superoffload, offload-max, plan13b, plan13b-twin, plan13b-nooff, plan7b, plan1b, caps1b, eta1b, eta2, fp16, mfu62, main1b, twin1b, convert1b, profile or layers}
+part=${1:?reader, offload, alloc1b, compile, compile-noliger, checks, zeropp, superoffload, offload-max, plan13b, plan13b-twin, plan13b-nooff, plan7b, plan1b, caps1b, eta1b, eta2, fp16, mfu62, fp8, fp8main, main1b, twin1b, convert1b, profile or layers}
 OUT=${OUT:-/tmp/out}; W=/tmp/bench_$part; mkdir -p "$OUT" "$W"
 END=$(( $(date +%s) + ${BUDGET_S:-560} ))
 export TORCH_EXTENSIONS_DIR=/tmp/torch_ext
@@ -71,7 +73,7 @@ CAP20=0.1425; CAP24=0.171; CAP70=0.4986; CAP84=0.598
 AUTO24=(--paths deepspeed "${AUTO[@]}" --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" --gpu-memory-fraction $CAP24 --no-profile)
 RUNNERUP24=(--paths deepspeed --micro-batch 55 --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" --offload
   --set model.gradient_checkpointing=true --set scaling.cpus_per_worker=14 --gpu-memory-fraction $CAP24 --no-profile)
-case $part in plan*|caps1b|alloc1b|eta*|fp16|mfu62|main1b|twin1b|convert1b|profile|layers|superoffload)
+case $part in plan*|caps1b|alloc1b|eta*|fp16|fp8*|mfu62|main1b|twin1b|convert1b|profile|layers|superoffload)
   (while true; do free -m | awk 'NR==2{print $3}'; sleep 2; done) > "$W/host_used_mib.txt" & hostmem=$!
   # The GPU's SM clock, power and why its clock is held down, every second: the same step made 58.3-62.1%
   # MFU on different H200s of one power limit and max clock, so what each one ran at under load is recorded
@@ -198,6 +200,28 @@ twin1b)  # the shipped 1.1B setting on both bench paths (fused layers, "auto"), 
   E=(--micro-batch 24 --grad-accum 4 --steps 4 --warmup-steps 2 --window 2 "${Z[@]}" --set scaling.cpus_per_worker=14 --no-profile)
   variant 1b-fused-both 170 --paths deepspeed,raytrain "${E[@]}"
   variant 1b-plain-layers 80 --paths deepspeed "${E[@]}" --set model.fused_layers=false
+  ;;
+fp8)  # FP8 GEMMs in the fused layers (model.fp8: raytrain.worker.fp8) beside the same bf16 step, plain
+  # DeepSpeed path: the shipped 1.1B setting (casts compiled, then eager), then ONLY=7b: the 7.24B at the pick of session 35
+  E=(--paths deepspeed --micro-batch 24 --grad-accum 4 --steps 4 --warmup-steps 2 --window 2 "${Z[@]}" --set scaling.cpus_per_worker=14 --no-profile)
+  variant 1b-bf16 100 "${E[@]}"
+  variant 1b-fp8 170 "${E[@]}" --set model.fp8=true
+  RAYTRAIN_FP8_COMPILE=0 variant 1b-fp8-eager-casts 110 "${E[@]}" --set model.fp8=true
+  S7E=(--paths deepspeed "${S7[@]}" --micro-batch 15 --grad-accum 2 --set model.gradient_checkpointing=true "${Z[@]}"
+    --set scaling.cpus_per_worker=14 --steps 2 --warmup-steps 1 --window 1 --no-profile)
+  variant 7b-bf16 230 "${S7E[@]}"
+  variant 7b-fp8 260 "${S7E[@]}" --set model.fp8=true
+  ;;
+fp8main)  # the shipped 1.1B config through python -m raytrain.main, bf16 then model.fp8=true: the same data, seed and
+  # schedule (warmup 10 instead of 200, so the learning rate is at its peak within the run), the loss every 5 steps
+  for v in bf16:false fp8:true; do
+    t0=$(date +%s); lim=$(( END - t0 - 5 )); [[ $v == bf16:* ]] && lim=$(( lim / 2 + 20 ))
+    timeout $lim python -m raytrain.main --config configs/llama-1b-1gpu.yaml \
+      training.max_steps=${FP8MAIN_STEPS:-70} training.warmup_steps=10 training.log_every_n_steps=5 checkpoint.every_n_steps=1000 \
+      checkpoint.storage_path=/tmp/runs-${v%%:*} data.progress_every_s=0 model.fp8=${v##*:} > "$W/1b-main-${v%%:*}.log" 2>&1
+    echo "1b raytrain.main ${v%%:*} rc=$? in $(( $(date +%s) - t0 ))s" >> "$W/status.txt"
+    grep -E "raytrain: model|step [0-9]+/" "$W/1b-main-${v%%:*}.log" >> "$W/status.txt"
+  done
   ;;
 main1b)  # the shipped 1.1B config through python -m raytrain.main, as a user runs it (after the merges of issues 12-15)
   t0=$(date +%s)

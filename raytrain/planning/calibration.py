@@ -53,10 +53,13 @@ class Row:
     fused_layers: bool = False
     """Measured with model.fused_layers=true; the rows before 2026-12-02 ran transformers' own layers
     (model.fused_layers is "auto" since, on with Liger "all": their arguments now say false)."""
+    fp8: bool = False
+    """Measured with model.fp8=true (the fused layers' projections as FP8 GEMMs)."""
 
     def argv(self) -> list[str]:
         """The row as raytrain.tools.bench's argument list, the layers it ran included."""
-        return shlex.split(self.bench_args) + ["--set", f"model.fused_layers={str(self.fused_layers).lower()}"]
+        return shlex.split(self.bench_args) + ["--set", f"model.fused_layers={str(self.fused_layers).lower()}",
+                                               "--set", f"model.fp8={str(self.fp8).lower()}"]
 
 
 ISSUE = "issue 14's table (plain DeepSpeed, 2026-12-01)"
@@ -192,6 +195,19 @@ ROWS = (
     Row("7b-mb15-ga2-ckpt-1203", BENCH, f"{SHAPE_7B} --micro-batch 15 --grad-accum 2 --liger all {Z} "
         "--set model.gradient_checkpointing=true --set scaling.cpus_per_worker=14", 10_773, 122.0, host_used_gib=15.6,
         optimizer_s=0.181, fused_layers=True),
+    # 2026-12-04, session 40 (docs/benchmarks.md "FP8 GEMMs", `gpu_x1.sh fp8`, two calls on one machine): the
+    # shipped 1.1B step and the 7.24B at session 35's pick, bf16 and model.fp8, plain-DeepSpeed path. The fp8
+    # rows' ratios over the bf16 rows fit FP8_GEMM_SPEEDUP. The 1.1B rows' host use (2.7 and 3.9 GiB, mostly the
+    # OS and the process) is left out, as for the other 1.1B rows without offload.
+    Row("1b-mb24-bf16-1204", BENCH, SHIPPED_1B, 77_167, 78.6, optimizer_s=0.039, fused_layers=True),
+    Row("1b-mb24-fp8-1204", BENCH, SHIPPED_1B, 93_267, 71.1, optimizer_s=0.041, fused_layers=True,
+        fp8=True),
+    Row("7b-mb15-ckpt-bf16-1204", BENCH, f"{SHAPE_7B} --micro-batch 15 --grad-accum 2 --liger all {Z} "
+        "--set model.gradient_checkpointing=true --set scaling.cpus_per_worker=14", 10_563, 122.0, host_used_gib=15.6,
+        optimizer_s=0.182, fused_layers=True),
+    Row("7b-mb15-ckpt-fp8-1204", BENCH, f"{SHAPE_7B} --micro-batch 15 --grad-accum 2 --liger all {Z} "
+        "--set model.gradient_checkpointing=true --set scaling.cpus_per_worker=14", 14_333, 122.0, host_used_gib=15.7,
+        optimizer_s=0.184, fused_layers=True, fp8=True),
     # offload-max: `free -m` used, sampled every 5 s, peaked at 128,395 MiB (the host's OOM edge).
     Row("6.74b-mb1-ckpt-offload", BENCH, "--micro-batch 1 --hidden-size 4096 --num-layers 32 --num-heads 32 "
         f"--num-kv-heads 32 --intermediate-size 11008 --liger all {Z} --set model.gradient_checkpointing=true "

@@ -134,6 +134,8 @@ class MemoryFacts:
     bf16_states: bool = False
     fused_layers: bool = False
     """model.fused_layers as the worker resolves it (throughput only: its memory is transformers' layers' +0.1%)."""
+    fp8: bool = False
+    """model.fp8 on a GPU: the fused layers' projections in FP8 (throughput; activations keep fp8 GEMM inputs)."""
 
     @property
     def pb(self) -> int:
@@ -177,7 +179,8 @@ def memory_facts(ds: dict[str, Any], run, *, use_gpu: bool, world_size: int, wor
         raytrain_optimizer="optimizer" not in ds, pin_memory=any(pins) if pins else True,
         bf16_master=bool(bf16.get("bf16_master_weights_and_grads")),
         bf16_states=bool(bf16.get("bf16_optimizer_states")),
-        fused_layers=fused_layers_enabled(run.model, hf_config))
+        fused_layers=fused_layers_enabled(run.model, hf_config),
+        fp8=bool(run.model.fp8) and use_gpu)
 
 
 def activation_options(f: MemoryFacts) -> dict[str, Any]:
@@ -185,7 +188,7 @@ def activation_options(f: MemoryFacts) -> dict[str, Any]:
     flash-attn) return their output (batch, seq, heads, head_dim)-contiguous, so o_proj's input is a
     view of it (one copy); the CPU math path and eager attention make a second one."""
     return {"attn_implementation": f.attn_implementation, "liger_kernel": f.liger_kernel,
-            "sdpa_out_copies": 1 if f.use_gpu and f.attn_implementation != "eager" else 2}
+            "sdpa_out_copies": 1 if f.use_gpu and f.attn_implementation != "eager" else 2, "fp8": f.fp8}
 
 
 def configured_setting(ds: dict[str, Any], gradient_checkpointing: bool) -> Setting:

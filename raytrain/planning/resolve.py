@@ -19,7 +19,7 @@ from raytrain.config import ConfigError, RunConfig
 from raytrain.data.sources import Sources, data_facts, inspect_sources
 from raytrain.deepspeed_config import AUTO, DeepSpeedFacts, load_deepspeed, resolve_deepspeed
 from raytrain.hardware import Target
-from raytrain.model import load_model_config, load_tokenizer, param_stats, token_ids_from_tokenizer
+from raytrain.model import fused_layers_enabled, load_model_config, load_tokenizer, param_stats, token_ids_from_tokenizer
 from raytrain.planning.choose import resolve_auto
 from raytrain.planning.deepspeed_check import check_deepspeed
 from raytrain.run_spec import ClusterShape, ModelFacts, ResolvedRun, WorldSizePlan
@@ -263,6 +263,12 @@ def _check_model_options(cfg: RunConfig, hf_config, shape: ClusterShape) -> None
         if cfg.model.compile:
             raise ConfigError("model.fused_layers=true with model.compile=true: not measured together (the fused "
                               "layers are hand-written autograd functions); set one of them off")
+    if cfg.model.fp8 and not fused_layers_enabled(cfg.model, hf_config):
+        why = (f"model.fused_layers={cfg.model.fused_layers}" if cfg.model.fused_layers != "auto" else
+               f"model.fused_layers=auto, which is on only for a Llama model with model.liger_kernel=all "
+               f"(this run: {getattr(hf_config, 'model_type', '?')}, liger_kernel={cfg.model.liger_kernel})")
+        raise ConfigError(f"model.fp8=true runs the fused decoder layers' projections in FP8, and this run has "
+                          f"none ({why}): set model.fused_layers=true (Llama models), or model.fp8=false")
 
 
 def _check_attention(name: str) -> None:

@@ -3,6 +3,7 @@
     t_step = GA * t_micro(mb) + T_STEP_FIXED + t_optimizer
     t_micro = (t_gpu^P + t_host^P)^(1/P)          the larger of the two, blended where they are close
     t_gpu = F * mb * S * c_ckpt / (peak * eta(x) * k_liger * k_fused)     F = 6N + 12 L H S (flops per token)
+      x (1 - g + g / FP8_GEMM_SPEEDUP) with model.fp8, g the projections' share of the flops
       eta(x): the GPU's efficiency on forward + backward, ETA_PLATEAU from x = 1 down to ETA_PLATEAU * (1 -
               ETA_SLOPE) at x = 0, x = mb * S * H^2 / (24 * 2048 * 2048^2) (smaller GEMMs)
       c_ckpt = 1 + RECOMPUTE_COST * (2 N_layers + 4 L H S) / F with activation checkpointing (the decoder
@@ -64,6 +65,11 @@ LIGER_FACTOR = {"all": 1.0, "loss": 0.746, "none": 0.85}
 # model.fused_layers (raytrain/worker/fused.py) on the same kernels: rows 1b-ga4-layers-1202 over
 # 1b-ga4-layers-off-1202 (79,555 / 77,167, one call; measured at 1.1B, mb 24, applied everywhere).
 FUSED_LAYERS_FACTOR = 1.031
+# model.fp8 (raytrain/worker/fp8.py): the projections' share g of the GPU time (taken as their share of the
+# flops, recompute included) runs this much faster, casts included: t_gpu x (1 - g + g / FP8_GEMM_SPEEDUP).
+# Fitted on rows 1b-mb24-fp8-1204 / 1b-mb24-bf16-1204 (1.209x, g 0.75) and 7b-mb15-ckpt-fp8-1204 /
+# 7b-mb15-ckpt-bf16-1204 (1.357x, g 0.87), one call; 1.38 reproduces the two ratios within +4.0% and -2.8%.
+FP8_GEMM_SPEEDUP = 1.38
 # The optimizer step without offload, T_STEP_FIXED + (3 mw + 2 st + 2) N / HBM_ADAM_BYTES_PER_S (norms,
 # flatten and cast, the fused AdamW pass, the copy back): rows 1b-mb24-liger-zero (opt 0.041 s at
 # 1.10B) and 8.1b-mb1-ckpt (opt 0.204 s at 8.11B), 30 bytes per parameter with fp32 states.
@@ -99,6 +105,17 @@ def recompute_flops_per_token(hf_config, num_params: int, seq_len: int) -> float
     embedding = getattr(hf_config, "vocab_size", 0) * hidden
     untied_head = 0 if getattr(hf_config, "tie_word_embeddings", False) else embedding
     return 2 * max(num_params - embedding - untied_head - hidden, 0) + 4 * layers * hidden * seq_len
+
+
+def projection_flops_per_token(hf_config) -> float:
+    """Forward + backward flops per token of the decoder layers' projections (q, k, v, o, gate, up, down)."""
+    h, layers = hf_config.hidden_size, hf_config.num_hidden_layers
+    heads = getattr(hf_config, "num_attention_heads", None) or max(1, h // 64)
+    head_dim = getattr(hf_config, "head_dim", None) or h // heads
+    q = heads * head_dim
+    kv = (getattr(hf_config, "num_key_value_heads", None) or heads) * head_dim
+    inter = getattr(hf_config, "intermediate_size", None) or 4 * h
+    return 6 * layers * (h * (q + 2 * kv) + q * h + 3 * h * inter)
 
 
 def eta(hidden: int, micro_batch: int, seq_len: int) -> float:
@@ -144,6 +161,10 @@ def predict(f: MemoryFacts, e: Estimate, *, grad_accum: int, cpus_per_worker: fl
     if f.fused_layers:
         efficiency *= FUSED_LAYERS_FACTOR
     t_gpu = fpt * tokens * ckpt / (peak_flops * efficiency)
+    if f.fp8:
+        projections = projection_flops_per_token(cfg) * (1 + (RECOMPUTE_COST / 3 if s.gradient_checkpointing else 0))
+        g = min(projections / (fpt * ckpt), 1.0)
+        t_gpu *= 1 - g + g / FP8_GEMM_SPEEDUP
     t_host = host_s(cfg.num_hidden_layers, f.fused_layers, s.gradient_checkpointing)
     p = HOST_GPU_BLEND_P
     t_micro = (t_gpu**p + t_host**p) ** (1 / p)

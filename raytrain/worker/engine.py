@@ -59,6 +59,13 @@ def build_engine(spec: ResolvedRun, device: torch.device, ds_config: dict[str, A
             why = f"; {len(skipped)} keep transformers' forward ({next(iter(skipped.values()))})" if skipped else ""
             emit(f"raytrain: model.fused_layers={cfg.model.fused_layers}: {fused['fused']} decoder layers fused "
                  f"(q/k/v and gate/up one GEMM each, residual adds fused){why}")
+        if cfg.model.fp8:
+            from raytrain.worker import fp8
+
+            n, note = fp8.enable(model), fp8.unsupported_here(device)
+            if torch.distributed.get_rank() == 0:
+                emit(f"raytrain: model.fp8=true: the projections of {n} decoder layers run as FP8 GEMMs "
+                     f"(one scale per tensor; attention, norms and lm_head as before)" if note is None else f"raytrain: note: model.fp8=true, but {note}: the projections run in bf16")
     if transform is not None:
         model = transform(model)
     optimizer, scheduler = build_optimizer(model, cfg.training, spec.deepspeed, device)

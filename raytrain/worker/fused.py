@@ -290,7 +290,7 @@ def _classes():
             kwargs.pop("past_key_values", None)
             input_shape = hidden_states.shape[:-1]
             n_q, n_kv = self.config.num_attention_heads, self.config.num_key_value_heads
-            qkv = CatLinear.apply(hidden_states, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)
+            qkv = _gemm(self)(hidden_states, self.q_proj.weight, self.k_proj.weight, self.v_proj.weight)
             cos, sin = position_embeddings
             q, k, v = QKVRope.apply(qkv, cos, sin, n_q, n_kv, self.head_dim)
             return attend_and_project(self, q, k, v, attention_mask, input_shape, **kwargs)
@@ -298,6 +298,8 @@ def _classes():
     class FusedLlamaDecoderLayer(base_layer):
         """LlamaDecoderLayer with the attention's residual add fused into post_attention_layernorm, and
         gate/up as one GEMM feeding the SiLU-mul (same parameters)."""
+
+        FUSED_LAYER = True  # what raytrain.worker.fp8.enable looks for (it does not import this module)
 
         def forward(self, hidden_states, *args, **kwargs):
             if args or _unfused(hidden_states, kwargs):
@@ -307,11 +309,23 @@ def _classes():
             attn, _ = self.self_attn(hidden_states=hidden_states, **kwargs)
             hidden_states, residual = _add_rms_norm(self.post_attention_layernorm, attn, residual)
             mlp = self.mlp
-            y = CatLinear.apply(hidden_states, mlp.gate_proj.weight, mlp.up_proj.weight)
+            y = _gemm(self)(hidden_states, mlp.gate_proj.weight, mlp.up_proj.weight)
+            if getattr(self, "fp8", False):
+                return _gemm(self)(_silu_mul_fused(y), mlp.down_proj.weight) + residual
             return _down_add(_silu_mul_fused(y), mlp.down_proj.weight, residual)
 
     _CLASSES.update(attention=FusedLlamaAttention, layer=FusedLlamaDecoderLayer)
     return _CLASSES
+
+
+def _gemm(module):
+    """x @ cat(weights).T: FP8 where raytrain.worker.fp8.enable marked the module (model.fp8), else one
+    GEMM in the activations' dtype."""
+    if getattr(module, "fp8", False):
+        from raytrain.worker import fp8
+
+        return fp8.linear
+    return CatLinear.apply
 
 
 def _down_add(x, weight, residual):

@@ -1,7 +1,8 @@
 """One run of test_fused.py: raytrain's worker engine (raytrain.worker.engine.build_engine) on real DeepSpeed
 ZeRO-3, gloo on CPU, 2 ranks, each rank holding half of every parameter: the same seed and batches with
-transformers' Llama layers, with model.fused_layers=true, and with both fused layers and activation
-checkpointing (the fused forward runs again in the backward), one engine after the other in the same processes.
+transformers' Llama layers, with model.fused_layers=true, with both fused layers and activation
+checkpointing (the fused forward runs again in the backward), and with that and model.fp8=true (FP8 GEMMs),
+one engine after the other in the same processes.
 
     python fused_child.py OUT.json KEY=VALUE ...
 
@@ -36,9 +37,11 @@ def rank_main(rank: int, world: int, port: int, out_path: str, overrides: list[s
 
     out: dict = {}
     try:
-        for name, flag, ckpt in (("plain", "false", "false"), ("fused", "true", "false"),
-                                 ("fused-checkpointing", "true", "true")):
-            cfg = load_config(None, overrides + [f"model.fused_layers={flag}", f"model.gradient_checkpointing={ckpt}"])
+        for name, flag, ckpt, fp8 in (("plain", "false", "false", "false"), ("fused", "true", "false", "false"),
+                                      ("fused-checkpointing", "true", "true", "false"),
+                                      ("fp8-checkpointing", "true", "true", "true")):
+            cfg = load_config(None, overrides + [f"model.fused_layers={flag}", f"model.gradient_checkpointing={ckpt}",
+                                                 f"model.fp8={fp8}"])
             resolved = resolve_run(cfg, ClusterShape(num_workers=world, use_gpu=False))
             engine, _, _ = build_engine(resolved, torch.device("cpu"))
             g = torch.Generator().manual_seed(100 + rank)
@@ -53,6 +56,7 @@ def rank_main(rank: int, world: int, port: int, out_path: str, overrides: list[s
             layer = engine.module.model.layers[0]
             out[name] = {"losses": losses, "params": [n for n, _ in engine.module.named_parameters()],
                          "layer_class": type(layer).__name__, "attention_class": type(layer.self_attn).__name__,
+                         "o_proj_class": type(layer.self_attn.o_proj).__name__,
                          "checkpointing": bool(getattr(engine.module, "is_gradient_checkpointing", False)),
                          "partition_numel": int(layer.mlp.gate_proj.weight.ds_tensor.numel()),
                          "full_numel": int(layer.mlp.gate_proj.weight.ds_numel)}
