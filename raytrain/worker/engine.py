@@ -65,7 +65,8 @@ def build_engine(spec: ResolvedRun, device: torch.device, ds_config: dict[str, A
             n, note = fp8.enable(model), fp8.unsupported_here(device)
             if torch.distributed.get_rank() == 0:
                 emit(f"raytrain: model.fp8=true: the projections of {n} decoder layers run as FP8 GEMMs "
-                     f"(one scale per tensor; attention, norms and lm_head as before)" if note is None else f"raytrain: note: model.fp8=true, but {note}: the projections run in bf16")
+                     f"(one scale per tensor; attention, norms and lm_head as before)" if note is None else
+                     f"raytrain: note: model.fp8=true, but {note}: the projections run in bf16")
     if transform is not None:
         model = transform(model)
     optimizer, scheduler = build_optimizer(model, cfg.training, spec.deepspeed, device)
