@@ -37,6 +37,8 @@
 #            overflow scan), and fp16 without offload (~6 min).
 # mfu62:     1.1B mb 24 x GA 4 bf16: as shipped, ZeRO stage 2, every parameter persistent, torchao float8 (~4.5 min).
 # fp8main:   configs/llama-1b-1gpu.yaml through raytrain.main, 70 steps, bf16 then model.fp8=true: the loss side by side (~9 min).
+# fp8-13b:   configs/llama-13b-1gpu.yaml through raytrain.main, 10 steps, bf16 then model.fp8=true (~7 min);
+#            fp8-13b-twin: the 13B at the planner's pick on the plain-DeepSpeed bench path, bf16 then fp8 (~8 min).
 # fp8:       1.1B as shipped and 7.24B at mb 15 x 2 + checkpointing, bf16 against FP8 GEMMs in the fused layers (~9 min; ONLY=1b / 7b).
 # profile:   the same 1.1B step under torch.profiler (benchmarks/profile_step.py): GPU time by kernel category, idle
 #            time, GEMM TFLOP/s; as shipped, fused q/k/v + gate/up projections, SDPA flash only, expandable segments,
@@ -48,7 +50,7 @@
 # Every bench record carries the planner's prediction ("predicted"), the GPU peak (max_memory_allocated)
 # and the host's used memory sampled every 2 s; host_used_mib.txt samples the whole part the same way.
 set -u
-part=${1:?reader, offload, alloc1b, compile, compile-noliger, checks, zeropp, superoffload, offload-max, plan13b, plan13b-twin, plan13b-nooff, plan7b, plan1b, caps1b, eta1b, eta2, fp16, mfu62, fp8, fp8main, main1b, twin1b, convert1b, profile or layers}
+part=${1:?reader, offload, alloc1b, compile, compile-noliger, checks, zeropp, superoffload, offload-max, plan13b, plan13b-twin, plan13b-nooff, plan7b, plan1b, caps1b, eta1b, eta2, fp16, mfu62, fp8, fp8main, fp8-13b, fp8-13b-twin, main1b, twin1b, convert1b, profile or layers}
 OUT=${OUT:-/tmp/out}; W=/tmp/bench_$part; mkdir -p "$OUT" "$W"
 END=$(( $(date +%s) + ${BUDGET_S:-560} ))
 export TORCH_EXTENSIONS_DIR=/tmp/torch_ext
@@ -222,6 +224,29 @@ fp8main)  # the shipped 1.1B config through python -m raytrain.main, bf16 then m
     echo "1b raytrain.main ${v%%:*} rc=$? in $(( $(date +%s) - t0 ))s" >> "$W/status.txt"
     grep -E "raytrain: model|step [0-9]+/" "$W/1b-main-${v%%:*}.log" >> "$W/status.txt"
   done
+  ;;
+fp8-13b)  # the shipped 13B config through python -m raytrain.main, 10 steps each, bf16 then model.fp8=true (the planner
+  # picks micro-batch 3 without offload for both on this machine; each stopped after step 10: a final save writes ~100 GB)
+  for v in bf16:false fp8:true; do
+    if [[ -n ${ONLY:-} && ! ${v%%:*} =~ $ONLY ]]; then continue; fi
+    t0=$(date +%s); log="$W/13b-main-${v%%:*}.log"
+    setsid python -m raytrain.main --config configs/llama-13b-1gpu.yaml training.max_steps=${FP8_13B_STEPS:-10} training.log_every_n_steps=1 \
+      checkpoint.storage_path=/tmp/runs13b-${v%%:*} data.progress_every_s=0 tracking.tensorboard=false model.fp8=${v##*:} \
+      > "$log" 2>&1 &
+    main=$!; lim=$(( END - 20 )); [[ $v == bf16:* && -z ${ONLY:-} ]] && lim=$(( t0 + (END - t0) * 45 / 100 ))
+    while kill -0 $main 2>/dev/null && ! grep -q "step ${FP8_13B_STEPS:-10}/${FP8_13B_STEPS:-10}" "$log" && (( $(date +%s) < lim )); do sleep 2; done
+    kill -- -$main 2>/dev/null; sleep 5; kill -9 -- -$main 2>/dev/null
+    for _ in $(seq 30); do [ -z "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader)" ] && break; sleep 2; done
+    echo "13b raytrain.main ${v%%:*}: $(grep -c 'step [0-9]*/[0-9]* ' "$log") progress lines in $(( $(date +%s) - t0 ))s" >> "$W/status.txt"
+    grep -E "raytrain: plan: chose|raytrain: model|step [0-9]+/[0-9]+ |Error|error" "$log" | tail -24 >> "$W/status.txt"
+  done
+  ;;
+fp8-13b-twin)  # the 13B at the planner's settings on the bench's plain-DeepSpeed path, bf16 then model.fp8=true
+  T13=(--paths deepspeed "${S13[@]}" "${AUTO[@]}" "${BF16_STATES[@]}" "${Z[@]}" --grad-accum 1 --steps ${FP8_13B_BENCH_STEPS:-6} --warmup-steps 3
+    --window 3 --no-profile)
+  variant 13b-bf16-deepspeed 270 "${T13[@]}"
+  variant 13b-fp8-deepspeed 290 "${T13[@]}" --set model.fp8=true
+  variant 13b-fp8-raytrain 290 "${T13[@]}" --set model.fp8=true --paths raytrain  # ONLY=fp8: beside plain DeepSpeed's fp8
   ;;
 main1b)  # the shipped 1.1B config through python -m raytrain.main, as a user runs it (after the merges of issues 12-15)
   t0=$(date +%s)

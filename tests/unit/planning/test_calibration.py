@@ -111,9 +111,12 @@ def test_fused_layers_factor_reproduces_its_pair_of_rows(predictions):
 
 
 def test_fp8_speedup_reproduces_both_pairs_of_rows(predictions):
-    """One constant for both shapes: the projections' share of the flops (0.75 at 1.1B, 0.87 at 7.24B with
-    checkpointing) carries the difference between +21% and +36%."""
-    for off, on in (("1b-mb24-bf16-1204", "1b-mb24-fp8-1204"), ("7b-mb15-ckpt-bf16-1204", "7b-mb15-ckpt-fp8-1204")):
+    """One constant for all shapes: the projections' share of the flops (0.75 at 1.1B, 0.87 at 7.24B with
+    checkpointing) carries the difference between +21% and +36%. The 13B pair (held out, session 41: +22.6%
+    measured, +27.7% predicted) is the loosest: at micro-batch 3 the weights' casts, paid per micro-batch whatever
+    its size, weigh more than at 15 or 24 (a reading, not profiled; the constant does not model them)."""
+    for off, on in (("1b-mb24-bf16-1204", "1b-mb24-fp8-1204"), ("7b-mb15-ckpt-bf16-1204", "7b-mb15-ckpt-fp8-1204"),
+                    ("13b-mb3-ckpt-bf16-1204", "13b-mb3-ckpt-fp8-1204")):
         ratio = predictions[on]["tokens_per_s"] / predictions[off]["tokens_per_s"]
         measured = calibration.BY_ID[on].tokens_per_s / calibration.BY_ID[off].tokens_per_s
         assert ratio == pytest.approx(measured, rel=0.05), (on, ratio, measured)
