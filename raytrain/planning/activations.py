@@ -2,6 +2,28 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+
+class DecoderDims(NamedTuple):
+    """A Llama-style decoder's widths, as the planner reads them from a Hugging Face config (with the usual
+    defaults where a family leaves one out): the activation model and the throughput model's FLOP counts."""
+    hidden: int
+    num_layers: int
+    heads: int
+    q: int           # heads x head_dim: the width of q and of o_proj's input
+    kv: int          # key/value heads x head_dim: the width of k and of v
+    intermediate: int
+
+
+def decoder_dims(hf_config) -> DecoderDims:
+    h = hf_config.hidden_size
+    heads = getattr(hf_config, "num_attention_heads", None) or max(1, h // 64)
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    head_dim = getattr(hf_config, "head_dim", None) or h // heads
+    inter = getattr(hf_config, "intermediate_size", None) or 4 * h
+    return DecoderDims(h, hf_config.num_hidden_layers, heads, heads * head_dim, kv_heads * head_dim, inter)
+
 
 def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value: int, *,
                      checkpointing: bool, attn_implementation: str = "sdpa", liger_kernel: str = "none",
@@ -33,15 +55,9 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
     1-byte copy of SDPA's output (which SDPA keeps anyway): (e - 1)(2h + i) - q bytes less.
     Measured at 1.1B (mb 24): 71.1 GiB against 78.6 (this term: 7.7 GiB less).
     """
-    h = hf_config.hidden_size
-    num_layers = hf_config.num_hidden_layers
-    heads = getattr(hf_config, "num_attention_heads", None) or max(1, h // 64)
-    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
-    head_dim = getattr(hf_config, "head_dim", None) or h // heads
-    inter = getattr(hf_config, "intermediate_size", None) or 4 * h
+    h, num_layers, heads, q, kv, inter = decoder_dims(hf_config)
     vocab = hf_config.vocab_size
     e = bytes_per_value
-    q, kv = heads * head_dim, kv_heads * head_dim
 
     fused = liger_kernel == "all"
     norm = (e * h if fused else 4 * h + e * h) + e * h

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from raytrain.planning.activations import decoder_dims
 from raytrain.planning.estimate import Estimate, MemoryFacts
 
 # The GPU's efficiency at x >= 1: row 1b-mb24-ga4 (forward + backward time per micro-batch = the row's step time
@@ -109,12 +110,7 @@ def recompute_flops_per_token(hf_config, num_params: int, seq_len: int) -> float
 
 def projection_flops_per_token(hf_config) -> float:
     """Forward + backward flops per token of the decoder layers' projections (q, k, v, o, gate, up, down)."""
-    h, layers = hf_config.hidden_size, hf_config.num_hidden_layers
-    heads = getattr(hf_config, "num_attention_heads", None) or max(1, h // 64)
-    head_dim = getattr(hf_config, "head_dim", None) or h // heads
-    q = heads * head_dim
-    kv = (getattr(hf_config, "num_key_value_heads", None) or heads) * head_dim
-    inter = getattr(hf_config, "intermediate_size", None) or 4 * h
+    h, layers, _, q, kv, inter = decoder_dims(hf_config)
     return 6 * layers * (h * (q + 2 * kv) + q * h + 3 * h * inter)
 
 
