@@ -10,6 +10,7 @@ a CPU worker must set DS_ACCELERATOR=cpu first (raytrain.worker.engine.import_de
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -96,17 +97,33 @@ def abort_train_run(controller):
     return controller.abort.remote()
 
 
-def stop_printing_worker_logs() -> None:
-    """This driver stops printing its job's worker output (what `ray.init(log_to_driver=True)`
-    forwards), for the rest of the process. The handler name "ray_print_logs" is the one `ray.init`
-    registers on ray._private.worker.global_worker_stdstream_dispatcher and `ray.shutdown` removes
-    (ray/_private/worker.py, ray 2.60.0); no public API turns forwarding off once connected. Used once
-    a bad record has stopped the run: Ray Data's tasks are then killed mid-call, and one killed inside
-    a finalizer printed `Exception ignored in ... SystemExit: 1` with a traceback after raytrain's
-    one-line error (seen on a fast machine in the suite). Idempotent."""
-    from ray._private.worker import global_worker_stdstream_dispatcher
+PRINT_HANDLER = "ray_print_logs"
+"""The name under which `ray.init(log_to_driver=True)` registers its printer of the job's worker output on
+ray._private.worker.global_worker_stdstream_dispatcher, and `ray.shutdown` removes it (ray/_private/worker.py,
+ray 2.60.0; the dispatcher keeps (name, handler) pairs in its `handlers` list, ray/_private/ray_logging)."""
 
-    global_worker_stdstream_dispatcher.remove_handler("ray_print_logs")
+
+def stop_printing_worker_logs() -> Callable[[], None]:
+    """This driver stops printing its job's worker output (what `ray.init(log_to_driver=True)` forwards)
+    until the returned undo is called; no public API turns forwarding off, or on again, once connected.
+    Used once a bad record has stopped the run: Ray Data's tasks are then killed mid-call, and one
+    killed inside a finalizer printed `Exception ignored in ... SystemExit: 1` with a traceback after
+    raytrain's one-line error (seen on a fast machine in the suite). The undo puts Ray's own handler
+    back, once, while this process is still connected and has none (a ray.shutdown and ray.init in
+    between registered their own): without it every later run of the process (a notebook's next fit())
+    printed no worker line at all. Called again while stopped, it stops nothing more."""
+    import ray
+    from ray._private.worker import global_worker_stdstream_dispatcher as dispatcher
+
+    removed = [pair for pair in dispatcher.handlers if pair[0] == PRINT_HANDLER]
+    dispatcher.remove_handler(PRINT_HANDLER)
+
+    def undo() -> None:
+        if ray.is_initialized() and not any(name == PRINT_HANDLER for name, _ in dispatcher.handlers):
+            for name, handler in removed:
+                dispatcher.add_handler(name, handler)
+
+    return undo
 
 
 def ray_train_poll_interval_s() -> float:
@@ -161,6 +178,30 @@ def quiet_ray_train_report_log() -> None:
     from ray.train.v2._internal.execution import context
 
     logging.getLogger(context.__file__).setLevel(logging.WARNING)
+
+
+CHECKPOINT_MANAGER_LOGGER = "ray.train.v2._internal.execution.checkpoint.checkpoint_manager"
+"""The logger of Ray Train's CheckpointManager (its module's __name__, ray 2.60.0)."""
+
+
+@contextlib.contextmanager
+def no_run_snapshot_line():
+    """Within the block, this process drops Ray Train's INFO "A run snapshot was found in storage folder
+    at ..." (3 lines, on the driver's console: Ray configures its "ray" loggers at INFO on import), which
+    CheckpointManager._maybe_load_state_from_storage logs whenever it reads a run's record, as
+    ray.train.Result.from_path does (raytrain.checkpoint.layout.latest_checkpoint: several times per
+    continued run). raytrain says itself that it continues the run. A filter on that logger, for the
+    block only: its other messages, and this one from Ray Train's own controller, are untouched."""
+    logger = logging.getLogger(CHECKPOINT_MANAGER_LOGGER)
+    logger.addFilter(_not_the_snapshot_line)
+    try:
+        yield
+    finally:
+        logger.removeFilter(_not_the_snapshot_line)
+
+
+def _not_the_snapshot_line(record: logging.LogRecord) -> bool:
+    return not (isinstance(record.msg, str) and record.msg.startswith("A run snapshot was found"))
 
 
 def dashboard_dependency_error() -> str | None:

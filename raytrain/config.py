@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, TypeAdapter, ValidationError
 
+from raytrain import nccl_variables
 from raytrain.config_fields import (Bool, Float, Int, NonEmptyStr, Str, directory_name, one_line, ray_address, section,
                                     worker_range)
 from raytrain.config_files import ConfigError, parse_override, read_json_file, read_yaml_file
@@ -46,9 +47,11 @@ class ModelConfig:
     gradient_checkpointing: Bool | Literal["auto"] = False
     """Recompute activations in backward: ~1/3 more compute for far less activation memory.
     "auto": the planner decides, with the other "auto" settings (raytrain.planning.choose)."""
-    attn_implementation: NonEmptyStr = "sdpa"
+    attn_implementation: NonEmptyStr = "auto"
     """transformers attention backend: "sdpa", "eager", "flash_attention_2", ... (checked on the driver
-    against the implementations transformers registers)."""
+    against the implementations transformers registers and the model's class supports). "auto": SDPA
+    where the model's class supports it, else eager, as transformers itself picks; resolved on the
+    driver, so the planner and the workers see the one the run uses."""
     trust_remote_code: Bool = False
     """Allow model/tokenizer code from the hub repo to run (only for repos you trust)."""
     liger_kernel: Literal["none", "loss", "all"] = "none"
@@ -278,9 +281,18 @@ class NetworkConfig:
 
     def __post_init__(self) -> None:
         for key in self.env:
+            meant = nccl_variables.misspelling_of(key)  # NCCL ignores a name it does not read, without a word
             if not key.startswith(NETWORK_ENV_PREFIXES):
                 raise ConfigError(f"network.env.{key}: only {', '.join(p + '*' for p in NETWORK_ENV_PREFIXES)} "
-                                  "variables belong here; set others through Ray's runtime_env")
+                                  "variables belong here; set others through Ray's runtime_env"
+                                  + (f"; did you mean {meant}?" if meant else ""))
+            if meant:
+                # A name close to none is let through (a newer NCCL's variable, a plugin's): the workers'
+                # network lines note it (raytrain.network.nccl_env).
+                raise ConfigError(f"network.env.{key}: NCCL reads no such variable (it would be ignored); did you "
+                                  f"mean {meant}? (raytrain knows NCCL's variables up to NCCL "
+                                  f"{nccl_variables.NEWEST_RELEASE}: one that a newer NCCL added can be set in the "
+                                  f"workers' environment through Ray's runtime_env)")
         self.env = {k: str(v) for k, v in self.env.items()}  # as NCCL reads them: strings
 
 
@@ -381,6 +393,31 @@ def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] 
     training = data.get("training")
     _refuse_ignored_training_values(cfg, set(training) if isinstance(training, dict) else set())
     return cfg
+
+
+def check_config(cfg: Any, argument: str = "config") -> RunConfig:
+    """`cfg` checked again as `load_config` checks what it loads; the checked copy is returned.
+
+    For a RunConfig built or edited in code (examples/python_api.py): its sections are plain
+    dataclasses that nothing checks on assignment, so `cfg.training.learning_rate = -1` or
+    `cfg.training.max_steps = 30.0` (a worker's failure, retried, after minutes) would reach the run.
+    The same one-line ConfigError as the command line's; a TypeError, naming `argument`, for a value
+    that is no RunConfig. A training value other than its default counts as written, for the rule that
+    the DeepSpeed JSON must not override or ignore it (a loaded config passes again: what it was loaded
+    with includes every such value). Costs a copy of the tree (~0.2 ms)."""
+    if not isinstance(cfg, RunConfig):
+        kind = f"{type(cfg).__module__}.{type(cfg).__qualname__}".removeprefix("builtins.")
+        hint = {str: "; for a YAML file: raytrain.load_config(path)",
+                dict: "; for a mapping of sections: raytrain.RunConfig.from_dict(mapping)"}.get(type(cfg), "")
+        if type(cfg).__name__ == "RunConfig":  # Ray Train's, or another library's
+            hint = ("; raytrain's comes from raytrain.load_config (Ray's name, storage_path, failure and checkpoint "
+                    "settings are its checkpoint section)")
+        raise TypeError(f"{argument} must be a raytrain.RunConfig (from raytrain.load_config), got {kind}{hint}")
+    checked = RunConfig.from_dict(cfg.to_dict())
+    defaults = TrainingConfig()
+    _refuse_ignored_training_values(checked, {f.name for f in dataclasses.fields(TrainingConfig)
+                                              if getattr(checked.training, f.name) != getattr(defaults, f.name)})
+    return checked
 
 
 def _apply_overrides(data: dict[str, Any], pairs: list[tuple[str, Any, str]], refuse_repeats: bool) -> None:

@@ -135,7 +135,8 @@ _RAY_UP_KEYS = frozenset({"cluster_name", "provider", "available_node_types", "h
 
 
 def parse_override(item: str) -> tuple[str, Any]:
-    """KEY=VALUE -> (KEY, VALUE read as YAML: numbers, true/false, null, lists and mappings)."""
+    """KEY=VALUE -> (KEY, VALUE read as YAML: numbers, true/false, null, lists and mappings). A '#' is
+    part of the value, never the start of a YAML comment (`checkpoint.name=run #2` is "run #2")."""
     key, sep, raw = item.partition("=")
     key = key.strip()
     if not sep and item.lower().endswith((".yaml", ".yml")):
@@ -148,10 +149,25 @@ def parse_override(item: str) -> tuple[str, Any]:
                           f"training.max_steps=20")
     if raw == "":
         return key, ""
+    if "#" in raw and _has_comment(raw):
+        # A '#' the shell passed on is part of the value: YAML would read " #2" as a comment and cut
+        # `checkpoint.name=run #2` to the name of another run. The plain string, as written (a
+        # number or list with a '#' after it is then a type error naming the key, not a shorter value).
+        return key, raw
     try:
         return key, _load(raw, f"override {key}")
     except yaml.YAMLError:
         return key, raw  # not YAML (e.g. "a: b: c"): the plain string, as written
+
+
+def _has_comment(text: str) -> bool:
+    """Whether YAML would drop part of `text` as a comment: a '#' outside every token it scans
+    (quoted "a #b" and plain a#b are inside their scalars). False where it does not scan at all."""
+    try:
+        spans = [(t.start_mark.index, t.end_mark.index) for t in yaml.scan(text, Loader=RunConfigLoader)]
+    except yaml.YAMLError:
+        return False
+    return any(c == "#" and not any(start <= i < end for start, end in spans) for i, c in enumerate(text))
 
 
 def read_json_file(path: str, key: str) -> dict[str, Any]:

@@ -71,6 +71,20 @@ def this_machine(with_gpus: bool = True) -> Target:
                   host_memory_bytes=host_memory_bytes(), gpus_per_node=len(found) or None)
 
 
+def ray_accelerator_type() -> str | None:
+    """The accelerator type Ray gives this machine's NVIDIA GPUs: its node resource `accelerator_type:TYPE`
+    ("H200", "A100", ...), which scaling.accelerator_type must name exactly; None without one (no GPU, or a
+    name Ray does not parse). Ray's own reading (pynvml, device 0), so a local cluster's type is predicted
+    as Ray will set it: ray/_private/accelerators/nvidia_gpu.py, get_current_node_accelerator_type (ray
+    2.60.0, a private API)."""
+    from ray._private.accelerators import NvidiaGPUAcceleratorManager
+
+    try:
+        return NvidiaGPUAcceleratorManager.get_current_node_accelerator_type()
+    except Exception:  # noqa: BLE001  (pynvml's errors: no driver, no device; then Ray sets no type either)
+        return None
+
+
 # The variables that configure torch's CUDA caching allocator (PYTORCH_ALLOC_CONF is torch >= 2.9's name).
 ALLOCATOR_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -9,13 +10,30 @@ from raytrain.config import ConfigError, load_config
 from raytrain.console import ArgumentParser, add_config_flag, flag_number, one_config, say
 
 
+_EPILOG = """\
+where a run's files go: STORAGE/RUN = checkpoint.storage_path/checkpoint.name (default ~/raytrain_runs/raytrain-DATE-TIME)
+
+tracking (rank 0's metrics every training.log_every_n_steps: train/*, perf/*, system/*, checkpoint/*, eval/*):
+  tracking.tensorboard=true          TensorBoard event files in STORAGE/RUN/tensorboard; for a cloud storage
+                                     path (s3://, gs://, ...) in ~/raytrain_tensorboard/RUN on rank 0's node,
+                                     where a new run of that name moves the earlier run's aside
+  tracking.mlflow_tracking_uri=URI   also MLflow (pip install "raytrain[mlflow]"): a server http://HOST:5000,
+                                     sqlite:///PATH/mlflow.db, or file:///PATH (with MLFLOW_ALLOW_FILE_STORE=true);
+                                     one MLflow run per run, continued with it (STORAGE/RUN/tracking.json),
+                                     a new one after --fresh; checked before anything starts, --dry-run too
+  tracking.mlflow_experiment=NAME    the MLflow experiment (default raytrain; created when missing)
+
+Every key, its type, range and default: raytrain/config.py; README.md explains them."""
+
+
 def parse_args(argv: list[str] | None = None):
     parser = ArgumentParser(
         prog="python -m raytrain.main",
         description="Train a causal LM with DeepSpeed ZeRO-3 on a Ray cluster. "
-                    "Precedence: KEY=VALUE > --config FILE > defaults.")
+                    "Precedence: KEY=VALUE > --config FILE > defaults.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_flag(parser, "YAML run config (sections: model, data, training, scaling, checkpoint, cluster, "
-                            "network, deepspeed)")
+                            "network, tracking, deepspeed)")
     parser.add_argument("--dry-run", action="store_true",
                         help="every check that needs no Ray (config, DeepSpeed JSON, paths, addresses, the data's "
                              "first records, memory) for the requested cluster shape; print the run as JSON, exit")
@@ -46,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(argv)
     except SystemExit as e:  # --help, or a mistake in a flag (already reported in one line)
         return int(e.code or 0)
-    # A path, taken as written: as a KEY=VALUE override it would be read as YAML ("ck #2" cut at the
-    # '#', "yes" a boolean), and "" is refused like checkpoint.resume_from="" rather than dropped.
+    # A path, taken as written: as a KEY=VALUE override it would be read as YAML ("yes" a boolean,
+    # "null" nothing), and "" is refused like checkpoint.resume_from="" rather than dropped.
     resume = {"checkpoint.resume_from": args.resume_from} if args.resume_from is not None else {}
     try:
         cfg = load_config(args.config, args.overrides, values=resume, command_line=True)

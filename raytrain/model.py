@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
+import inspect
 import json
 import os
 from dataclasses import dataclass
@@ -50,11 +51,14 @@ def load_model_config(cfg: ModelConfig):
     """The transformers config of the model to train, with `cfg.config` overrides applied.
 
     An override key the config does not have is refused with its closest field (transformers'
-    configs take unknown keyword arguments as new attributes, so `hiden_size` would be ignored);
-    a value the config's own validation refuses is one line naming the key. So are a model that is
-    not a decoder-only causal LM, and, with model.pretrained=true, an override that changes the
-    shape or number of the weights to load (each worker's from_pretrained would fail, or leave new
-    weights randomly initialised)."""
+    configs take unknown keyword arguments as new attributes, so `hiden_size` would be ignored), and
+    so is one that does nothing in raytrain (dtype: the DeepSpeed config holds the precision).
+    Overrides are applied as a worker rebuilds the config (the config class constructed from its
+    values: `config_from_facts`), so the class's own validators and conversions run here; a value
+    they refuse, or that the model cannot be built with (a meta-device build), is one line naming
+    the key. So are a model that is not a decoder-only causal LM, and, with model.pretrained=true,
+    an override that changes the shape or number of the weights to load (each worker's
+    from_pretrained would fail, or leave new weights randomly initialised)."""
     from transformers import AutoConfig, LlamaConfig
 
     if cfg.name_or_path is None:
@@ -62,7 +66,14 @@ def load_model_config(cfg: ModelConfig):
             raise ConfigError("model.pretrained=true loads the weights of model.name_or_path, which is not set: "
                               "set model.name_or_path to a model directory or hub id")
         _check_override_keys(LlamaConfig(**BUILTIN_LLAMA), cfg.config)
-        return _validated(lambda: LlamaConfig(**{**BUILTIN_LLAMA, **cfg.config}), cfg.config)
+
+        def builtin(overrides):  # keyword arguments, as a user's own LlamaConfig(...): head_dim follows the sizes
+            return LlamaConfig(**{**BUILTIN_LLAMA, **copy.deepcopy(overrides)})  # (the constructor edits dicts)
+
+        hf_config = _validated(builtin, cfg.config)
+        if cfg.config:
+            _check_overrides_build(hf_config, cfg, builtin)
+        return hf_config
     if os.path.isfile(cfg.name_or_path):
         raise ConfigError(f"model.name_or_path={cfg.name_or_path} is a file; give its directory "
                           f"(model.name_or_path={os.path.dirname(os.path.abspath(cfg.name_or_path))})")
@@ -72,18 +83,45 @@ def load_model_config(cfg: ModelConfig):
                           f"give a directory written by save_pretrained, or drop model.pretrained to train from "
                           f"random init")
     try:
-        hf_config = AutoConfig.from_pretrained(cfg.name_or_path, trust_remote_code=cfg.trust_remote_code)
+        loaded = AutoConfig.from_pretrained(cfg.name_or_path, trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError) as e:
         raise ConfigError(f"model.name_or_path={cfg.name_or_path!r}: cannot load its config ({first_line(e)}); "
                           f"{_load_fix(cfg.name_or_path, e, 'model.name_or_path')}") from None
-    _check_override_keys(hf_config, cfg.config)
-    loaded = copy.deepcopy(hf_config) if cfg.pretrained and cfg.config else None
-    for key, value in cfg.config.items():
-        _validated(lambda: setattr(hf_config, key, value), {key: value})
+    _check_override_keys(loaded, cfg.config)
+    hf_config = loaded
+    if cfg.config:
+        written = type(loaded).get_config_dict(cfg.name_or_path)[0]  # config.json as written (read above: cached)
+
+        def build(overrides):
+            return _with_overrides(loaded, written, overrides)
+
+        hf_config = _validated(build, cfg.config)
     _check_causal_lm(hf_config, cfg)
-    if loaded is not None:
-        _check_same_weights(loaded, hf_config, cfg)
+    if cfg.config:
+        _check_overrides_build(hf_config, cfg, build)
+        if cfg.pretrained:
+            _check_same_weights(loaded, hf_config, cfg, build)
     return hf_config
+
+
+def _with_overrides(loaded, written: dict[str, Any], overrides: dict[str, Any]):
+    """`loaded` (the config class of model.name_or_path) built again from its config.json with
+    `overrides`: the constructor derives what depends on them (head_dim from the sizes where the
+    file leaves it out, layer types) and runs the class's validators, as it will on each worker.
+    Setting attributes on the loaded config skips both: with transformers 5.25, rope_scaling set
+    that way loses rope_theta (None: a TypeError in every worker's rotary embedding)."""
+    data = copy.deepcopy(written)
+    aliases = getattr(loaded, "attribute_map", None) or {}
+    for key, value in copy.deepcopy(overrides).items():  # not the run config's own: the constructor edits dicts
+        data[aliases.get(key, key)] = value
+    rope = getattr(loaded, "rope_parameters", None)
+    given = [overrides[k] for k in ("rope_scaling", "rope_parameters") if isinstance(overrides.get(k), dict)]
+    if given and "rope_theta" not in given[0] and isinstance(rope, dict) and "rope_theta" in rope:
+        # A rope dict without rope_theta takes the constructor's rope_theta argument (config.json's, in
+        # transformers 4's layout), else the class default 10000: the model's own theta is kept, as
+        # rope_scaling beside a rope_theta meant in transformers 4.
+        data.setdefault("rope_theta", rope["rope_theta"])
+    return type(loaded).from_dict(data, name_or_path=loaded.name_or_path)
 
 
 def _load_fix(spec: str, error: BaseException, key: str) -> str:
@@ -118,14 +156,58 @@ def _check_causal_lm(hf_config, cfg: ModelConfig) -> None:
     remote = cfg.trust_remote_code and "AutoModelForCausalLM" in (getattr(hf_config, "auto_map", None) or {})
     if not remote and type(hf_config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
         raise ConfigError(f"model.name_or_path={name} has no causal LM class (AutoModelForCausalLM): {fix}")
-    if getattr(hf_config, "is_decoder", None) is False:  # encoder families carry the flag; decoder-only ones do not
+    if getattr(hf_config, "is_decoder", None) is False and _attends_ahead(hf_config, cfg.trust_remote_code):
         raise ConfigError(f"model.name_or_path={name} is an encoder (is_decoder=false: each token attends to the "
                           f"tokens after it, so the next-token loss would see its answer): {fix}")
 
 
-def _check_same_weights(loaded, hf_config, cfg: ModelConfig) -> None:
-    """With model.pretrained=true, `cfg.config` (which made `loaded` into `hf_config`) must leave
-    every weight's name and shape as the checkpoint has them: compared on meta-device builds (no
+def _attends_ahead(hf_config, trust_remote_code: bool) -> bool:
+    """Whether a config with is_decoder=false builds a model whose attention sees later tokens.
+    The flag is the encoder families' switch (BERT, RoBERTa, ...: bidirectional unless it is true),
+    but GPT-NeoX (Pythia) and GPT-NeoX-Japanese carry it as false too and always mask causally.
+    A family with a masked-LM class is an encoder; any other is asked the model itself: transformers'
+    attention modules say is_causal (BertGeneration's follows is_decoder), checked on the meta-device
+    build that param_stats makes anyway."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING
+
+    if type(hf_config) in MODEL_FOR_MASKED_LM_MAPPING:
+        return True
+    return _meta_build(*_config_key(hf_config), trust_remote_code)[2]
+
+
+def _check_overrides_build(hf_config, cfg: ModelConfig, build) -> None:
+    """Anything else the model's constructor refuses (what each worker's from_config would raise),
+    one line naming the override: a meta-device build, no memory, that param_stats and
+    model.pretrained's comparison reuse. `build(overrides)` makes the config with `overrides`."""
+    try:
+        weight_shapes(hf_config, cfg.trust_remote_code)
+    except Exception as e:  # whatever the model's constructor raises: KeyError, AssertionError, ValueError, ...
+        reason = f"{type(e).__name__}: {first_line(e)}"
+
+        def builds(overrides):
+            weight_shapes(build(overrides), cfg.trust_remote_code)
+
+        try:
+            builds({})
+        except Exception:  # not the overrides' doing (remote code missing a package, ...): as before, unnamed
+            raise e from None
+        raise ConfigError(f"{_named(cfg.config, builds)}: the model cannot be built with it ({reason}): set a value "
+                          f"{type(hf_config).__name__} accepts") from None
+
+
+def _named(overrides: dict[str, Any], attempt) -> str:
+    """The override that makes `attempt` fail on its own (`model.config.KEY=VALUE`), else all of them."""
+    for key, value in overrides.items():
+        try:
+            attempt({key: value})
+        except Exception:
+            return f"model.config.{key}={value!r}"
+    return ", ".join(f"model.config.{k}={v!r}" for k, v in overrides.items()) or "model.config"
+
+
+def _check_same_weights(loaded, hf_config, cfg: ModelConfig, build) -> None:
+    """With model.pretrained=true, `cfg.config` (which made `loaded` into `hf_config`: `build`) must
+    leave every weight's name and shape as the checkpoint has them: compared on meta-device builds (no
     memory; 0.8 s for a Llama-70B config on 2 CPU cores: benchmarks/driver_check_costs.py), so any field counts (vocab_size,
     num_hidden_layers, tie_word_embeddings, GPT-2's n_positions, ...). Only when something differs
     is each override tried alone, to name it."""
@@ -133,9 +215,7 @@ def _check_same_weights(loaded, hf_config, cfg: ModelConfig) -> None:
     if weight_shapes(hf_config, cfg.trust_remote_code) == before:  # the run's own build: param_stats reuses it
         return
     for key, value in cfg.config.items():
-        alone = copy.deepcopy(loaded)
-        setattr(alone, key, value)
-        after = weight_shapes(alone, cfg.trust_remote_code)
+        after = weight_shapes(build({key: value}), cfg.trust_remote_code)
         if after == before:
             continue
         what = _shape_change(before, after)
@@ -159,27 +239,73 @@ def _shape_change(before: dict, after: dict) -> str:
     return f"drops {removed[0]}" + (f" and {len(removed) - 1} more" if len(removed) > 1 else "")
 
 
+# model.config.dtype (torch_dtype is its older name) -> the training.precision that does what it asks.
+_PRECISION_OF_DTYPE = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "half": "fp16",
+                       "float32": "fp32", "fp32": "fp32", "float": "fp32"}
+
+
 def _check_override_keys(hf_config, overrides: dict[str, Any]) -> None:
+    """Each override of `hf_config` (the model's config as loaded) names a field it has, and a value
+    transformers would not take without a word: an id past the vocabulary (it only warns, as hub
+    configs carry pad_token_id=-1; the embedding's padding_idx then fails in every worker), an
+    activation or RoPE type it does not know (a bare KeyError in the model's constructor)."""
+    from transformers.activations import ACT2CLS
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
     known = sorted(set(hf_config.to_dict()) | set(getattr(hf_config, "attribute_map", {}) or {}))
-    for key in overrides:
+    vocab = overrides.get("vocab_size", getattr(hf_config, "vocab_size", None))
+    rope_types = sorted({"default", *ROPE_INIT_FUNCTIONS})
+    for key, value in overrides.items():
+        if key in ("dtype", "torch_dtype"):
+            # Refused, not honoured: the DeepSpeed config is the one place precision is set (training.precision
+            # writes its bf16/fp16 sections). Under ZeRO-3, zero.Init builds the parameters in that dtype and
+            # this one is ignored; below stage 3, from_config would build the model in it behind DeepSpeed's back.
+            precision = _PRECISION_OF_DTYPE.get(str(value).removeprefix("torch."), "bf16, fp16 or fp32")
+            raise ConfigError(f"model.config.{key}={value!r} does not set the training precision, which the DeepSpeed "
+                              f"config holds: remove it and set training.precision={precision} (or the DeepSpeed "
+                              f"JSON's bf16/fp16 sections)")
         if not hasattr(hf_config, key):
             close = difflib.get_close_matches(key, known, n=1)
             hint = f"; did you mean model.config.{close[0]}?" if close else ""
+            if key == "rope_theta" and isinstance(getattr(hf_config, "rope_parameters", None), dict):
+                # transformers 5 keeps it in rope_parameters; given beside them it would be ignored
+                hint = (f"; it is part of model.config.rope_parameters (now "
+                        f"{json.dumps(hf_config.rope_parameters, default=str)}): give that with your rope_theta")
             raise ConfigError(f"model.config.{key}: {type(hf_config).__name__} has no such field{hint}")
+        ids = value if isinstance(value, list) else [value]
+        if key.endswith("_token_id") and isinstance(vocab, int) and any(
+                isinstance(i, int) and not 0 <= i < vocab for i in ids):
+            raise ConfigError(f"model.config.{key}={value!r} is outside the model's vocabulary (vocab_size={vocab}): "
+                              f"use ids from 0 to {vocab - 1}, or null")
+        was = getattr(hf_config, key)
+        if isinstance(was, str) and was in ACT2CLS and isinstance(value, str) and value not in ACT2CLS:
+            close = difflib.get_close_matches(value, list(ACT2CLS), n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise ConfigError(f"model.config.{key}={value!r} is not an activation transformers knows: {hint}"
+                              f"(known: {', '.join(sorted(ACT2CLS))})")
+        if key in ("rope_scaling", "rope_parameters") and isinstance(value, dict):
+            for rope in [v for v in value.values() if isinstance(v, dict)] or [value]:  # nested: per layer type
+                rope_type = rope.get("rope_type", rope.get("type", "default"))
+                if rope_type not in rope_types:
+                    close = difflib.get_close_matches(str(rope_type), rope_types, n=1)
+                    hint = f"did you mean {close[0]}? " if close else ""
+                    raise ConfigError(f"model.config.{key}: rope_type={rope_type!r} is not a RoPE type transformers "
+                                      f"knows: {hint}(known: {', '.join(rope_types)})")
 
 
 def _validated(build, overrides: dict[str, Any]):
-    """Run `build`, turning transformers' own config validation (huggingface_hub's strict
-    dataclasses: a type per field, architecture checks) into one line naming the keys."""
+    """`build(overrides)` (the config with those overrides), turning transformers' own config
+    validation (huggingface_hub's strict dataclasses: a type per field, architecture checks; RoPE
+    validation's KeyError for a missing parameter) into one line naming the key: the one that fails
+    alone, else all of them."""
     try:
-        return build()
-    except Exception as e:  # StrictDataclass*Error (huggingface_hub), ValueError, TypeError
-        if not (type(e).__name__.startswith("StrictDataclass") or isinstance(e, (TypeError, ValueError))):
+        return build(overrides)
+    except Exception as e:  # StrictDataclass*Error (huggingface_hub), ValueError, TypeError, KeyError
+        if not (type(e).__name__.startswith("StrictDataclass") or isinstance(e, (TypeError, ValueError, KeyError))):
             raise
-        lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+        lines = [line.strip() for line in str(e).strip().strip('"').splitlines() if line.strip()]
         reason = lines[-1] if lines else type(e).__name__
-        keys = ", ".join(f"model.config.{k}={v!r}" for k, v in overrides.items())
-        raise ConfigError(f"{keys or 'model.config'}: the model's config refuses it ({reason})") from None
+        raise ConfigError(f"{_named(overrides, build)}: the model's config refuses it ({reason})") from None
 
 
 @functools.lru_cache(maxsize=4)
@@ -213,6 +339,24 @@ def _cached_tokenizer(spec: str | None, trust_remote_code: bool, key: str = "mod
                           + ("use a tokenizer with one" if key == "model.tokenizer"
                              else "set model.tokenizer to a tokenizer with one"))
     return tok
+
+
+@functools.lru_cache(maxsize=8)
+def document_start_ids(tokenizer) -> tuple[int, ...]:
+    """The ids `tokenizer` puts before a text when it adds its special tokens: the BOS of Llama,
+    Mistral or Gemma tokenizers, nothing for GPT-2's, Qwen2's or the byte tokenizer. Hugging Face's
+    own training tokenizes with them (run_clm: tokenizer(text)), so each document starts with its BOS;
+    packing puts these ids before every document (raytrain.data.packing). Read from the tokenizer's
+    own post-processor once (cached per tokenizer): a probe encoded with and without special tokens,
+    the difference before it. What the template puts after a text is not taken: packing ends every
+    document with one EOS of its own."""
+    probe = "a"
+    bare = tokenizer(probe, add_special_tokens=False)["input_ids"]
+    full = tokenizer(probe, add_special_tokens=True)["input_ids"]
+    for start in range(len(full) - len(bare) + 1):
+        if full[start:start + len(bare)] == bare:
+            return tuple(full[:start])
+    return ()
 
 
 def load_tokenizer(cfg: ModelConfig):
@@ -280,7 +424,8 @@ def _meta_build(config_json: str, config_class: type, trust_remote_code: bool):
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
     stats = ParamStats(num_params=sum(numels), largest_layer_params=largest, param_numels=numels,
                        param_ndims=tuple(p.dim() for p in model.parameters()))
-    return stats, tuple((name, tuple(p.shape)) for name, p in model.named_parameters())
+    attends_ahead = any(getattr(m, "is_causal", None) is False for m in model.modules())  # _attends_ahead
+    return stats, tuple((name, tuple(p.shape)) for name, p in model.named_parameters()), attends_ahead
 
 
 def config_from_facts(facts, cfg: ModelConfig, code_dir: str | None = None):
@@ -288,12 +433,17 @@ def config_from_facts(facts, cfg: ModelConfig, code_dir: str | None = None):
     without reading it again. A model with remote code has its config class in that code, imported
     from `code_dir` (the run's copy of the model's files: raytrain.checkpoint.model_files) or else
     from model.name_or_path; the values are still the driver's."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig, PretrainedConfig
 
-    if cfg.trust_remote_code and facts.hf_config.get("auto_map"):
+    # The driver's to_json_string wrote inf and nan as {"__float__": "Infinity"} (JSON has neither; Mamba2
+    # layers' time_step_limit is (0, inf)): decoded as transformers decodes its own config.json. A private
+    # classmethod of transformers 5.25's PreTrainedConfig; older versions wrote no such tags.
+    decode = getattr(PretrainedConfig, "_decode_special_floats", lambda values: values)
+    values = decode(facts.hf_config)
+    if cfg.trust_remote_code and values.get("auto_map"):
         config_class = type(AutoConfig.from_pretrained(code_dir or cfg.name_or_path, trust_remote_code=True))
-        return config_class.from_dict(facts.hf_config)
-    return AutoConfig.for_model(facts.model_type, **{k: v for k, v in facts.hf_config.items() if k != "model_type"})
+        return config_class.from_dict(values)
+    return AutoConfig.for_model(facts.model_type, **{k: v for k, v in values.items() if k != "model_type"})
 
 
 def token_ids_from_tokenizer(hf_config, tokenizer, cfg: ModelConfig) -> None:
@@ -323,6 +473,60 @@ def causal_lm_class_name(hf_config, trust_remote_code: bool = False) -> str:
     return MODEL_FOR_CAUSAL_LM_MAPPING[type(hf_config)].__name__
 
 
+def causal_lm_class(hf_config, trust_remote_code: bool = False) -> type:
+    """The class AutoModelForCausalLM builds for `hf_config`; a model with remote code has it in its
+    own files, imported as from_config imports it (fetched once: the run's build needs the same file)."""
+    auto_map = getattr(hf_config, "auto_map", None) or {}
+    if trust_remote_code and "AutoModelForCausalLM" in auto_map:
+        from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+        return get_class_from_dynamic_module(auto_map["AutoModelForCausalLM"], hf_config.name_or_path)
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    return MODEL_FOR_CAUSAL_LM_MAPPING[type(hf_config)]
+
+
+def attention_backends(model_class: type) -> list[str]:
+    """The attention implementations `model_class` declares: its _supports_sdpa / _supports_flash_attn
+    / _supports_flex_attn flags, which its constructor checks (transformers 5.25 modeling_utils,
+    get_correct_attn_implementation; remote code may still say _supports_flash_attn_2). A flag that
+    is not a plain bool (a property, known only on an instance) counts as support."""
+    def declares(*flags: str) -> bool:
+        values = [inspect.getattr_static(model_class, flag, False) for flag in flags]
+        return any(v is True or not isinstance(v, bool) for v in values)
+
+    backends = ["eager"]
+    if declares("_supports_sdpa"):
+        backends.append("sdpa")
+    if declares("_supports_flash_attn", "_supports_flash_attn_2"):
+        backends += ["flash_attention_2", "flash_attention_3", "flash_attention_4"]
+    if declares("_supports_flex_attn"):
+        backends.append("flex_attention")
+    return backends
+
+
+# The distribution each flash_attention_N of transformers 5.25 looks for (FLASH_ATTENTION_COMPATIBILITY_MATRIX's
+# pkg_availability_check), named in the error line.
+FLASH_ATTENTION_PACKAGES = {2: "flash-attn", 3: "flash-attn-3", 4: "flash-attn-4"}
+
+
+def flash_attention_missing(version: int) -> str | None:
+    """None when flash_attention_`version` can load in this environment: its package is installed, or
+    the `kernels` package is, through which transformers fetches a hub build instead (on the GPU
+    nodes, at model build). Else what to install, in words. The driver's environment stands for the
+    workers' (the same image, as for DeepSpeed's own checks); the GPU itself is not looked for here:
+    the driver may run on a node without one."""
+    try:
+        from transformers.modeling_flash_attention_utils import FLASH_ATTENTION_COMPATIBILITY_MATRIX
+        from transformers.utils import is_kernels_available
+    except ImportError:  # another transformers: its own check runs in the workers
+        return None
+    facts = FLASH_ATTENTION_COMPATIBILITY_MATRIX.get(version)
+    if facts is None or facts["pkg_availability_check"]() or is_kernels_available():
+        return None
+    return f"the {FLASH_ATTENTION_PACKAGES.get(version, 'flash-attn')} package (or `kernels`, for a hub build)"
+
+
 def fused_layers_enabled(cfg: ModelConfig, hf_config) -> bool:
     """model.fused_layers resolved: true/false as set; "auto" is on for a Llama model with Liger's GPU
     kernels (liger_kernel=all, measured there) and off otherwise (raytrain/worker/fused.py)."""
@@ -341,6 +545,9 @@ def build_model(cfg: ModelConfig, hf_config, ds_config: dict[str, Any]):
     # patches torch's tensor constructors: importing them inside it fails. Building on the meta
     # device does that at no memory cost.
     param_stats(hf_config, cfg.trust_remote_code)
+    # "auto" is transformers' own default (None: SDPA where the class has it, else eager); the driver has
+    # already made it concrete in a run's spec (planning.resolve._resolve_attention), a direct call may not.
+    attn = None if cfg.attn_implementation == "auto" else cfg.attn_implementation
     if cfg.pretrained:
         # transformers' DeepSpeed integration: while an HfDeepSpeedConfig with stage 3 is alive,
         # from_pretrained creates the model under zero.Init and loads each shard into its partition.
@@ -348,14 +555,14 @@ def build_model(cfg: ModelConfig, hf_config, ds_config: dict[str, Any]):
 
         keep_alive = HfDeepSpeedConfig(ds_config)  # noqa: F841 (a weak global reference reads it)
         model = AutoModelForCausalLM.from_pretrained(
-            cfg.name_or_path, config=hf_config, attn_implementation=cfg.attn_implementation,
+            cfg.name_or_path, config=hf_config, attn_implementation=attn,
             trust_remote_code=cfg.trust_remote_code)
     else:
         # zero.Init partitions each submodule's parameters right after it is constructed, so the
         # full model never exists on one rank; dtype follows the config's bf16/fp16 section.
         with deepspeed.zero.Init(config_dict_or_path=ds_config, enabled=stage3):
             model = AutoModelForCausalLM.from_config(
-                hf_config, attn_implementation=cfg.attn_implementation,
+                hf_config, attn_implementation=attn,
                 trust_remote_code=cfg.trust_remote_code)
     # from_pretrained returns the model in eval mode: without train() a fine-tune ran without dropout, without
     # checkpointing's recompute (transformers checkpoints only when training) and without Liger's fused loss

@@ -60,6 +60,9 @@ class ModelFacts:
     """Counted on the meta device (shared parameters once)."""
     hf_config: dict[str, Any]
     """The config as JSON (`to_json_string`): workers rebuild it from this instead of loading it again."""
+    document_start_ids: tuple[int, ...] = ()
+    """What packing puts before each document (the tokenizer's BOS, or nothing: raytrain.model.document_start_ids).
+    Recorded so that a continued run can tell rows cut another way (raytrain before 2026-12-04 put none)."""
 
 
 @dataclass(frozen=True)
@@ -163,7 +166,8 @@ class RunSpec(ResolvedRun):
         sizes = tuple(WorldSizePlan(world_size=p["world_size"], ds_config=p["ds_config"],
                                     deepspeed=DeepSpeedFacts(**p["deepspeed"])) for p in data.get("world_sizes", ()))
         return cls(config=RunConfig.from_dict(data["config"]), cluster=ClusterShape(**data["cluster"]),
-                   model=ModelFacts(**data["model"]), deepspeed=DeepSpeedFacts(**data["deepspeed"]),
+                   model=ModelFacts(**{**data["model"], "document_start_ids": tuple(data["model"].get(
+                       "document_start_ids", ()))}), deepspeed=DeepSpeedFacts(**data["deepspeed"]),
                    data=DataFacts(**data["data"]), world_sizes=sizes, plan=tuple(data.get("plan", ())),
                    run_name=data["run_name"], storage_path=data["storage_path"],
                    resume_from=data.get("resume_from"), counter=data.get("counter"))

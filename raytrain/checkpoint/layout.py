@@ -11,6 +11,7 @@ gs://, abfs://). Ray Train owns the checkpoint bookkeeping in it; raytrain adds 
             step_00000080/            DeepSpeed's tag: per-rank model and optimizer shards
         universal/checkpoint_step_*-<digest>/  DeepSpeed universal copies for another world size (reshard)
         model/                        the model's config, tokenizer and generation config, copied at start
+        tracking.json                 the run's MLflow run id (rank 0): a continued run logs to the same MLflow run
         tensorboard/, summary.md, loss_curve.png
 
 Trust: DeepSpeed loads its shards with full unpickling (torch.load(weights_only=False)), which can
@@ -133,12 +134,13 @@ def latest_checkpoint(run: str):
     checkpoint that no longer exists.
     """
     import ray.train
-    from raytrain.compat import CheckpointManagerInitializationError
+    from raytrain.compat import CheckpointManagerInitializationError, no_run_snapshot_line
 
     if not exists(run):
         return None
     try:
-        result = ray.train.Result.from_path(run)
+        with no_run_snapshot_line():  # Ray Train's 3-line INFO on reading a run's record: raytrain says it continues
+            result = ray.train.Result.from_path(run)
     except CheckpointManagerInitializationError:
         storage, _, name = run.rstrip("/").rpartition("/")
         raise BrokenRun(f"run {name!r} in {storage}: Ray Train's record of its checkpoints names one that was deleted "

@@ -1,12 +1,14 @@
 """The Ray Data task that tokenizes documents and packs them into fixed-length blocks.
 
-Start at `tokenize_and_pack`. Packing policy: documents are joined with one EOS token after each
-and cut into blocks of exactly `seq_len` tokens; a document longer than seq_len continues in the
-next block (never dropped). Packing is done per tokenization batch (`data.tokenize_batch_size`
-documents); the leftover tail of each batch (< seq_len tokens) is dropped, which costs on average
-seq_len / 2 tokens per batch (about 0.1% with 256 documents of 1k tokens at seq_len 2048, but all
-of a batch holding fewer than seq_len tokens). The dropped tokens are counted and printed at the
-end of the run (raytrain.data.progress). Carrying a tail into the next batch would need one
+Start at `tokenize_and_pack`. Packing policy: each document starts with the tokenizer's BOS where
+it adds one (Llama, Mistral and Gemma tokenizers, as Hugging Face's own training tokenizes; GPT-2's
+and the byte tokenizer add none) and ends with one EOS; documents are joined and cut into blocks of
+exactly `seq_len` tokens; a document longer than seq_len continues in the next block (never dropped).
+Packing is done per tokenization batch (`data.tokenize_batch_size` documents); the leftover tail
+of each batch (< seq_len tokens) is dropped, which costs on average seq_len / 2 tokens per batch
+(about 0.1% with 256 documents of 1k tokens at seq_len 2048, but all of a batch holding fewer than
+seq_len tokens). The dropped tokens are counted and printed at the end of the run
+(raytrain.data.progress). Carrying a tail into the next batch would need one
 stateful packer per stream: with parallel tokenize tasks, which tail joined which batch would
 differ from run to run, and exact resume (raytrain.data.ingest) needs the same blocks every run.
 Text that spells a special token ("</s>") stays text, tokenized as its characters
@@ -26,7 +28,7 @@ import numpy as np
 from raytrain.config import ModelConfig
 from raytrain.data.bad_records import BadRecord, BadRecords
 from raytrain.data.progress import report, skipped
-from raytrain.model import load_tokenizer
+from raytrain.model import document_start_ids, load_tokenizer
 
 logger = logging.getLogger("raytrain.data")
 
@@ -60,7 +62,7 @@ def tokenize_and_pack(batch: dict[str, np.ndarray], *, seq_len: int, model: Mode
     `split` "train"/"eval" keeps the documents on that side of `eval_fraction` (by content hash);
     `vocab_size` (the model's embedding rows) makes any token id beyond it a bad record, not a crash
     on GPU; `progress` (the run's counter actor, training data only) gets the batch's rows,
-    documents and tokens (EOS included); `counter` (the run's counter actor) the skipped documents
+    documents and tokens (BOS and EOS included); `counter` (the run's counter actor) the skipped documents
     and the bad records (raytrain.data.bad_records: without it, a bad record raises).
 
     Returns a table of n rows with "input_ids" (and "position_ids"), each int32[seq_len], in Ray
@@ -71,6 +73,8 @@ def tokenize_and_pack(batch: dict[str, np.ndarray], *, seq_len: int, model: Mode
     """
     tokenizer = load_tokenizer(model)  # cached per Ray worker process
     eos = tokenizer.eos_token_id
+    bos = list(document_start_ids(tokenizer))  # the BOS, or nothing (cached per tokenizer)
+    start = np.asarray(bos, np.int64)
     bad = BadRecords(counter)
     column = "input_ids" if pretokenized else text_column
     num_rows = len(next(iter(batch.values()))) if batch else 0
@@ -98,18 +102,26 @@ def tokenize_and_pack(batch: dict[str, np.ndarray], *, seq_len: int, model: Mode
         docs = [d for d, k in zip(docs, keep) if k]
     if not pretokenized:
         # return_attention_mask=False: the mask is all ones here and building it costs ~half the time.
+        # add_special_tokens=False: the BOS is `start`, put below; a template's EOS would double the packer's.
         encoded = tokenizer(docs, add_special_tokens=False, return_attention_mask=False,
                             return_token_type_ids=False, split_special_tokens=True)["input_ids"] if docs else []
         docs = [np.asarray(ids, dtype=np.int64) for ids in encoded]
-    pieces, lengths = [], []
-    for d in docs:
-        ends_with_eos = pretokenized and len(d) and d[-1] == eos
-        pieces.append(d if ends_with_eos else np.append(d, eos))
-        lengths.append(len(pieces[-1]))
-    flat = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+    parts, lengths = [], []
+    end = np.array([eos], np.int64)
+    for d in docs:  # one concatenate for the batch, not one per document
+        # Pre-tokenized documents may hold their BOS and EOS already (tokenized with special tokens): not doubled.
+        head = start.size and not (pretokenized and d[:start.size].tolist() == bos)
+        tail = not (pretokenized and len(d) and d[-1] == eos)
+        if head:
+            parts.append(start)
+        parts.append(d)
+        if tail:
+            parts.append(end)
+        lengths.append(len(d) + (start.size if head else 0) + tail)
+    flat = np.concatenate(parts) if parts else np.zeros(0, np.int64)
     if vocab_size is not None and flat.size and (flat.max() >= vocab_size or flat.min() < 0):
         worst = int(flat.max() if flat.max() >= vocab_size else flat.min())
-        outside = sum(1 for p in pieces if p.max() >= vocab_size or p.min() < 0)
+        outside = sum(1 for d in docs if d.size and (d.max() >= vocab_size or d.min() < 0))
         fix = ("the data was tokenized with another vocabulary: re-tokenize it with model.tokenizer"
                if pretokenized else "set model.config.vocab_size >= len(tokenizer) or use the model's own tokenizer")
         _bad_batch(bad, outside, f"token id {worst} is outside the model's embedding table ({vocab_size} rows)", fix)
@@ -154,7 +166,7 @@ def block_arrays(table) -> dict[str, np.ndarray]:
 
 def document_positions(lengths: np.ndarray, num_tokens: int, seq_len: int) -> np.ndarray:
     """int32[num_tokens // seq_len, seq_len]: each token's offset from the later of its document's
-    start and its block's start (documents given by `lengths`, EOS included)."""
+    start and its block's start (documents given by `lengths`, BOS and EOS included)."""
     doc_start = np.repeat(np.cumsum(lengths) - lengths, lengths)[:num_tokens]
     index = np.arange(num_tokens)
     block_start = index - index % seq_len

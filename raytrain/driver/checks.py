@@ -8,18 +8,25 @@
 - `check_memory(resolved, target)`: the planner's verdict (raytrain.planning.memory), raising its
   one line for a run that does not fit; `dry_run_target` is what a dry run plans against (stated
   sizes, else this machine), a real run measures its cluster (raytrain.driver.cluster).
+- `check_placement(...)`: a worker placement the cluster can never make (workers x CPUs, GPUs, an
+  accelerator type no node has, STRICT_SPREAD/STRICT_PACK), refused in one line instead of Ray Train's
+  wait; for the local cluster a run starts before ray.init (`check_local_placement`), for a live one
+  after connecting (raytrain.driver.cluster.check_live_placement). `idle_settings`: settings that do
+  nothing for this run, one note each.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
+from collections.abc import Mapping, Sequence
 
 from raytrain import hardware
 from raytrain.checkpoint import layout
 from raytrain.checkpoint.export import check_out_dir
-from raytrain.config import ConfigError, RunConfig
+from raytrain.config import ClusterConfig, ConfigError, RunConfig, ScalingConfig
 from raytrain.config_fields import ray_address
 from raytrain.data.sources import Sources
 from raytrain.deepspeed_config import load_deepspeed
@@ -105,17 +112,53 @@ def resolve_before_ray(cfg: RunConfig, sources: Sources) -> ResolvedRun | None:
     """The run resolved for the shape the config states, before any cluster is joined.
 
     The shape is the config's own when it sets scaling.num_workers and scaling.use_gpu, or when the
-    run starts its own local cluster (no cluster.address, no RAY_ADDRESS): this machine. Otherwise
+    run starts its own local cluster (no cluster.address, no RAY_ADDRESS): this machine, with the
+    CPUs that cluster will have, and a worker placement it could never make is refused here. Otherwise
     (joining a cluster whose GPUs only it knows) None: the driver resolves after connecting."""
-    address = cfg.cluster.address or os.environ.get("RAY_ADDRESS")
-    joins = address not in (None, "", "local")
+    joins = not starts_local_cluster(cfg.cluster)
     if joins and (cfg.scaling.num_workers is None or cfg.scaling.use_gpu is None):
         return None
     if joins and find_autos(cfg, load_deepspeed(cfg.deepspeed)):
         return None  # "auto" settings are chosen for the cluster's memory, known once connected
     # A local cluster is this machine: its GPUs and RAM are the target "auto" settings are chosen for.
     target = None if joins else hardware.this_machine()
-    return resolve_run(cfg, shape_from_config(cfg, 0 if joins else _local_gpus()), sources, target)
+    shape = shape_from_config(cfg, 0 if joins else _local_gpus())
+    local = not joins and not _ray_initialized()  # the local cluster this run starts: its CPUs are known now
+    if local:
+        shape = dataclasses.replace(shape, cpus_total=local_cluster_cpus(cfg.cluster, cfg.scaling))
+    resolved = resolve_run(cfg, shape, sources, target)
+    if local:  # after the config's own errors, which hold wherever it runs
+        check_local_placement(cfg)
+    return resolved
+
+
+def starts_local_cluster(cluster: ClusterConfig) -> bool:
+    """Whether the run starts a local cluster (or reuses the one this process holds): no cluster.address and
+    no RAY_ADDRESS, or "local", which in Ray means a new local cluster (ray.init(address="local"))."""
+    return (cluster.address or os.environ.get("RAY_ADDRESS") or "local") == "local"
+
+
+def local_cluster_cpus(cluster: ClusterConfig, scaling: ScalingConfig) -> int:
+    """The logical CPUs of the local cluster a run starts: cluster.num_cpus, else room for the workers and
+    for Ray Data's tokenization tasks (with only the workers' share, Ray Data never gets a CPU and the run
+    hangs), or this machine's CPUs where it has more. An elastic range gets room for its maximum (a local
+    cluster never grows); a GPU run without scaling.num_workers has a worker per local GPU."""
+    if cluster.num_cpus:
+        return cluster.num_cpus
+    workers = scaling.num_workers
+    if isinstance(workers, list):
+        workers = max(workers)
+    if workers is None:
+        workers = (_local_gpus() if scaling.use_gpu is not False else 0) or 2
+    return max(os.cpu_count() or 1, int(workers * scaling.cpus_per_worker) + 2)
+
+
+def _ray_initialized() -> bool:
+    """Whether this process is connected to a Ray cluster already (a notebook's second fit(), the user's own
+    ray.init()): the run then goes there, not to a new local cluster."""
+    import ray
+
+    return ray.is_initialized()
 
 
 def _local_gpus() -> int:
@@ -184,6 +227,157 @@ def dry_run_target(cfg: RunConfig, *, gpu_memory_gib: float | None, host_memory_
         return cfg, dataclasses.replace(shape_from_config(cfg), gpus_per_node=gpus_per_node), target
     here = hardware.this_machine()
     shape = shape_from_config(cfg, here.gpus_per_node or 0)
+    if plans_local_cluster(cfg.cluster):  # the real run's local cluster, of these CPUs (Ray Data's share checked)
+        shape = dataclasses.replace(shape, cpus_total=local_cluster_cpus(cfg.cluster, cfg.scaling))
     if not shape.use_gpu:
         return cfg, shape, hardware.Target(None, here.host_memory_bytes, None)
     return cfg, shape, here if here.gpu_memory_bytes else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Placement: what Ray Train asks the cluster for, and whether the cluster can ever give it. Ray Train
+# waits for a placement group it can never have, RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S (60 s) at a
+# time, printing the controller's 40-line traceback after each, forever.
+
+
+def worker_bundle(scaling: ScalingConfig, use_gpu: bool) -> dict[str, float]:
+    """One worker's resources, as raytrain.driver.run builds its ScalingConfig and Ray Train adds to it: the
+    accelerator type is a node resource `accelerator_type:TYPE`, of which each worker takes 0.001
+    (ray/air/config.py, ScalingConfig._resources_per_worker_not_none, ray 2.60.0)."""
+    bundle = {"CPU": scaling.cpus_per_worker, **({"GPU": 1.0} if use_gpu else {})}
+    if scaling.accelerator_type:
+        bundle[f"accelerator_type:{scaling.accelerator_type}"] = 0.001
+    return bundle
+
+
+def _holds(node: Mapping[str, float], bundle: Mapping[str, float]) -> int:
+    """How many `bundle`s one node holds (every resource of a bundle on the same node, as Ray places them)."""
+    # 1e-9: Ray keeps resources to 1e-4, and 0.3 + 0.3 + 0.3 is not 0.9 in floats
+    return min(math.floor(node.get(key, 0.0) / amount + 1e-9) for key, amount in bundle.items())
+
+
+def placeable(nodes: Sequence[Mapping[str, float]], bundle: Mapping[str, float], strategy: str) -> int:
+    """The most workers of `bundle` a placement group of `strategy` can hold on `nodes` (their total resources)."""
+    holds = [_holds(node, bundle) for node in nodes]
+    if strategy == "STRICT_SPREAD":  # one worker per node
+        return sum(1 for n in holds if n >= 1)
+    if strategy == "STRICT_PACK":  # every worker on one node
+        return max(holds, default=0)
+    return sum(holds)  # PACK and SPREAD are preferences: any node holds what it can
+
+
+def check_placement(scaling: ScalingConfig, use_gpu: bool, nodes: Sequence[Mapping[str, float]], where: str, *,
+                    more_cpus: str, more_nodes: str) -> None:
+    """Refuse a worker group that `nodes` (each node's total resources: all the cluster has, or can add)
+    can never hold, in one line naming the setting. `where` names the cluster ("the local Ray cluster ...");
+    `more_cpus` and `more_nodes` say how to give it more ("raise cluster.num_cpus", "add nodes"). The group
+    that must fit is scaling.num_workers, or an elastic range's minimum (Ray Train starts an elastic group
+    with as many workers as it can place, at least the minimum)."""
+    size = scaling.num_workers
+    if isinstance(size, list):
+        low, high = size
+        what = f"the elastic range's minimum of {low} workers (scaling.num_workers=[{low}, {high}])"
+        size = low
+    else:
+        if size is None:  # one worker per GPU, else 2 (raytrain.planning.resolve.shape_from_config)
+            size = int(sum(node.get("GPU", 0.0) for node in nodes)) if use_gpu else 2
+        what = f"{size} workers"
+    bundle = worker_bundle(scaling, use_gpu)
+    strategy = scaling.placement_strategy
+    if placeable(nodes, bundle, strategy) >= max(size, 1):
+        return
+    accelerator = scaling.accelerator_type
+    if accelerator and not any(node.get(f"accelerator_type:{accelerator}", 0) > 0 for node in nodes):
+        known = sorted({key.partition(":")[2] for node in nodes for key, value in node.items()
+                        if key.startswith("accelerator_type:") and value > 0})
+        same = [k for k in known if k.lower() == accelerator.lower()]
+        if same:
+            has = f" (Ray's names are case-sensitive: its nodes have {same[0]!r})"
+        else:
+            has = f" (its nodes have {', '.join(known)})" if known else ", nor any other (Ray gives one to GPU nodes)"
+        raise ConfigError(f"scaling.accelerator_type={accelerator!r}: no node of {where} has that accelerator type"
+                          f"{has}: set it to one they have, or unset it (null)")
+    gpus = sum(node.get("GPU", 0.0) for node in nodes)
+    if use_gpu and gpus == 0:
+        raise ConfigError(f"scaling.use_gpu=true, and {where} has no GPU: set scaling.use_gpu=false to train on CPU, "
+                          f"or run on a cluster with GPUs (cluster.address)")
+    anywhere = placeable(nodes, bundle, "PACK")
+    if strategy == "STRICT_SPREAD" and anywhere >= size:
+        raise ConfigError(f"scaling.placement_strategy=STRICT_SPREAD puts each of {what} on a node of its own, and "
+                          f"{where} has {placeable(nodes, bundle, strategy)} node(s) that can hold one: use PACK or "
+                          f"SPREAD, fewer workers, or {more_nodes}")
+    if strategy == "STRICT_PACK" and anywhere >= size:
+        raise ConfigError(f"scaling.placement_strategy=STRICT_PACK puts all of {what} on one node, and a node of "
+                          f"{where} holds at most {placeable(nodes, bundle, strategy)}: use PACK or SPREAD, or "
+                          f"fewer workers")
+    if use_gpu and placeable(nodes, {"GPU": 1.0}, "PACK") < size:
+        raise ConfigError(f"{what} need a GPU each, and {where} has {gpus:g}: lower scaling.num_workers, or run on "
+                          f"a cluster with more GPUs")
+    cpus = scaling.cpus_per_worker
+    if placeable(nodes, {"CPU": cpus}, "PACK") < size:
+        total = sum(node.get("CPU", 0.0) for node in nodes)
+        split = (f"; a worker's CPUs must be on one node, and its nodes hold {placeable(nodes, {'CPU': cpus}, 'PACK')}"
+                 if total >= size * cpus else "")
+        raise ConfigError(f"{what} x scaling.cpus_per_worker={cpus:g} need {size * cpus:g} CPUs, and {where} has "
+                          f"{total:g}{split}: lower scaling.cpus_per_worker (fractions work) or scaling.num_workers, "
+                          f"or {more_cpus}")
+    # Each resource is there, but not together: e.g. the nodes of the accelerator type are too small or too few.
+    each = ", ".join(f"{k} {v:g}" for k, v in bundle.items())
+    raise ConfigError(f"{what} need {each} each, and {where} can place {anywhere}: lower scaling.num_workers or "
+                      f"scaling.cpus_per_worker, or {more_nodes}")
+
+
+def check_local_placement(cfg: RunConfig) -> None:
+    """`check_placement` for the local cluster this run starts (before ray.init, and in a dry run): one node
+    with `local_cluster_cpus` CPUs, this machine's GPUs (CUDA_VISIBLE_DEVICES counts, as Ray counts them)
+    and the accelerator type Ray would give them."""
+    scaling = cfg.scaling
+    gpus = _local_gpus()
+    node = {"CPU": float(local_cluster_cpus(cfg.cluster, scaling)), "GPU": float(gpus)}
+    kind = hardware.ray_accelerator_type() if gpus and scaling.accelerator_type else None
+    if kind:
+        node[f"accelerator_type:{kind}"] = 1.0
+    sized = f"cluster.num_cpus={cfg.cluster.num_cpus}" if cfg.cluster.num_cpus else f"{node['CPU']:g} CPUs"
+    where = f"the local Ray cluster this run starts (one node: {sized}, {f'{gpus} GPUs' if gpus else 'no GPU'})"
+    use_gpu = scaling.use_gpu if scaling.use_gpu is not None else gpus > 0
+    check_placement(scaling, use_gpu, [node], where, more_cpus="raise cluster.num_cpus",
+                    more_nodes="set cluster.address to a cluster of several nodes")
+
+
+def plans_local_cluster(cluster: ClusterConfig) -> bool:
+    """Whether a dry run plans for the local cluster the real run starts here. A dry run plans for the shape
+    the config asks for, which may be a cluster elsewhere (the same command submitted with `ray job submit`,
+    where RAY_ADDRESS is set; a GPU run planned on a laptop): only a config that says the run is local,
+    cluster.address=local or a cluster.num_cpus (which sizes nothing else), is held to this machine."""
+    local = (cluster.address or os.environ.get("RAY_ADDRESS")) == "local" or cluster.num_cpus is not None
+    return local and starts_local_cluster(cluster)
+
+
+def check_dry_run_placement(cfg: RunConfig, *sizes: float | None) -> None:
+    """A dry run's `check_local_placement`, where it plans for the local cluster (`plans_local_cluster`) and
+    `sizes` (--gpu-memory-gib, --host-memory-gib, --gpus-per-node) state no other target."""
+    if plans_local_cluster(cfg.cluster) and all(size is None for size in sizes):
+        check_local_placement(cfg)
+
+
+def idle_settings(cfg: RunConfig, use_gpu: bool) -> list[str]:
+    """Settings of the scaling and cluster sections that have no effect on this run: a note each, naming
+    the key and why (a setting that silently does nothing reads as one that works)."""
+    scaling, cluster = cfg.scaling, cfg.cluster
+    notes = []
+    if scaling.gpu_memory_fraction is not None and not use_gpu:
+        notes.append(f"scaling.gpu_memory_fraction={scaling.gpu_memory_fraction:g} has no effect: it caps each "
+                     f"worker's share of its GPU, and this run has no GPU (scaling.use_gpu=false)")
+    if not isinstance(scaling.num_workers, list):
+        defaults = ScalingConfig()
+        for key in ("replacement_timeout_s", "resize_interval_s"):
+            value = getattr(scaling, key)
+            if value != getattr(defaults, key):
+                notes.append(f"scaling.{key}={value:g} has no effect: it applies to an elastic run "
+                             f"(scaling.num_workers=[min, max]), and this run has a fixed number of workers")
+    if cluster.num_cpus is not None and not starts_local_cluster(cluster):
+        joins = (f"cluster.address={cluster.address}" if cluster.address
+                 else f"the environment's RAY_ADDRESS={os.environ.get('RAY_ADDRESS')}")
+        notes.append(f"cluster.num_cpus={cluster.num_cpus} has no effect: it sizes the local cluster raytrain "
+                     f"starts, and this run joins {joins}, whose nodes have the CPUs they were started with")
+    return notes

@@ -9,19 +9,21 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
+import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import ray
 
 from raytrain import compat, hardware
 from raytrain.config import ClusterConfig, ConfigError, RunConfig, ScalingConfig
 from raytrain.console import say
-from raytrain.driver.checks import check_ray_address
+from raytrain.driver.checks import check_placement, check_ray_address, local_cluster_cpus, starts_local_cluster
 from raytrain.network.preflight import run_preflight
 from raytrain.network.preflight_report import PreflightReport
 from raytrain.planning.resolve import shape_from_cluster
@@ -29,21 +31,109 @@ from raytrain.run_spec import ClusterShape
 
 
 def connect(cluster: ClusterConfig, scaling: ScalingConfig) -> None:
-    """Join the cluster this runs on (cluster.address, or RAY_ADDRESS under `ray job submit`), else start one."""
+    """Join the cluster this runs on (cluster.address, or RAY_ADDRESS under `ray job submit`), else start one.
+
+    A process already connected (a notebook's second fit(), the user's own ray.init()) stays on its
+    cluster: Ray joins one per process. An address that is not that cluster is refused (it would be
+    ignored). "local" is Ray's "a new local cluster": raytrain's own, sized by cluster.num_cpus."""
+    _plain_worker_prefixes()
+    address = cluster.address or os.environ.get("RAY_ADDRESS")
+    key = f"cluster.address={cluster.address}" if cluster.address else f"the environment's RAY_ADDRESS={address}"
     if ray.is_initialized():
+        check_connected_to(address, key)
         return
     check_ray_address(cluster.address)  # plan and preflight connect without raytrain.main's check_before_ray
-    address = cluster.address or os.environ.get("RAY_ADDRESS")
-    if address:
+    if starts_local_cluster(cluster):
+        start_local_cluster(local_cluster_cpus(cluster, scaling))
+        return
+    probe_address(address, key)
+    try:
         # logging_level: the driver's own "ray" logger; INFO is "Connecting to existing Ray cluster".
         ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING)
+    except ConnectionError as e:  # "auto" with no cluster on this machine; a refused token (Ray's own words)
+        raise ConfigError(f"{key}: Ray cannot connect ({str(e).strip().splitlines()[0][:300]}): start the cluster, "
+                          f"fix the address, or unset it for a local cluster") from None
+
+
+# How long the driver waits for the cluster's port to accept a connection before ray.init: a head on
+# the same network answers in milliseconds. Without the probe, ray.init on a closed or unroutable port
+# retried in Ray's C++ client for minutes, with no line of raytrain's.
+PROBE_CONNECT_TIMEOUT_S = 5.0
+
+
+def probe_address(address: str, key: str, timeout_s: float = PROBE_CONNECT_TIMEOUT_S) -> None:
+    """Refuse, in one line naming `key`, a HOST:PORT (or ray://HOST:PORT) address nothing answers at.
+    "auto" and "local" are found by Ray on this machine (nothing to probe)."""
+    if address in ("auto", "local"):
         return
-    # A local cluster needs logical CPUs for the workers *and* for Ray Data's tokenization tasks:
-    # with only the workers' share, Ray Data never gets a CPU and the run hangs.
-    workers = scaling.num_workers or 2
-    if isinstance(workers, list):  # an elastic range: room for its maximum (a local cluster never grows)
-        workers = max(workers)
-    start_local_cluster(cluster.num_cpus or max(os.cpu_count() or 1, int(workers * scaling.cpus_per_worker) + 2))
+    host, _, port = address.rpartition("://")[2].rpartition(":")
+    host = host.strip("[]")  # an IPv6 literal, [::1]:6379
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        if isinstance(e, socket.gaierror):
+            why = f"the host name {host} does not resolve"
+        elif isinstance(e, TimeoutError):
+            why = f"no answer within {timeout_s:g} s"
+        else:
+            why = e.strerror or type(e).__name__
+        raise ConfigError(f"{key}: nothing answers at {host}:{port} ({why}): start the cluster (ray start --head) "
+                          f"or fix the address (the head's GCS port, 6379 by default; ray://HOST:10001 for Ray "
+                          f"Client), or unset it for a local cluster") from None
+
+
+def check_connected_to(address: str | None, key: str) -> None:
+    """This process is connected to a Ray cluster already: refuse an `address` that is another one (Ray keeps
+    the first connection, so the run would silently go to the wrong cluster). "auto", "local" and no address
+    mean whatever this process holds; a ray:// address (Ray Client) is not compared."""
+    if not address or address in ("auto", "local") or "://" in address:
+        return
+    try:
+        connected = ray.get_runtime_context().gcs_address
+    except Exception:  # noqa: BLE001  (a Ray Client session has no GCS address here: not judged)
+        return
+    if not connected or _same_endpoint(address, connected):
+        return
+    raise ConfigError(f"{key} is not the Ray cluster this process is connected to ({connected}, by an earlier "
+                      f"fit() or your own ray.init(); Ray joins one cluster per process): call ray.shutdown() "
+                      f"first, or leave the address out to use the connected cluster")
+
+
+def _same_endpoint(a: str, b: str) -> bool:
+    """Whether HOST:PORT `a` and `b` are one endpoint: the same port, and hosts that resolve to the same
+    address or are both this machine (a notebook connected to 127.0.0.1:6379 reports its node's IP)."""
+    (host_a, _, port_a), (host_b, _, port_b) = a.rpartition(":"), b.rpartition(":")
+    if port_a != port_b:
+        return False
+    ips = [_resolve(host_a.strip("[]")), _resolve(host_b.strip("[]"))]
+    if ips[0] == ips[1]:
+        return True
+    here = {ray.util.get_node_ip_address(), _resolve(socket.gethostname())}
+    return all(ip.startswith("127.") or ip == "::1" or ip in here for ip in ips)
+
+
+def _resolve(host: str) -> str:
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return host
+
+
+def _plain_worker_prefixes() -> None:
+    """Worker lines without colour where the output is not a terminal (a log file, `ray job logs`, a pipe).
+
+    Ray's driver prints each worker line with its "(RayTrainWorker pid=...)" prefix in ANSI colour unless
+    RAY_COLOR_PREFIX=0, read at each line (ray/_private/worker.py, print_worker_logs, ray 2.60.0); in a file
+    the codes are noise. A value the user set wins; a notebook (ipykernel, whose streams are not terminals)
+    renders the colours, so it keeps them."""
+    if "RAY_COLOR_PREFIX" in os.environ or "ipykernel" in sys.modules:
+        return
+    try:
+        terminal = sys.stdout.isatty() and sys.stderr.isatty()
+    except (AttributeError, ValueError):  # a replaced or closed stream
+        terminal = False
+    if not terminal:
+        os.environ["RAY_COLOR_PREFIX"] = "0"
 
 
 def start_local_cluster(num_cpus: int) -> None:
@@ -82,7 +172,7 @@ def start_local_cluster(num_cpus: int) -> None:
             # Ray warns that token authentication is on by default for a new local cluster: said
             # below in raytrain's own line instead. address="local": always a new cluster; plain
             # ray.init() would join any other one on this machine.
-            with _environ(env), _level("ray._private.authentication.authentication_token_setup", logging.ERROR), \
+            with environ_defaults(env), _level("ray._private.authentication.authentication_token_setup", logging.ERROR), \
                     _sigint_ignored():
                 context = ray.init(address="local", num_cpus=num_cpus, include_dashboard=not missing,
                                    dashboard_host="127.0.0.1", dashboard_port=port, log_to_driver=True,
@@ -104,8 +194,9 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def _environ(values: dict[str, str]) -> Iterator[None]:
-    """`values` in os.environ (for the processes started meanwhile); a variable the user set wins."""
+def environ_defaults(values: Mapping[str, str]) -> Iterator[None]:
+    """`values` in os.environ meanwhile (for the processes started, and libraries that read it per call);
+    a variable the user set wins. Restored afterwards."""
     added = {k: v for k, v in values.items() if k not in os.environ}
     os.environ.update(added)
     try:
@@ -144,6 +235,73 @@ def live_shape(cfg: RunConfig) -> ClusterShape:
     """The run's shape on the connected cluster (GPUs per node: the largest alive GPU node's)."""
     gpus_per_node = max((int(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n.get("Alive")), default=0)
     return shape_from_cluster(cfg, ray.cluster_resources(), gpus_per_node or None)
+
+
+def check_live_placement(cfg: RunConfig) -> None:
+    """Refuse (raytrain.driver.checks.check_placement) a worker group the connected cluster can never hold,
+    judged against what it has and can add. A cluster that can add nodes it does not say (a `ray up`
+    cluster's autoscaler keeps its node types to itself) is not judged: the autoscaler may add what the
+    workers ask for, as the rest of the driver assumes (shape_from_cluster, cluster_target)."""
+    alive = [{k: float(v) for k, v in n["Resources"].items()} for n in ray.nodes() if n.get("Alive")]
+    scaling = cfg.scaling
+    use_gpu = scaling.use_gpu if scaling.use_gpu is not None else any(n.get("GPU", 0) > 0 for n in alive)
+    size = max(scaling.num_workers) if isinstance(scaling.num_workers, list) else scaling.num_workers or 1
+    types = autoscaler_node_types()
+    if types is not None and scaling.num_workers is None:
+        return  # a worker per GPU the cluster has now: nothing to judge
+    if types is not None:  # what the autoscaler can add, as many of each as could matter
+        nodes = alive + [dict(res) for res, count in types for _ in range(size if count < 0 else min(count, size))]
+        grows = "with the nodes its autoscaler can add"
+    elif fixed_cluster():
+        nodes, grows = alive, "no autoscaler adds nodes to it"
+    else:
+        return
+    cpus, gpus = (sum(n.get(k, 0.0) for n in alive) for k in ("CPU", "GPU"))
+    try:
+        at = f" at {ray.get_runtime_context().gcs_address}"
+    except Exception:  # noqa: BLE001  (a Ray Client session)
+        at = ""
+    where = f"the Ray cluster{at} ({len(alive)} node(s), {cpus:g} CPUs, {gpus:g} GPUs; {grows})"
+    check_placement(scaling, use_gpu, nodes, where, more_cpus="add nodes", more_nodes="add nodes")
+
+
+# What the driver can learn of a cluster's autoscaler (ray 2.60.0; private reads, each pinned here).
+
+
+def autoscaler_node_types() -> list[tuple[dict[str, float], int]] | None:
+    """(resources, max count; -1 unbounded) of each node type the cluster's autoscaler can add, where the
+    cluster reports them to the GCS (ray._private.state.GlobalState.get_cluster_config, which Ray Data's
+    autoscaler reads too); None where it does not (an open-source `ray up` or `ray start` cluster)."""
+    try:
+        from ray._private.state import state
+
+        config = state.get_cluster_config()
+    except Exception:  # noqa: BLE001  (a Ray Client session, an older GCS: not known)
+        return None
+    if config is None or not config.node_group_configs:
+        return None
+    return [({k: float(v) for k, v in group.resources.items()}, group.max_count)
+            for group in config.node_group_configs if group.resources]
+
+
+def fixed_cluster() -> bool:
+    """Whether the connected cluster is known to have no autoscaler that could add nodes: its head was
+    started without an autoscaling config (`ray start --head` by hand, or ray.init's local cluster), so
+    Ray's monitor runs its read-only provider, whose node types are the live nodes themselves, named
+    `node_<node id>` (ray/autoscaler/_private/monitor.py and util.format_readonly_node_type). Read from the
+    status the monitor writes to the GCS every few seconds (what `ray status` prints). False when not known:
+    no status yet, autoscaler v2 (which writes none), or a Ray Client session."""
+    import json
+
+    try:
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        status = _internal_kv_get("__autoscaling_status")  # ray._private.ray_constants.DEBUG_AUTOSCALING_STATUS
+        report = (json.loads(status).get("autoscaler_report") if status else None) or {}
+    except Exception:  # noqa: BLE001
+        return False
+    types = set(report.get("active_nodes") or {}) | set(report.get("pending_launches") or {})
+    return bool(types) and all(re.fullmatch(r"node_[0-9a-f]+", name) for name in types)
 
 
 # The memory probe's first wait, after which the driver says what it is waiting for. A job's first task on a
@@ -278,9 +436,12 @@ def preflight_cluster(cfg: RunConfig, sizes: Sequence[int] | None = None, **opti
     `options`: run_preflight's iters, warmup_iters, min_*_busbw_gbs, timeout_s.
     """
     connect(cfg.cluster, cfg.scaling)
+    check_live_placement(cfg)
     shape = live_shape(cfg)
-    return run_preflight(cfg.network, shape.num_workers, shape.use_gpu, sizes,
-                         cpus_per_worker=cfg.scaling.cpus_per_worker, **options)
+    scaling = cfg.scaling
+    return run_preflight(cfg.network, shape.num_workers, shape.use_gpu, sizes, cpus_per_worker=scaling.cpus_per_worker,
+                         accelerator_type=scaling.accelerator_type, placement_strategy=scaling.placement_strategy,
+                         **options)
 
 
 def check_preflight(cfg: RunConfig) -> None:

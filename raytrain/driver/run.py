@@ -30,17 +30,18 @@ from raytrain.checkpoint import layout
 from raytrain.checkpoint.reshard import written_by
 from raytrain.checkpoint.export import export
 from raytrain.checkpoint.model_files import local_model_files, write_model_files
-from raytrain.config import ConfigError, RunConfig
-from raytrain.config_files import first_line
+from raytrain.config import ConfigError, RunConfig, check_config
 from raytrain.console import say
 from raytrain.data.ingest import ShardedIngest
 from raytrain.data.pipeline import build_datasets
 from raytrain.data.progress import DataProgress
 from raytrain.data.sources import inspect_sources
-from raytrain.driver.checks import check_before_ray, check_memory, dry_run_target, resolve_before_ray, tightest
-from raytrain.driver.cluster import check_preflight, cluster_target, connect, live_shape
+from raytrain.driver.checks import (check_before_ray, check_dry_run_placement, check_memory, check_writable_dir,
+                                    dry_run_target, idle_settings, resolve_before_ray, tightest)
+from raytrain.driver.cluster import check_live_placement, check_preflight, cluster_target, connect, live_shape
 from raytrain.driver.elastic import policy_installed
 from raytrain.driver.summary import write_summary
+from raytrain.driver.tracking import check_tracking, tracking_env
 from raytrain.driver.watch import callbacks as watch_callbacks
 from raytrain.driver.watch import continue_command, run_trainer
 from raytrain.model import model_source
@@ -74,14 +75,19 @@ def fit(cfg: RunConfig, fresh: bool = False, argv: Sequence[str] | None = None) 
     continues it. Raises ConfigError for bad input (a bad record in the data too: raytrain.data.
     bad_records) and raytrain.driver.watch.Interrupted after Ctrl-C.
     """
-    cfg = _local_paths(cfg)
-    check_before_ray(cfg)
+    cfg = _local_paths(check_config(cfg, "raytrain.fit: config"))  # one edited in code is checked like a loaded one
+    _check_paths(cfg, fresh)
     sources = inspect_sources(cfg.data)
     early = resolve_before_ray(cfg, sources)  # a bad config stops here, before ray.init
     if early is not None:  # so does a checkpoint this run cannot resume (again in _place, for the live shape)
         _check_resume_before_ray(early, fresh)
+    for note in check_tracking(cfg, fresh):  # the MLflow store, before ray.init: seconds, not a retried worker failure
+        say(f"raytrain: note: {note}")
     connect(cfg.cluster, cfg.scaling)
+    check_live_placement(cfg)  # a worker group this cluster can never hold: one line, not Ray Train's endless wait
     shape = live_shape(cfg)
+    for note in idle_settings(cfg, shape.use_gpu):
+        say(f"raytrain: note: {note}")
     # None where unknown: not checked; a local checkpoint.storage_path must be seen by every worker node
     found = cluster_target(shape.use_gpu, storage_path=cfg.checkpoint.storage_path)
     target = hardware.Target(found.gpu_memory_bytes, found.host_memory_bytes, shape.gpus_per_node or found.gpus_per_node)
@@ -91,7 +97,6 @@ def fit(cfg: RunConfig, fresh: bool = False, argv: Sequence[str] | None = None) 
     for note in advice(resolved):
         say(f"raytrain: note: {note}")
     say(f"raytrain: {check_memory(resolved, target)}")
-    _check_tracking(cfg)
     if cfg.network.preflight:
         check_preflight(cfg)
     spec, progress = _place(resolved, fresh)
@@ -105,7 +110,7 @@ def fit(cfg: RunConfig, fresh: bool = False, argv: Sequence[str] | None = None) 
         say(f"raytrain: run {spec.run_name} in {spec.storage_path}; to continue it after a stop: {command}")
     done = finished_checkpoint(spec.run_uri, cfg.training.max_steps)
     if done is not None:  # nothing to train: no datasets, no workers (tens of seconds saved)
-        return _wrap_up(done, spec, cfg)
+        return _wrap_up(done, spec, cfg, done_before=True)
     moved = write_model_files(spec.run_uri, cfg.model, spec.model)  # export reads these, not the originals
     if moved:
         say(f"raytrain: note: {moved}")
@@ -124,15 +129,38 @@ def finished_checkpoint(run_uri: str, max_steps: int):
     return latest if latest is not None and layout.read_metadata(latest)["step"] >= max_steps else None
 
 
-def _wrap_up(checkpoint, spec: RunSpec, cfg: RunConfig) -> FitResult:
-    """A finished run's summary files (and export, when asked), from its final checkpoint."""
+def _wrap_up(checkpoint, spec: RunSpec, cfg: RunConfig, done_before: bool = False) -> FitResult:
+    """A finished run's summary files (and export, when asked), from its final checkpoint. `done_before`:
+    the run was done when this command started; its export_dir, when not empty, is most likely its own
+    export from an earlier run of the same command, and is left as it is, with a note (`_check_paths`)."""
     meta = layout.read_metadata(checkpoint)
     write_summary(meta["history"], meta["metrics"], spec.storage_path, spec.run_name)
-    if cfg.checkpoint.export_dir:
+    export_dir = cfg.checkpoint.export_dir
+    if export_dir and done_before and _not_empty(export_dir):
+        say(f"raytrain: note: checkpoint.export_dir {export_dir} exists and is not empty (the export of an earlier "
+            f"run of this command, or other files): not exported again, nothing overwritten; to export the "
+            f"checkpoint elsewhere: python -m raytrain.tools.export {layout.checkpoint_uri(spec.run_uri, checkpoint)} "
+            f"OUT_DIR")
+    elif export_dir:
         with checkpoint.as_directory() as local, local_model_files(spec.run_uri) as model_dir:
-            export(local, cfg.checkpoint.export_dir, model_dir=model_dir)
+            export(local, export_dir, model_dir=model_dir)
     return FitResult(metrics=meta["metrics"], history=meta["history"],
                      checkpoint_path=layout.checkpoint_uri(spec.run_uri, checkpoint), run_path=spec.run_uri, spec=spec)
+
+
+def _check_paths(cfg: RunConfig, fresh: bool) -> None:
+    """check_before_ray, except that a run already done (its latest checkpoint at training.max_steps)
+    may have a checkpoint.export_dir that is not empty: the same command again finds the export it
+    wrote there, and says that the run is done (`_place`) rather than refusing the directory
+    (`_wrap_up` leaves it as it is). Reads the run's record only with an export_dir, a
+    checkpoint.name and no --fresh."""
+    ckpt = cfg.checkpoint
+    if ckpt.export_dir and ckpt.name and not fresh:
+        check_writable_dir(ckpt.storage_path, "checkpoint.storage_path")  # before the run's record is read there
+        run = layout.run_uri(_storage_uri(ckpt.storage_path), ckpt.name)
+        if finished_checkpoint(run, cfg.training.max_steps) is not None and _not_empty(ckpt.export_dir, quiet=True):
+            cfg = dataclasses.replace(cfg, checkpoint=dataclasses.replace(ckpt, export_dir=None))
+    check_before_ray(cfg)
 
 
 def dry_run(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_memory_gib: float | None = None,
@@ -144,14 +172,18 @@ def dry_run(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_memory_
     cloud storage path needs its credentials.
 
     Memory is planned against the stated sizes, else this machine (its GPUs for a GPU run)."""
-    cfg = _local_paths(cfg)
-    check_before_ray(cfg)
+    cfg = _local_paths(check_config(cfg))
+    _check_paths(cfg, fresh)
     cfg, shape, target = dry_run_target(cfg, gpu_memory_gib=gpu_memory_gib, host_memory_gib=host_memory_gib,
                                         gpus_per_node=gpus_per_node)
     resolved = resolve_run(cfg, shape, target=target)
+    check_dry_run_placement(cfg, gpu_memory_gib, host_memory_gib, gpus_per_node)  # the real run's local cluster
     resuming = _check_resume_before_ray(resolved, fresh)
+    tracking = check_tracking(cfg, fresh)
     notes = [f"plan: {line}" for line in resolved.plan] + [f"note: {note}" for note in advice(resolved)]
+    notes.extend(f"note: {note}" for note in idle_settings(cfg, shape.use_gpu))
     notes.extend(resuming)
+    notes.extend(f"note: {note}" for note in tracking)
     if target is None:
         notes.append("memory: not checked: this machine has no GPU to plan a GPU run against; state the "
                      "target's sizes with --gpu-memory-gib, --host-memory-gib and --gpus-per-node")
@@ -187,35 +219,6 @@ def plan_memory(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_mem
     return plan
 
 
-def _check_tracking(cfg: RunConfig) -> None:
-    """Reach the MLflow tracking server from the driver before any worker starts: unreachable (or, for a
-    file:// store, refused by MLflow 3 unless MLFLOW_ALLOW_FILE_STORE=true) it would otherwise fail rank
-    0 at its first step, and Ray Train would retry that max_failures times."""
-    uri = cfg.tracking.mlflow_tracking_uri
-    if not uri:
-        return
-    import mlflow  # an optional extra (pip install "raytrain[mlflow]")
-
-    try:
-        mlflow.set_tracking_uri(uri)
-        mlflow.search_experiments(max_results=1)
-    except Exception as e:  # MLflow raises MlflowException, requests' ConnectionError, OSError, ...
-        first = first_line(e)
-        raise ConfigError(f"tracking.mlflow_tracking_uri={uri}: MLflow cannot use it ({first[:300]}): start the "
-                          f"server, fix the URI, or unset it") from None
-
-
-def _tracking_env(cfg: RunConfig) -> dict[str, str]:
-    """What `_check_tracking` ran with that rank 0's tracker needs too. Workers inherit their cluster's
-    environment, not the driver's: a driver started with MLFLOW_ALLOW_FILE_STORE=true (MLflow 3's
-    opt-in to a file:// store) passed its check while rank 0, on a cluster started without it, raised
-    at setup, and Ray Train retried that as a worker failure max_failures times. Ray Train merges these
-    into its workers' runtime env (the job's working_dir and env vars stay)."""
-    if cfg.tracking.mlflow_tracking_uri and "MLFLOW_ALLOW_FILE_STORE" in os.environ:
-        return {"MLFLOW_ALLOW_FILE_STORE": os.environ["MLFLOW_ALLOW_FILE_STORE"]}
-    return {}
-
-
 def _place(resolved: ResolvedRun, fresh: bool) -> tuple[RunSpec, DataProgress]:
     """The run's name and storage directory, ready (continued, or set aside with fresh=True), and
     its resume checkpoint checked against the run's shape: the final RunSpec, and the run's counter
@@ -226,7 +229,7 @@ def _place(resolved: ResolvedRun, fresh: bool) -> tuple[RunSpec, DataProgress]:
     run = layout.run_uri(storage, name)
     checkpoint, own = resume_checkpoint(cfg, storage, name, fresh)
     resuming = check_resume(checkpoint, resolved, own_run=own)  # before --fresh moves anything
-    if fresh and _has_run(run):
+    if fresh and _not_empty(run):
         aside = layout.set_aside(run)
         say(f"raytrain: --fresh: moved the existing run {name!r} to {aside}")
     elif own and (step := layout.read_metadata(checkpoint)["step"]) >= cfg.training.max_steps:
@@ -283,18 +286,23 @@ def _check_resume_before_ray(resolved: ResolvedRun, fresh: bool) -> list[str]:
     return check_resume(checkpoint, resolved, own_run=own)
 
 
-def _has_run(run: str) -> bool:
-    """Whether --fresh has a run to set aside: a run directory that holds anything. Not only one with
-    checkpoints (or a broken record): an attempt stopped before its first checkpoint leaves its
-    tensorboard/ events and samples/ digests, and the new run's would mix with them. An empty
-    directory is left as it is (nothing to mix). One listing of the run's top level."""
+def _not_empty(uri: str, quiet: bool = False) -> bool:
+    """Whether `uri` (a path or URI) is a file or a directory that holds anything: one listing of its top
+    level. --fresh sets aside such a run directory, not only one with checkpoints (or a broken record):
+    an attempt stopped before its first checkpoint leaves its tensorboard/ events and samples/ digests,
+    and the new run's would mix with them; an empty directory is left as it is. `quiet`: False rather
+    than pyarrow's error where it cannot be read (the caller's next check says it in one line)."""
     import pyarrow.fs
 
-    fs, path = layout.filesystem(run)
-    info = fs.get_file_info(path)
-    if info.type == pyarrow.fs.FileType.File:
-        return True
-    return info.type == pyarrow.fs.FileType.Directory and bool(fs.get_file_info(pyarrow.fs.FileSelector(path)))
+    try:
+        fs, path = layout.filesystem(uri)
+        info = fs.get_file_info(path)
+        return info.type == pyarrow.fs.FileType.File or (
+            info.type == pyarrow.fs.FileType.Directory and bool(fs.get_file_info(pyarrow.fs.FileSelector(path))))
+    except (OSError, ValueError):  # pyarrow: an unknown scheme (ArrowInvalid), no credentials or network
+        if quiet:
+            return False
+        raise
 
 
 def _inside(path: str, run: str) -> bool:
@@ -321,10 +329,11 @@ def _model_shape(facts: dict[str, Any]) -> dict[str, Any]:
 def check_resume(checkpoint, resolved: ResolvedRun, own_run: bool = False) -> list[str]:
     """What Ray Train will hand the workers (the run's latest checkpoint, else resume_from) must
     hold this run's model (the ModelFacts its raytrain.json records), be before training.max_steps
-    (a resume_from one: the run's own at max_steps is a done run), and have a data position this run
-    can read: the same data shards. Another number of workers is fine: the first group of another
-    size converts the checkpoint (raytrain.checkpoint.reshard). Returns the notes to print, one line
-    each: that resize, and data settings other than the checkpoint's (`_data_changes`)."""
+    (a resume_from one: the run's own at max_steps is a done run), have a data position this run
+    can read (the same data shards), and the optimizer settings this run sets: the checkpoint's own
+    would silently replace them (`_optimizer_changes`). Another number of workers is fine: the first
+    group of another size converts the checkpoint (raytrain.checkpoint.reshard). Returns the notes to
+    print, one line each: that resize, and data settings other than the checkpoint's (`_data_changes`)."""
     if checkpoint is None:
         return []
     meta = layout.read_metadata(checkpoint)
@@ -352,6 +361,15 @@ def check_resume(checkpoint, resolved: ResolvedRun, own_run: bool = False) -> li
                           f"data shards), and this run has {shape.num_workers} workers and {new_shards} shards: resuming "
                           f"on another number of workers needs the same data.num_shards, divisible by both (start runs "
                           f"with e.g. data.num_shards=48 to allow it), else resume on {old_world} workers")
+    changed = _optimizer_changes(meta["spec"].get("config", {}), json.loads(json.dumps(cfg.to_dict())))
+    if changed and not (own_run and meta["step"] >= cfg.training.max_steps):  # a done run trains nothing
+        fix = ("set them back, or pass --fresh to start over (the old run is kept under another name), or"
+               if own_run else "set them back, or")
+        raise ConfigError(f"checkpoint {shown} was written with other optimizer settings ({', '.join(changed)}), and "
+                          f"resuming it keeps its own (DeepSpeed loads the optimizer's learning rate, betas, eps and "
+                          f"weight decay with its state), so this run's would be ignored: {fix} train its weights "
+                          f"with a new optimizer: export it (python -m raytrain.tools.export) and start a new run "
+                          f"with model.name_or_path=OUT_DIR model.pretrained=true")
     notes = []
     if shape.elastic:
         notes.append(f"resuming step {meta['step']} (written by {old_world} workers); a worker group of another "
@@ -360,6 +378,9 @@ def check_resume(checkpoint, resolved: ResolvedRun, own_run: bool = False) -> li
         notes.append(f"resuming step {meta['step']} on {shape.num_workers} workers (written by {old_world}): the "
                      f"workers convert it to DeepSpeed's universal checkpoint first")
     changes = _data_changes(meta["spec"].get("config", {}), json.loads(json.dumps(cfg.to_dict())))
+    starts = tuple(meta["spec"].get("model", {}).get("document_start_ids", ())), resolved.model.document_start_ids
+    if starts[0] != starts[1]:  # the same settings, rows cut another way (raytrain before 2026-12-04 put no BOS)
+        changes.append(f"ids before each document {list(starts[0])} -> {list(starts[1])}")
     if changes:
         # A note, not a refusal: continuing training on new or re-cut data from a checkpoint is a real
         # use (more data appended, a longer seq_len, a fine-tuning set after pre-training), and
@@ -373,6 +394,42 @@ def check_resume(checkpoint, resolved: ResolvedRun, own_run: bool = False) -> li
                      f"data from its start, export the checkpoint (python -m raytrain.tools.export) and start a new "
                      f"run with model.name_or_path=OUT_DIR model.pretrained=true (the optimizer state is not kept)")
     return notes
+
+
+# What a resumed checkpoint brings back whatever this run sets (measured on DeepSpeed 0.19.8, ZeRO-3, CPU):
+# torch's Optimizer.load_state_dict restores every param group's lr, betas, eps and weight_decay (raytrain's
+# AdamW or CPU Adam, or the JSON's optimizer), and raytrain's LambdaLR its base_lrs, the schedule's peak. This
+# run's own: the schedule's shape (training.warmup_steps, min_lr_ratio, max_steps: the LambdaLR's function is
+# built anew) and a JSON scheduler's params, its lr included (DeepSpeed's schedulers save their step count only).
+_RESTORED = {"learning_rate": "lr", "adam_betas": "betas", "adam_epsilon": "eps", "weight_decay": "weight_decay"}
+
+
+def _optimizer_changes(recorded: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """`key=old -> new` for each optimizer setting that resuming a checkpoint would replace with the
+    checkpoint's own: the run config it records (its raytrain.json) against this run's, both as
+    raytrain.json holds them (the DeepSpeed dicts resolved). A key the checkpoint does not record is
+    not compared. A JSON optimizer's values are named as training.X where this run's equals it (filled
+    from it: "auto"), else as deepspeed.optimizer.params.X."""
+
+    def settings(config: dict[str, Any]) -> dict[str, tuple[str, Any]]:
+        training, ds = config.get("training", {}), config.get("deepspeed")
+        ds = ds if isinstance(ds, dict) else {}
+        optimizer = ds.get("optimizer")
+        keys = [key for key in _RESTORED if not (key == "learning_rate" and ds.get("scheduler"))]  # it sets lr
+        if not isinstance(optimizer, dict):  # raytrain's own AdamW, built from the training section
+            return {key: (f"training.{key}", training[key]) for key in keys if key in training}
+        params = optimizer.get("params") if isinstance(optimizer.get("params"), dict) else {}
+        return {key: (f"deepspeed.optimizer.params.{_RESTORED[key]}", params[_RESTORED[key]]) for key in keys
+                if _RESTORED[key] in params}
+
+    old, new = settings(recorded), settings(now)
+    changes = []
+    for key in old.keys() & new.keys():
+        (_, was), (name, value) = old[key], new[key]
+        if was != value:
+            name = f"training.{key}" if now["training"].get(key) == value else name
+            changes.append(f"{name}={json.dumps(was)} -> {json.dumps(value)}")
+    return sorted(changes)
 
 
 # What decides which rows each data shard holds and in which order: the checkpoint's data position
@@ -470,7 +527,7 @@ def _trainer(spec: RunSpec, datasets: dict[str, Any], progress: DataProgress) ->
             # they say in its own lines. Warnings and errors still show; the log files keep all.
             logging_config=ray.train.LoggingConfig(log_level="WARNING"),
             callbacks=watch_callbacks(progress, cfg.checkpoint.max_failures),
-            worker_runtime_env={"env_vars": {**_tracking_env(cfg), **hardware.allocator_env(shape.use_gpu)}}),
+            worker_runtime_env={"env_vars": {**tracking_env(cfg), **hardware.allocator_env(shape.use_gpu)}}),
         datasets=datasets,
         dataset_config=ShardedIngest(cfg.data.num_shards),
         # raytrain's backend sets each node's NCCL/Gloo environment before the process group exists.

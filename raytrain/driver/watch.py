@@ -11,7 +11,8 @@ killed, never restarted); the controller's handle reaches the run's counter
   with the step reached, the latest checkpoint and the command that continues, and exits 130.
 - A bad record (raytrain.data.bad_records): the counter aborts the run itself, the moment the first
   task reports one; the driver raises it, with the count of the others found meanwhile: one line,
-  exit 2, never a retried worker failure.
+  exit 2, never a retried worker failure. Meanwhile the driver does not print what the dying
+  workers and tasks print; it does again once the run has ended (a notebook's next fit()).
 
 On the controller, `RunWatch` (a Ray Train UserCallback) says in one raytrain line when a worker
 failure is retried (Ray Train's own decision line is INFO, which raytrain's logging config leaves
@@ -100,32 +101,35 @@ def run_trainer(trainer, progress: DataProgress, run_uri: str, max_steps: int, c
 
     thread = threading.Thread(target=fit, name="raytrain-fit", daemon=True)
     thread.start()
+    printing_back = None  # set once the workers' output is no longer printed: the undo, whatever way the run ends
     try:
-        quiet = False
-        while thread.is_alive():
-            thread.join(timeout=0.5)  # a timed wait: Ctrl-C interrupts it at once
-            if not quiet and stopped_by_bad_record(progress):
-                # The counter has stopped the run; what its workers and tasks print while Ray kills
-                # them is consequence, not news (a task killed in a finalizer prints a traceback): the
-                # user's one line is the error. One actor call per 0.5 s until then.
-                compat.stop_printing_worker_logs()
-                quiet = True
-    except KeyboardInterrupt:
-        # Once aborted, fit() returns within seconds; without a controller yet, this process's end
-        # takes the run with it (its actors are this driver's).
-        thread.join(timeout=120 if _abort(progress) else 0)
+        try:
+            while thread.is_alive():
+                thread.join(timeout=0.5)  # a timed wait: Ctrl-C interrupts it at once
+                if printing_back is None and stopped_by_bad_record(progress):
+                    # The counter has stopped the run; what its workers and tasks print while Ray kills
+                    # them is consequence, not news (a task killed in a finalizer prints a traceback): the
+                    # user's one line is the error. One actor call per 0.5 s until then.
+                    printing_back = compat.stop_printing_worker_logs()
+        except KeyboardInterrupt:
+            # Once aborted, fit() returns within seconds; without a controller yet, this process's end
+            # takes the run with it (its actors are this driver's).
+            thread.join(timeout=120 if _abort(progress) else 0)
+            summary = progress.summary()
+            _say_skipped(summary)
+            checkpoint = layout.latest_checkpoint(run_uri)
+            raise Interrupted(summary.step, max_steps,
+                              layout.checkpoint_uri(run_uri, checkpoint) if checkpoint else None, command) from None
         summary = progress.summary()
+        if summary.bad_record is not None:
+            raise summary.bad_record  # the counter stopped the run: whatever fit() says is its consequence
         _say_skipped(summary)
-        checkpoint = layout.latest_checkpoint(run_uri)
-        raise Interrupted(summary.step, max_steps, layout.checkpoint_uri(run_uri, checkpoint) if checkpoint else None,
-                          command) from None
-    summary = progress.summary()
-    if summary.bad_record is not None:
-        raise summary.bad_record  # the counter stopped the run: whatever fit() says is its consequence
-    _say_skipped(summary)
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["result"]
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["result"]
+    finally:
+        if printing_back is not None:  # the next run of this process (a notebook's next fit()) prints again
+            printing_back()
 
 
 def continue_command(argv: Sequence[str] | None, run_name: str, resume_from: str | None = None) -> str:

@@ -6,7 +6,8 @@ before the torch process group is created. `select_fabric` says which RDMA ports
 between nodes; the preflight reads the same choice.
 
 Precedence, highest first, and nothing below a level ever overwrites it:
-  1. `network.env` (forced for this run),
+  1. `network.env` (forced for this run; a misspelt NCCL_* name is refused when the config is read,
+     raytrain.nccl_variables),
   2. the worker's own environment (the user's shell, Ray runtime_env, the container image),
   3. NCCL's config files ($NCCL_CONF_FILE or ~/.nccl.conf, then /etc/nccl.conf: the admin's
      choices; an environment variable would silently beat them, which is what ray#42652 was about),
@@ -21,6 +22,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from raytrain import nccl_variables
 
 
 # Interfaces that never carry node-to-node traffic: loopback, container and VM bridges, veth pairs,
@@ -128,13 +131,25 @@ def compute_nccl_env(node_ip: str, sysfs_root: str = "/sys", interfaces: dict[st
             plan.env[key] = value
     for key, value in forced.items():
         plan.env[key] = value
-        if key in user_env and user_env[key] != value:
+        if key.startswith("NCCL_") and key not in nccl_variables.KNOWN:
+            plan.notes.append(_unknown_note(key, value))
+        elif key in user_env and user_env[key] != value:
             plan.notes.append(f"{key}={value} from network.env replaces the worker environment's {user_env[key]}")
         else:
             plan.notes.append(f"{key}={value} forced by network.env")
     if plan.env.get("NCCL_IB_DISABLE", user_env.get("NCCL_IB_DISABLE")) == "1":
         plan.notes.append("NCCL_IB_DISABLE=1 is set: NCCL will use TCP sockets whatever the HCAs above")
     return plan
+
+
+def _unknown_note(key: str, value: str) -> str:
+    """network.env's name that no NCCL up to nccl_variables.NEWEST_RELEASE reads. A misspelling of one
+    it reads was refused on the driver (raytrain.config.NetworkConfig); this one may be a newer NCCL's
+    or a plugin's variable, so it is set, and said to be unknown (NCCL says nothing of a name it ignores)."""
+    like = nccl_variables.nearest(key)
+    return (f"{key}={value} set by network.env, but NCCL up to {nccl_variables.NEWEST_RELEASE} reads no variable of "
+            f"that name{f' (nearest: {like})' if like else ''}: it does nothing unless this node's NCCL is newer or "
+            f"a plugin reads it")
 
 
 def _compute(node_ip: str, sysfs_root: str, interfaces: Mapping[str, list[str]], fs_root: str,

@@ -1,7 +1,8 @@
 """The preflight: is this cluster's fabric fit to train on? Answer before training (driver side).
 
 Start at `run_preflight` (the driver calls it when `network.preflight: true`). It places one Ray
-actor per GPU (a PACK placement group: the layout Ray Train gives training), applies raytrain's
+actor per GPU (a placement group of the run's scaling.placement_strategy, PACK by default, on nodes of
+its scaling.accelerator_type: the layout Ray Train gives training), applies raytrain's
 per-node NCCL/Gloo environment (`raytrain.network.nccl_env.compute_nccl_env`, `network.env` winning) with
 NCCL's INFO log switched on, builds a torch process group (nccl on GPU, gloo on CPU), and:
 
@@ -183,6 +184,7 @@ class PreflightWorker:
 def run_preflight(network: NetworkConfig, num_workers: int, use_gpu: bool, sizes: Sequence[int] | None = None, *,
                   iters: int = 20, warmup_iters: int = 5, min_nvlink_busbw_gbs: float | None = None,
                   min_ib_busbw_gbs: float | None = None, cpus_per_worker: float = 1.0,
+                  accelerator_type: str | None = None, placement_strategy: str = "PACK",
                   timeout_s: float = 600.0, progress: Callable[[str], None] | None = None) -> PreflightReport:
     """Run the preflight on the Ray cluster this process is connected to (ray.init done).
 
@@ -190,7 +192,9 @@ def run_preflight(network: NetworkConfig, num_workers: int, use_gpu: bool, sizes
     (nccl-tests' -n 20 -w 5); minimums in GB/s (None: the defaults on GPU, unchecked on CPU);
     `timeout_s` bounds placement, process-group setup and each measurement; `progress` receives
     the progress lines (None: print them). Never raises for what it measures: failures are in the
-    report (`passed` False), including a collective that hung.
+    report (`passed` False), including a collective that hung. `cpus_per_worker`, `accelerator_type` and
+    `placement_strategy` are the run's scaling settings: the preflight measures the nodes and the layout
+    Ray Train will give the training workers.
     """
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -207,8 +211,12 @@ def run_preflight(network: NetworkConfig, num_workers: int, use_gpu: bool, sizes
     started = time.perf_counter()
 
     bundle = {"CPU": cpus_per_worker, **({"GPU": 1} if use_gpu else {})}
-    # PACK: as few nodes as possible, the placement Ray Train gives the training workers.
-    pg = placement_group([dict(bundle)] * num_workers, strategy="PACK")
+    # What Ray Train adds to each worker's bundle for scaling.accelerator_type (ray/air/config.py, ray 2.60.0):
+    # the preflight then lands on the nodes of that type, as training will.
+    accelerator = {f"accelerator_type:{accelerator_type}": 0.001} if accelerator_type else {}
+    bundle.update(accelerator)
+    # The run's scaling.placement_strategy (PACK by default: as few nodes as possible), as Ray Train places it.
+    pg = placement_group([dict(bundle)] * num_workers, strategy=placement_strategy)
     actors: list[Any] = []
     node_ranks: dict[str, list[int]] = {}
     nodes: dict[str, NodeFacts] = {}
@@ -217,11 +225,11 @@ def run_preflight(network: NetworkConfig, num_workers: int, use_gpu: bool, sizes
         say(f"preflight: placing {num_workers} worker(s) of {bundle} ...")
         ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
         if not ready:
-            report.failures.append(f"error: the cluster cannot place {num_workers} workers of {bundle} within "
-                                   f"{timeout_s:g}s: lower --num-workers or add nodes")
+            report.failures.append(f"error: the cluster cannot place {num_workers} workers of {bundle} "
+                                   f"({placement_strategy}) within {timeout_s:g}s: lower --num-workers or add nodes")
             return report
         worker_cls = ray.remote(PreflightWorker)
-        actors = [worker_cls.options(num_cpus=cpus_per_worker, num_gpus=1 if use_gpu else 0,
+        actors = [worker_cls.options(num_cpus=cpus_per_worker, num_gpus=1 if use_gpu else 0, resources=accelerator,
                                      scheduling_strategy=PlacementGroupSchedulingStrategy(pg, i))
                   .remote(forced, network.auto_configure, use_gpu, log_dir) for i in range(num_workers)]
         facts = ray.get([a.facts.remote() for a in actors], timeout=timeout_s)

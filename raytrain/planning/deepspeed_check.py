@@ -373,6 +373,8 @@ def _check_constructor_params(ds: dict[str, Any]) -> None:
             known = list(lr_schedules.VALID_LR_SCHEDULES) + [n for n in dir(torch.optim.lr_scheduler) if n[0].isupper()]
             cls = getattr(lr_schedules, name, None) or getattr(torch.optim.lr_scheduler, name, None)
             passed, popped = set(), set()
+            if cls is not None and not hasattr(lr_schedules, name):
+                _refuse_torch_scheduler_on_a_wrapped_optimizer(name, ds)
         if cls is None:
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"; did you mean {close[0]}?" if close else ""
@@ -397,6 +399,26 @@ def _check_constructor_params(ds: dict[str, Any]) -> None:
             if key not in accepted:
                 raise _unknown(f"deepspeed.{section}.params.{key}", sorted(accepted),
                                f"is not a parameter of {built} (its constructor would refuse it in the workers)")
+
+
+def _refuse_torch_scheduler_on_a_wrapped_optimizer(name: str, ds: dict[str, Any]) -> None:
+    """DeepSpeed builds a torch scheduler (0.19.8 engine._scheduler_from_config) on the optimizer it
+    holds, which under ZeRO (stage >= 1) or bf16/fp16 is its own wrapper, not a torch.optim.Optimizer:
+    torch's LRScheduler raises "DeepSpeedZeroOptimizer_Stage3 is not an Optimizer" in every worker
+    (measured: stages 1-3, and stage 0 with bf16; only stage 0 in fp32 builds it)."""
+    from deepspeed.runtime import lr_schedules
+
+    zero = ds.get("zero_optimization") or {}
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
+    low_precision = any(isinstance(ds.get(k), dict) and ds[k].get("enabled") not in (None, False, "false")
+                        for k in ("bf16", "fp16"))
+    if not ((isinstance(stage, int) and stage >= 1) or low_precision):
+        return
+    why = f"ZeRO stage {stage}" if isinstance(stage, int) and stage >= 1 else "bf16/fp16"
+    raise ConfigError(f"deepspeed.scheduler.type={name!r} is torch's, which DeepSpeed builds on its own optimizer "
+                      f"wrapper under {why} and torch refuses (\"not an Optimizer\" in every worker): use one of "
+                      f"DeepSpeed's ({', '.join(lr_schedules.VALID_LR_SCHEDULES)}) or remove deepspeed.scheduler "
+                      f"(raytrain's schedule: training.warmup_steps, training.min_lr_ratio)")
 
 
 # Scheduler params raytrain fills when they are "auto" (raytrain.deepspeed_config._resolve_optimizer).

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
+import itertools
 import json
 import math
 from typing import Any
@@ -19,7 +19,8 @@ from raytrain.config import ConfigError, RunConfig
 from raytrain.data.sources import Sources, data_facts, inspect_sources
 from raytrain.deepspeed_config import AUTO, DeepSpeedFacts, load_deepspeed, resolve_deepspeed
 from raytrain.hardware import Target
-from raytrain.model import fused_layers_enabled, load_model_config, load_tokenizer, param_stats, token_ids_from_tokenizer
+from raytrain.model import (attention_backends, causal_lm_class, document_start_ids, fused_layers_enabled,
+                            load_model_config, load_tokenizer, param_stats, token_ids_from_tokenizer)
 from raytrain.planning.choose import resolve_auto
 from raytrain.planning.deepspeed_check import check_deepspeed
 from raytrain.run_spec import ClusterShape, ModelFacts, ResolvedRun, WorldSizePlan
@@ -72,6 +73,7 @@ def resolve_run(cfg: RunConfig, shape: ClusterShape, sources: Sources | None = N
     if max_pos is not None and cfg.data.seq_len > max_pos:
         raise ConfigError(f"data.seq_len={cfg.data.seq_len} exceeds the model's max_position_embeddings={max_pos}: "
                           f"lower data.seq_len or set model.config.max_position_embeddings")
+    cfg = _resolve_attention(cfg, hf_config)
     _check_model_options(cfg, hf_config, shape)
     tokenizer = load_tokenizer(cfg.model)
     if len(tokenizer) > hf_config.vocab_size:
@@ -115,7 +117,7 @@ def resolve_run(cfg: RunConfig, shape: ClusterShape, sources: Sources | None = N
     sources = sources or inspect_sources(cfg.data)
     model = ModelFacts(config_class=type(hf_config).__name__, model_type=hf_config.model_type, hidden_size=hidden,
                        num_hidden_layers=hf_config.num_hidden_layers, vocab_size=hf_config.vocab_size,
-                       tokenizer_size=len(tokenizer),
+                       tokenizer_size=len(tokenizer), document_start_ids=document_start_ids(tokenizer),
                        num_parameters=param_stats(hf_config, cfg.model.trust_remote_code).num_params,
                        hf_config=json.loads(hf_config.to_json_string(use_diff=False)))
     return ResolvedRun(config=cfg.with_deepspeed(ds), cluster=shape, model=model, deepspeed=facts,
@@ -166,16 +168,55 @@ def _check_shard_counts(num_shards: int | None, shape: ClusterShape) -> None:
     where = f"{_range(shape)}: " if shape.elastic else ""
     if num_shards is None:
         if shape.elastic:
+            common = _common_multiple(sizes)
+            if common is None:
+                raise ConfigError(f"{where}an elastic run needs data.num_shards divisible by every world size of the "
+                                  f"range, so that its data position means the same at any size, and "
+                                  f"{_too_wide(shape)}")
             raise ConfigError(f"{where}an elastic run needs data.num_shards, divisible by every world size of the "
-                              f"range (e.g. {_lcm(sizes)}), so that its data position means the same at any size")
+                              f"range (e.g. {common}), so that its data position means the same at any size")
         return
-    bad = [w for w in sizes if num_shards % w]
+    # The first few only: a range may be wide (its sizes above num_shards are all bad)
+    bad = list(itertools.islice((w for w in sizes if num_shards % w), 8))
     if bad and not shape.elastic:
         raise ConfigError(f"data.num_shards={num_shards} is not divisible by the {shape.num_workers} workers: choose a "
                           f"multiple of every worker count the run may use (e.g. 48), or null for one per worker")
     if bad:
-        raise ConfigError(f"{where}data.num_shards={num_shards} is not divisible by world size(s) {bad}: use a "
-                          f"multiple of {_lcm(sizes)} shards, or a range without those sizes")
+        listed = f"[{', '.join(map(str, bad[:7]))}{', ...' if len(bad) > 7 else ''}]"
+        common = _common_multiple(sizes)
+        fix = (f"use a multiple of {common} shards, or a range without those sizes" if common is not None else
+               _too_wide(shape))
+        raise ConfigError(f"{where}data.num_shards={num_shards} is not divisible by world size(s) {listed}: {fix}")
+
+
+# The largest shard count check_shards advises. Every optimizer step takes train_batch_size / num_shards
+# rows from each shard, so a count above any real global batch (in sequences) is no advice; and the
+# smallest count a range's sizes all divide grows exponentially with its width ([1, 100]: 28 digits,
+# [1, 10000]: past Python's 4300-digit limit for printing an int, a ValueError).
+MAX_ADVISED_SHARDS = 100_000
+
+
+def _common_multiple(sizes: range) -> int | None:
+    """The smallest number every size divides, or None above MAX_ADVISED_SHARDS (stops there: a wide range is
+    not walked to its end)."""
+    common = 1
+    for w in sizes:
+        common = math.lcm(common, w)
+        if common > MAX_ADVISED_SHARDS:
+            return None
+    return common
+
+
+def _too_wide(shape: ClusterShape) -> str:
+    """The advice for a range no practical shard count divides: the widest range with the same maximum whose
+    sizes all divide a count within MAX_ADVISED_SHARDS."""
+    low, high = shape.world_sizes[0], shape.num_workers
+    start, common = high, high
+    while start > low and math.lcm(common, start - 1) <= MAX_ADVISED_SHARDS:
+        start -= 1
+        common = math.lcm(common, start)
+    example = f", e.g. scaling.num_workers=[{start}, {high}] with data.num_shards={common}" if start < high else ""
+    return f"for a range this wide the smallest such count is over {MAX_ADVISED_SHARDS:,}: narrow it{example}"
 
 
 def resolve_world_sizes(cfg: RunConfig, shape: ClusterShape, facts: DeepSpeedFacts, hidden: int) -> tuple[WorldSizePlan, ...]:
@@ -228,22 +269,21 @@ def _check_batch_sizes(shape: ClusterShape, batch: int, micro: int, how: str = "
     sizes = shape.world_sizes
     bad = [w for w in sizes if batch % (micro * w)]
     if bad:
+        shown = ", ".join(map(str, bad[:7])) + (f" and {len(bad) - 7} more" if len(bad) > 7 else "")
+        common = _common_multiple(sizes)  # None past MAX_ADVISED_SHARDS: a wide range's lcm has thousands of digits
+        fix = (f"use a train_batch_size that is a multiple of {micro * common}, or a range without those sizes{how}"
+               if common else f"no practical train_batch_size suits every size of a range this wide (their smallest "
+                              f"common multiple is over {MAX_ADVISED_SHARDS:,}): narrow the range{how}")
         raise ConfigError(f"{_range(shape)}: train_batch_size={batch} with micro-batch {micro} needs a whole gradient "
-                          f"accumulation at every world size, and {bad} do(es) not divide {batch // micro}: use a "
-                          f"train_batch_size that is a multiple of {micro * _lcm(sizes)}, or a range without those "
-                          f"sizes{how}")
+                          f"accumulation at every world size, and [{shown}] do(es) not divide {batch // micro}: {fix}")
 
 
 def _range(shape: ClusterShape) -> str:
     return f"scaling.num_workers=[{shape.world_sizes[0]}, {shape.world_sizes[-1]}]"
 
 
-def _lcm(values) -> int:
-    return functools.reduce(math.lcm, values, 1)
-
-
 def _check_model_options(cfg: RunConfig, hf_config, shape: ClusterShape) -> None:
-    _check_attention(cfg.model.attn_implementation)
+    _check_attention(cfg, hf_config, shape)
     if cfg.model.compile and cfg.model.liger_kernel != "none":
         # Measured on an H200 (torch 2.11, liger-kernel 0.8.5, docs/benchmarks.md): with "all" dynamo fails
         # to trace Liger's SwiGLU kernel; with "loss" the first compiled step hit an illegal memory access.
@@ -271,10 +311,29 @@ def _check_model_options(cfg: RunConfig, hf_config, shape: ClusterShape) -> None
                           f"none ({why}): set model.fused_layers=true (Llama models), or model.fp8=false")
 
 
-def _check_attention(name: str) -> None:
-    """model.attn_implementation must be one transformers registers (or a hub kernel, org/repo):
-    otherwise each worker fails in from_config/from_pretrained, retried as a worker failure."""
+def _resolve_attention(cfg: RunConfig, hf_config) -> RunConfig:
+    """model.attn_implementation="auto" (the default) made concrete: SDPA where the model's class
+    supports it (no seq_len^2 score matrix kept), else eager (Gemma2, Bloom, GPT-Neo, MPT in
+    transformers 5.25), as transformers' own default chooses."""
+    if cfg.model.attn_implementation != "auto":
+        return cfg
+    supported = attention_backends(causal_lm_class(hf_config, cfg.model.trust_remote_code))
+    chosen = "sdpa" if "sdpa" in supported else "eager"
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, attn_implementation=chosen))
+
+
+def _check_attention(cfg: RunConfig, hf_config, shape: ClusterShape) -> None:
+    """model.attn_implementation must be one transformers registers (or a hub kernel, org/repo), one
+    the model's class supports, and one that can run here: otherwise each worker fails in
+    from_config/from_pretrained, retried as a worker failure. The facts are transformers' own, as its
+    constructor checks them: the class's _supports_* flags, flash attention's packages, flex
+    attention's torch (raytrain.model.attention_backends, flash_attention_missing)."""
+    import re
+
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.utils import is_torch_flex_attn_available
+
+    from raytrain.model import attention_backends, causal_lm_class, flash_attention_missing
 
     try:
         from transformers.integrations.hub_kernels import is_kernel
@@ -282,27 +341,60 @@ def _check_attention(name: str) -> None:
         def is_kernel(_):
             return False
 
+    name = cfg.model.attn_implementation
     known = ["eager", *ALL_ATTENTION_FUNCTIONS.valid_keys()]
-    if name in known or is_kernel(name):
+    if is_kernel(name):
         return
-    close = difflib.get_close_matches(name, known, n=1)
-    hint = f"did you mean {close[0]}? " if close else ""
-    raise ConfigError(f"model.attn_implementation={name!r} is not an attention implementation transformers knows: "
-                      f"{hint}(known: {', '.join(known)}, or a hub kernel such as kernels-community/flash-attn)")
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise ConfigError(f"model.attn_implementation={name!r} is not an attention implementation transformers "
+                          f"knows: {hint}(known: {', '.join(known)}, or a hub kernel such as "
+                          f"kernels-community/flash-attn)")
+    model_class = causal_lm_class(hf_config, cfg.model.trust_remote_code)
+    supported = attention_backends(model_class)
+    fix = "sdpa" if "sdpa" in supported else "eager"
+    if name.removeprefix("paged|") not in supported:
+        raise ConfigError(f"model.attn_implementation={name!r}: {model_class.__name__} does not support it (it "
+                          f"supports {', '.join(supported)}): set model.attn_implementation={fix}")
+    flash = re.fullmatch(r"flash_attention_(\d)", name)
+    if flash and not shape.use_gpu:
+        raise ConfigError(f"model.attn_implementation={name} runs on GPUs only, and this run's workers have none: "
+                          f"set model.attn_implementation={fix}")
+    missing = flash_attention_missing(int(flash[1])) if flash else None
+    if missing:
+        raise ConfigError(f"model.attn_implementation={name} needs {missing}, which is not installed here: install "
+                          f"it on the cluster's nodes, or set model.attn_implementation={fix}")
+    if name == "flex_attention" and not is_torch_flex_attn_available():
+        raise ConfigError(f"model.attn_implementation=flex_attention needs torch's flex attention, which this torch "
+                          f"lacks: set model.attn_implementation={fix}")
 
 
 def _check_cpus_for_data(cfg: RunConfig, shape: ClusterShape) -> None:
     if shape.cpus_total is None or shape.use_gpu:
         return
     # Ray Train reserves the workers' CPUs; with none left, Ray Data cannot schedule a single
-    # tokenization task and the run waits forever.
-    # (A demand above the cluster's CPUs is left to the autoscaler, which adds nodes for it.)
-    demand = shape.num_workers * cfg.scaling.cpus_per_worker
-    spare = shape.cpus_total - demand
-    if demand <= shape.cpus_total and spare < 1:
-        raise ConfigError(f"{shape.num_workers} workers x scaling.cpus_per_worker={cfg.scaling.cpus_per_worker} "
-                          f"leave {spare:g} of the cluster's {shape.cpus_total:g} CPUs for Ray Data, which then "
-                          f"hangs: lower scaling.cpus_per_worker (fractions work) or add CPUs")
+    # tokenization task and the run waits forever. The group that starts is the run's size, or for an
+    # elastic range as many workers as the cluster's CPUs hold, up to the maximum (Ray Train's elastic
+    # policy starts the largest group it can place): with cluster.num_cpus=2 and [1, 2], the 2 that start
+    # take both CPUs, and with cluster.num_cpus=1 the 1 that starts takes the only one. Counted on the
+    # cluster's total: several nodes whose CPUs do not divide by cpus_per_worker may hold fewer workers.
+    # (A group above the cluster's CPUs is left to the autoscaler, which adds nodes for it.)
+    cpus = cfg.scaling.cpus_per_worker
+    starts = min(shape.num_workers, math.floor(shape.cpus_total / cpus + 1e-9))
+    if starts < (shape.min_workers or shape.num_workers):
+        return
+    spare = shape.cpus_total - starts * cpus
+    if spare >= 1:
+        return
+    if not shape.elastic:
+        raise ConfigError(f"{starts} workers x scaling.cpus_per_worker={cpus:g} leave {spare:g} of the cluster's "
+                          f"{shape.cpus_total:g} CPUs for Ray Data, which then hangs: lower scaling.cpus_per_worker "
+                          f"(fractions work) or add CPUs")
+    fewer = f", the range's maximum to {starts - 1}" if starts > shape.min_workers else ""
+    raise ConfigError(f"{_range(shape)} starts as many workers as the cluster's {shape.cpus_total:g} CPUs hold, "
+                      f"{starts} x scaling.cpus_per_worker={cpus:g}, which leave {spare:g} for Ray Data, which then "
+                      f"hangs: lower scaling.cpus_per_worker (fractions work){fewer}, or add CPUs")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,10 +1,13 @@
 """What the driver refuses on a live cluster before any worker starts: a run whose model states and
 activations cannot fit the nodes' memory (read on each node by raytrain.driver.cluster), with one line
-naming what it needs and exit code 2; nothing is placed in storage."""
+naming what it needs and exit code 2; nothing is placed in storage. Likewise a worker placement the
+cluster can never make, and an address other than the cluster this process is connected to."""
 
 import json
+import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -37,3 +40,56 @@ def test_nodes_read_their_memory_and_one_that_does_not_answer_in_time_is_left_ou
     assert cluster_target(use_gpu=False, timeout_s=0) == hardware.Target()
     assert ("raytrain: note: 1 of 1 node(s) did not report their memory within 0 s; the run's memory is checked "
             "against none: not checked") in capsys.readouterr().out
+
+
+def wait_until_known_fixed() -> None:
+    """The test cluster has no autoscaler, which the driver reads from the status Ray's monitor writes every
+    few seconds: wait for its first (a fact, not a time) when this runs right after the cluster started."""
+    from raytrain.driver.cluster import fixed_cluster
+
+    deadline = time.time() + 60
+    while not fixed_cluster():
+        assert time.time() < deadline, "Ray's monitor never reported the test cluster's nodes"
+        time.sleep(0.5)
+
+
+def test_a_placement_the_live_cluster_can_never_make_is_refused_after_connecting(ray_cluster, tmp_path, monkeypatch):
+    """Ray Train would wait for it forever, a 40-line traceback every 60 s. In-process: the session's
+    cluster is this process's (4 CPUs, one node, started by `ray start` without an autoscaler)."""
+    from raytrain.config import ConfigError, load_config
+    from raytrain.driver.cluster import check_live_placement
+    from raytrain.driver.run import fit
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_COLOR_PREFIX", "1")  # connect() would set it for the rest of the session
+    wait_until_known_fixed()
+    cfg = load_config(None, ["scaling.num_workers=2", "scaling.cpus_per_worker=3", "scaling.use_gpu=false",
+                             f"checkpoint.storage_path={tmp_path}", "checkpoint.name=cannot-place"])
+    with pytest.raises(ConfigError) as e:
+        fit(cfg)
+    port = ray_cluster["address"].rpartition(":")[2]
+    assert re.fullmatch(rf"2 workers x scaling.cpus_per_worker=3 need 6 CPUs, and the Ray cluster at [\d.]+:{port} "
+                        r"\(1 node\(s\), 4 CPUs, 0 GPUs; no autoscaler adds nodes to it\) has 4: "
+                        r"lower scaling.cpus_per_worker \(fractions work\) or scaling.num_workers, or add nodes",
+                        str(e.value)), str(e.value)
+    assert not (tmp_path / "cannot-place").exists()
+    with pytest.raises(ConfigError, match=r"STRICT_SPREAD puts each of 2 workers on a node of its own, and the Ray "
+                                          r"cluster at .* has 1 node\(s\) that can hold one"):
+        check_live_placement(load_config(None, ["scaling.num_workers=2", "scaling.placement_strategy=STRICT_SPREAD"]))
+
+
+def test_an_address_other_than_the_connected_cluster_is_refused(ray_cluster, monkeypatch):
+    """Ray keeps a process's first connection (a notebook's earlier fit(), the user's own ray.init()): a
+    cluster.address for another cluster would be silently ignored."""
+    from raytrain.config import ClusterConfig, ConfigError, ScalingConfig
+    from raytrain.driver.cluster import connect
+
+    monkeypatch.setenv("RAY_COLOR_PREFIX", "1")
+    port = ray_cluster["address"].rpartition(":")[2]
+    for same in (ray_cluster["address"], f"localhost:{port}"):  # the connected cluster, however it is spelt
+        connect(ClusterConfig(address=same), ScalingConfig())
+    with pytest.raises(ConfigError) as e:
+        connect(ClusterConfig(address="10.255.0.1:6379"), ScalingConfig())
+    assert str(e.value).startswith("cluster.address=10.255.0.1:6379 is not the Ray cluster this process is connected "
+                                   "to (") and str(e.value).endswith("call ray.shutdown() first, or leave the address "
+                                                                     "out to use the connected cluster")

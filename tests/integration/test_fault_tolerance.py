@@ -219,12 +219,50 @@ def test_another_number_of_workers_without_shards_for_it_is_refused(runs):
     assert not (Path(runs["storage"]) / "four").exists()
 
 
-def test_same_command_on_a_finished_run_trains_nothing(runs):
-    out = finish(start(runs["env"], runs["storage"], "baseline", *TWO))
+def test_same_command_on_a_finished_run_trains_nothing(runs, tmp_path):
+    exported = tmp_path / "hf"  # the command's checkpoint.export_dir, which its first run filled
+    exported.mkdir()
+    (exported / "config.json").write_text("{}")
+    out = finish(start(runs["env"], runs["storage"], "baseline", *TWO, f"checkpoint.export_dir={exported}"))
     # a finished run: said so, and no worker started (no progress line), the summary of its end
     assert f"raytrain: run 'baseline' in {runs['storage']} is already done at step 12" in out, out[-3000:]
     assert "raytrain: done at step 12" in out and not any(map(parse_progress, out.splitlines())), out[-3000:]
     assert losses(runs["storage"], "baseline") == losses(runs["storage"], "faulty")  # nothing retrained
+    # its export_dir left as it is, with a note (was: exit 2, "exists and is not empty"), and no Ray Train
+    # INFO "A run snapshot was found" (3 lines each time the driver read the run's record)
+    assert f"raytrain: note: checkpoint.export_dir {exported} exists and is not empty" in out, out[-3000:]
+    assert os.listdir(exported) == ["config.json"] and "snapshot was found" not in out, out[-3000:]
+
+
+def test_worker_output_is_printed_again_once_a_stopped_run_has_ended(ray_cluster, capsys):
+    """A bad record stops a run, and the driver stops printing what its dying workers and tasks print
+    (raytrain.driver.watch); once the run has ended it prints them again: a notebook's next fit() printed
+    no worker line at all. Ray's own printer on this process's connection, taken off and put back."""
+    import ray
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    from raytrain import compat
+
+    @ray.remote(num_cpus=0)
+    def say(word):
+        print(word)
+
+    received, printed = [], []
+    dispatcher.add_handler("test-received", lambda data: received.extend(data["lines"]))
+    printing_back = compat.stop_printing_worker_logs()
+    try:
+        ray.get(say.remote("said-while-stopped"))
+        wait_until(lambda: "said-while-stopped" in received, 60, "the first line to reach this driver")
+        printing_back()
+        printing_back()  # once: a second call adds no second printer
+        assert [name for name, _ in dispatcher.handlers].count(compat.PRINT_HANDLER) == 1
+        ray.get(say.remote("said-after"))
+        wait_until(lambda: printed.append(capsys.readouterr().out) or "said-after" in "".join(printed), 60,
+                   "the second line on this driver's stdout")
+    finally:
+        printing_back()  # the session's other tests print their workers' lines, whatever happened here
+        dispatcher.remove_handler("test-received")
+    assert "said-while-stopped" not in "".join(printed)
 
 
 def test_fresh_starts_over_keeping_the_old_run_and_a_run_past_max_failures_fails_with_its_error(runs):

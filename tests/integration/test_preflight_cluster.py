@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from raytrain.config import NETWORK_ENV_PREFIXES, NetworkConfig
+from raytrain.config import NETWORK_ENV_PREFIXES, ConfigError, NetworkConfig, load_config
+from raytrain.driver.cluster import preflight_cluster
 from raytrain.network.preflight import PreflightWorker, _collect_nccl_logs, run_preflight
 from raytrain.network.preflight_report import INTRA, OPS, NodeFacts
 
@@ -59,6 +60,26 @@ def test_preflight_measures_every_collective_on_gloo(ray_cluster):
     while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"] and time.time() < deadline:
         time.sleep(1)
     assert ray.available_resources().get("CPU", 0) == ray.cluster_resources()["CPU"]
+
+
+def test_preflight_places_its_workers_as_the_run_would(ray_cluster, monkeypatch):
+    """scaling.placement_strategy and scaling.accelerator_type reach the preflight's placement group (here
+    neither can be placed: one node, no accelerator type), and a placement the cluster can never make is
+    refused at once, as a run refuses it."""
+    from tests.integration.test_driver_checks import wait_until_known_fixed
+
+    for option, text in [({"placement_strategy": "STRICT_SPREAD"}, "(STRICT_SPREAD)"),
+                         ({"accelerator_type": "H200"}, "'accelerator_type:H200': 0.001")]:
+        report = run_preflight(NetworkConfig(), num_workers=2, use_gpu=False, sizes=[1 << 20], iters=1, warmup_iters=0,
+                               timeout_s=1, progress=lambda _: None, **option)
+        assert any(text in failure and "cannot place 2 workers" in failure for failure in report.failures), \
+            report.failures
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_COLOR_PREFIX", "1")
+    wait_until_known_fixed()
+    with pytest.raises(ConfigError, match=r"^scaling.accelerator_type='H200': no node of the Ray cluster at "):
+        preflight_cluster(load_config(None, ["scaling.num_workers=2", "scaling.use_gpu=false",
+                                             "scaling.accelerator_type=H200"]))
 
 
 def test_cli_exits_1_below_the_minimum_and_2_on_a_mistake(subprocess_env):

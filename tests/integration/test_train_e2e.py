@@ -24,7 +24,7 @@ def default_run(ray_cluster, tmp_path_factory):
     mlruns = tmp_path_factory.mktemp("mlruns")
     # MLflow 3 keeps its file store behind this switch: the local store that needs no server. Set
     # for the driver only (the cluster has not got it, tests/conftest.py): rank 0 logs to MLflow
-    # because the driver passes it on (raytrain.driver.run._tracking_env).
+    # because the driver passes it on (raytrain.driver.tracking.tracking_env).
     env = {**os.environ, "RAY_ADDRESS": ray_cluster["address"], "RAY_AUTH_MODE": "token", "PYTHONUNBUFFERED": "1",
            "MLFLOW_ALLOW_FILE_STORE": "true"}
     p = subprocess.run([sys.executable, "-m", "raytrain.main", f"checkpoint.storage_path={storage}",

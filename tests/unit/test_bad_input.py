@@ -62,6 +62,8 @@ CLASSES: dict[str, list[tuple[list[str], str]]] = {
         (["--resume-from", "FILES/ck", "checkpoint.resume_from=FILES/ck"], "checkpoint.resume_from is given twice"),
         (["--config", "FILES/list.yaml", "--config", "FILES/twice.yaml"], "--config is given 2 times"),
         (["run.yaml"], "override 'run.yaml' is not KEY=VALUE: a run config file comes after --config: --config run.yaml"),
+        # a '#' on the command line is part of the value (YAML would read " # five" as a comment)
+        (["training.max_steps=5 # five"], "training.max_steps must be an integer >= 1, got str '5 # five'"),
     ],
     "empty paths and names": [
         (['data.path=""'], "data.path must be a string (not empty) or a list of strings (not empty) or null, got str ''"),
@@ -115,6 +117,18 @@ CLASSES: dict[str, list[tuple[list[str], str]]] = {
         (["model.name_or_path=FILES/adir"], "model.name_or_path='FILES/adir': cannot load its config"),
         (["model.liger_kernel=fast"], "model.liger_kernel must be none, loss or all"),
         (["data.seq_len=4096"], "data.seq_len=4096 exceeds the model's max_position_embeddings=1024"),
+        # each passed the driver and failed every worker (or was ignored: dtype)
+        (["model.attn_implementation=flash_attention_2"], "model.attn_implementation=flash_attention_2 runs on GPUs "
+                                                          "only, and this run's workers have none"),
+        (["model.config.hidden_act=gelu_fast2"], "model.config.hidden_act='gelu_fast2' is not an activation "
+                                                 "transformers knows: did you mean gelu_fast?"),
+        (["model.config.pad_token_id=400"], "model.config.pad_token_id=400 is outside the model's vocabulary "
+                                            "(vocab_size=320)"),
+        (['model.config.rope_scaling={"rope_type": "linear"}'], "model.config.rope_scaling={'rope_type': 'linear'}: the "
+                                                                "model's config refuses it (Missing required keys"),
+        (["model.config.intermediate_size=-3"], "model.config.intermediate_size=-3: the model cannot be built with it"),
+        (["model.config.dtype=bfloat16"], "model.config.dtype='bfloat16' does not set the training precision, which "
+                                          "the DeepSpeed config holds: remove it and set training.precision=bf16"),
     ],
     "DeepSpeed JSON": [
         (['deepspeed={"bf16": true}'], "deepspeed.bf16 must be a mapping"),
@@ -152,6 +166,10 @@ CLASSES: dict[str, list[tuple[list[str], str]]] = {
          "deepspeed.optimizer.params.betas[1]=1.5 is outside [0, 1)"),
         (['deepspeed={"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": -5}}, %s}}' % Z3],
          "deepspeed.scheduler.params.warmup_num_steps=-5 is negative"),
+        # torch's schedulers are built on DeepSpeed's optimizer wrapper, which they refuse (in every worker)
+        (['deepspeed={"scheduler": {"type": "StepLR", "params": {"step_size": 10}}, %s}}' % Z3],
+         "deepspeed.scheduler.type='StepLR' is torch's, which DeepSpeed builds on its own optimizer wrapper under "
+         "ZeRO stage 3"),
         (['deepspeed={"gradient_clipping": -1.0, %s}}' % Z3],
          "deepspeed.gradient_clipping=-1.0 is negative, which DeepSpeed reads as no clipping"),
         (['deepspeed={"optimizer": {"type": "Lion", "params": {"lr": 1e-4, "weight_decai": 0.01}}, %s}}' % Z3],
@@ -204,6 +222,28 @@ CLASSES: dict[str, list[tuple[list[str], str]]] = {
                                             "accumulation at every world size, and [4] do(es) not divide 6"),
         (["scaling.num_workers=[2, 3]"], "scaling.num_workers=[2, 3]: an elastic run needs data.num_shards"),
         (["scaling.num_workers=[2, 3]", "scaling.resize_interval_s=-1"], "scaling.resize_interval_s must be a number >= 0"),
+        # Ray Train starts as many workers as the CPUs hold: the 1 that starts takes the only CPU, and Ray Data waits
+        (["cluster.num_cpus=1", "scaling.num_workers=[1, 2]", "data.num_shards=2", "scaling.use_gpu=false"],
+         "scaling.num_workers=[1, 2] starts as many workers as the cluster's 1 CPUs hold, 1 x "
+         "scaling.cpus_per_worker=1, which leave 0 for Ray Data, which then hangs"),
+        # the shard count every size divides has 4,300+ digits (was a ValueError printing it)
+        (["scaling.num_workers=[1, 10000]", "data.num_shards=12", "scaling.use_gpu=false"],
+         "data.num_shards=12 is not divisible by world size(s) [5, 7, 8, 9, 10, 11, 13, ...]: for a range this wide "
+         "the smallest such count is over 100,000: narrow it"),
+        (["scaling.num_workers=[1, 10000]", "deepspeed.train_batch_size=64", "training.micro_batch_size_per_gpu=1",
+          "scaling.use_gpu=false"], "and [3, 5, 6, 7, 9, 10, 11 and 9986 more] do(es) not divide 64: no practical "
+                                    "train_batch_size suits every size of a range this wide"),
+    ],
+    # (a dry run holds a run to this machine where the config says it is local: cluster.address=local, cluster.num_cpus)
+    "a placement the local cluster can never make (Ray Train would wait for it forever)": [
+        (["cluster.address=local", "cluster.num_cpus=2", "scaling.cpus_per_worker=2", "scaling.use_gpu=false"],
+         "2 workers x scaling.cpus_per_worker=2 need 4 CPUs, and the local Ray cluster this run starts (one node: "
+         "cluster.num_cpus=2"),  # "local" is Ray's new local cluster: raytrain's, which cluster.num_cpus sizes
+        (["cluster.address=local", "scaling.placement_strategy=STRICT_SPREAD", "scaling.use_gpu=false"],
+         "scaling.placement_strategy=STRICT_SPREAD puts each of 2 workers on a node of its own, and the local Ray "
+         "cluster this run starts"),
+        (["cluster.address=local", "scaling.accelerator_type=NO-SUCH-GPU"],
+         "scaling.accelerator_type='NO-SUCH-GPU': no node of the local Ray cluster this run starts (one node: "),
     ],
     "checkpoint": [
         (["checkpoint.storage_path=FILES/afile"], "checkpoint.storage_path=FILES/afile: it is a file, not a directory"),
@@ -228,6 +268,13 @@ CLASSES: dict[str, list[tuple[list[str], str]]] = {
         (["network.env.NCCL_IB_DISABLE=true"], "network.env.NCCL_IB_DISABLE must be a string or a number, got true"),
         (["network.preflight=2"], "network.preflight must be true or false, got 2"),
         (["network.env=[NCCL_DEBUG]"], "network.env must be a mapping"),
+        (["network.env.NCCL_IB_HCAA=mlx5_0"], "network.env.NCCL_IB_HCAA: NCCL reads no such variable (it would be "
+                                              "ignored); did you mean NCCL_IB_HCA?"),
+        (["network.env.NCCL_NET_GDR_LVL=PHB"], "did you mean NCCL_NET_GDR_LEVEL?"),
+    ],
+    "tracking": [  # refused on the driver, not by rank 0 (a retried worker failure); --dry-run too
+        (["tracking.mlflow_tracking_uri=http://127.0.0.1:9"], "tracking.mlflow_tracking_uri=http://127.0.0.1:9: MLflow "
+                                                              "cannot use it (API request to http://127.0.0.1:9/"),
     ],
     "cluster address": [
         (["cluster.address=head:abc"], "cluster.address='head:abc' is not a Ray address: write HOST:PORT"),
@@ -357,6 +404,7 @@ TOOLS = [
     (preflight_main, ["--min-ib-busbw-gbs", "nan"], "argument --min-ib-busbw-gbs: must be >= 0, got nan"),
     (preflight_main, ["--sizes", "1Q"], "--sizes: '1Q' is not a size"),
     (preflight_main, ["network.env.FOO=1"], "network.env.FOO: only NCCL_*, GLOO_*, FI_* variables"),
+    (preflight_main, ["network.env.NCCL_SOCKET_IFNAM=eth0"], "did you mean NCCL_SOCKET_IFNAME?"),
     (preflight_main, ["--config", "FILES/list.yaml", "--config", "FILES/twice.yaml"], "--config is given 2 times"),
     (preflight_main, ["--num-workers", "2", "scaling.num_workers=4"], "scaling.num_workers is given twice"),
     (export_main, ["FILES/adir", "FILES/out"], "the checkpoint=FILES/adir is not a raytrain checkpoint"),

@@ -300,3 +300,17 @@ def test_ray_init_prints_worker_logs_through_the_handler_compat_removes(monkeypa
     dispatcher.emit({"lines": ["y"]})
     compat.stop_printing_worker_logs()  # idempotent
     assert printed == [{"lines": ["x"]}]
+
+
+def test_the_run_snapshot_line_and_the_printers_list_are_where_compat_reads_them():
+    from ray._private.ray_logging import WorkerStandardStreamDispatcher
+    from ray.train.v2._internal.execution.checkpoint import checkpoint_manager
+
+    # Result.from_path builds a CheckpointManager, which logs this INFO from its module's logger
+    assert checkpoint_manager.logger.name == compat.CHECKPOINT_MANAGER_LOGGER
+    source = inspect.getsource(checkpoint_manager.CheckpointManager._maybe_load_state_from_storage)
+    assert '"A run snapshot was found' in source and "logger.info(" in source
+    # the undo of stop_printing_worker_logs reads the (name, handler) pairs back from the dispatcher
+    dispatcher = WorkerStandardStreamDispatcher()
+    dispatcher.add_handler(compat.PRINT_HANDLER, print)
+    assert dispatcher.handlers == [(compat.PRINT_HANDLER, print)]

@@ -244,3 +244,65 @@ def test_messages_say_what_yaml_made_of_the_value(override, message):
     with pytest.raises(ConfigError) as e:
         load_config(None, [override])
     assert str(e.value).startswith(message), str(e.value)
+
+
+def test_a_hash_in_an_override_value_is_part_of_the_value():
+    # YAML reads " #2" as a comment: `checkpoint.name=run #2` continued the run named "run"
+    cfg = load_config(None, ["checkpoint.name=run #2", "data.path=/data/set #1/a.jsonl", 'model.tokenizer="tok #3"'])
+    assert (cfg.checkpoint.name, cfg.data.path, cfg.model.tokenizer) == ("run #2", "/data/set #1/a.jsonl", "tok #3")
+    with pytest.raises(ConfigError, match=r"^training.max_steps must be an integer >= 1, got str '20 # steps'"):
+        load_config(None, ["training.max_steps=20 # steps"])  # what the '#' was for is the user's to say
+
+
+def test_a_config_edited_in_code_is_checked_again_with_the_command_lines_line():
+    import raytrain
+    from raytrain.config import check_config
+
+    loaded = load_config(None, ["training.max_steps=30", "training.learning_rate=2e-3"])
+    assert check_config(loaded) == loaded  # what load_config made passes again, unchanged
+    for section, key, value, message in [
+            ("training", "learning_rate", -1.0, "training.learning_rate must be a number > 0, got -1.0"),
+            ("data", "seq_len", 0, "data.seq_len must be an integer >= 1, got 0"),
+            ("checkpoint", "storage_path", "", "checkpoint.storage_path must be a string (not empty), got str ''"),
+            ("training", "max_steps", 30.0, "training.max_steps must be an integer >= 1, got 30.0")]:  # was retried
+        edited = load_config()
+        setattr(getattr(edited, section), key, value)
+        with pytest.raises(ConfigError) as e:
+            check_config(edited)
+        assert str(e.value).startswith(message), str(e.value)
+    # a training value set in code that the DeepSpeed JSON overrides: refused, as written on the command line
+    edited = load_config(None, ['deepspeed={"optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}, '
+                                '"zero_optimization": {"stage": 3}}'])
+    edited.training.learning_rate = 3e-4
+    with pytest.raises(ConfigError, match=r"^training.learning_rate=0.0003 contradicts deepspeed.optimizer.params.lr"):
+        check_config(edited)
+    edited = load_config()
+    edited.data.seq_len = 0
+    with pytest.raises(ConfigError, match=r"^data.seq_len must be an integer >= 1, got 0"):  # before anything starts
+        raytrain.fit(edited)
+
+
+def test_wrong_argument_kinds_in_the_python_api_are_a_type_error_naming_the_argument(tmp_path):
+    import raytrain
+
+    for call, message in [
+            (lambda: raytrain.load_config({"training": {}}), "raytrain.load_config: path must be the path of a YAML "
+                                                             "file (str or os.PathLike) or None, got dict"),
+            (lambda: raytrain.load_config(["training.max_steps=5"]), "got list: overrides go second"),
+            (lambda: raytrain.load_config(None, "training.max_steps=5"),
+             "overrides must be a list of KEY=VALUE strings, got the string 'training.max_steps=5': write "
+             "['training.max_steps=5']"),
+            (lambda: raytrain.load_config(None, [("training.max_steps", 5)]), "overrides must be KEY=VALUE strings, "
+                                                                              "got tuple"),
+            (lambda: raytrain.load_config(None, values=["data.path=/d"]), "values must be a dict of dotted keys"),
+            (lambda: raytrain.fit({"training": {}}), "raytrain.fit: config must be a raytrain.RunConfig (from "
+                                                     "raytrain.load_config), got dict; for a mapping of sections: "
+                                                     "raytrain.RunConfig.from_dict(mapping)"),
+            (lambda: raytrain.fit("run.yaml"), "got str; for a YAML file: raytrain.load_config(path)"),
+            (lambda: raytrain.fit(load_config(), fresh="yes"), "raytrain.fit: fresh must be True or False, got str")]:
+        with pytest.raises(TypeError) as e:
+            call()
+        assert message in str(e.value), str(e.value)
+    path = tmp_path / "run.yaml"
+    path.write_text("training:\n  max_steps: 7\n")
+    assert raytrain.load_config(path).training.max_steps == 7  # a pathlib.Path is a path

@@ -5,13 +5,16 @@ tokenizer's one-line errors naming the setting it came from, and the token ids a
 a config takes from the tokenizer it trains with."""
 
 import json
+import re
 
 import pytest
-from transformers import BertConfig, LlamaConfig, LlamaForCausalLM, T5Config
+from transformers import (BambaConfig, BertConfig, BertGenerationConfig, BloomConfig, FalconH1Config, Gemma2Config,
+                          GPTNeoXConfig, LlamaConfig, LlamaForCausalLM, NemotronHConfig, T5Config)
 
 from raytrain.config import ConfigError, ModelConfig, RunConfig
-from raytrain.model import byte_tokenizer, load_model_config, load_tokenizer, model_source
+from raytrain.model import byte_tokenizer, config_from_facts, load_model_config, load_tokenizer, model_source
 from raytrain.planning.resolve import advice, resolve_run, shape_from_config
+from raytrain.run_spec import ClusterShape
 
 TINY = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=320)
 
@@ -98,6 +101,8 @@ def test_a_tokenizer_bigger_than_a_pretrained_vocabulary_is_not_told_to_grow_it(
 
 @pytest.mark.parametrize("config, what", [
     (BertConfig(**TINY), r"\(BertConfig\) is an encoder \(is_decoder=false: each token attends to the tokens after it"),
+    # no masked-LM class, but its attention follows is_decoder (the meta-device build's is_causal says so)
+    (BertGenerationConfig(**TINY), r"\(BertGenerationConfig\) is an encoder \(is_decoder=false"),
     (T5Config(d_model=16, d_ff=32, num_layers=1, num_heads=2, vocab_size=320),
      r"\(T5Config\) is an encoder-decoder model"),
 ])
@@ -178,3 +183,105 @@ def test_a_pretrained_model_is_built_in_training_mode(tmp_path):
     model = build_model(cfg, LlamaConfig.from_pretrained(tmp_path), {"zero_optimization": {"stage": 0}})
     assert model.training and all(m.training for m in model.modules())
     assert model.is_gradient_checkpointing
+
+
+def _resolve(tmp_path, config, shape=None, **model):
+    """resolve_run for a model saved from `config` (random init), with the byte tokenizer."""
+    config.save_pretrained(tmp_path / "model")
+    cfg = RunConfig(model=ModelConfig(name_or_path=str(tmp_path / "model"), tokenizer=str(_saved(tmp_path)), **model))
+    return resolve_run(cfg, shape or shape_from_config(cfg)), cfg
+
+
+def test_gpt_neox_is_a_decoder_though_its_config_says_is_decoder_false(tmp_path):
+    """Pythia's config carries is_decoder=false (GPTNeoXConfig's default) and its attention is causal
+    whatever the flag says: it trains; BERT-like encoders with the flag stay refused (above)."""
+    config = GPTNeoXConfig(**TINY)
+    assert config.is_decoder is False
+    run, _ = _resolve(tmp_path, config)
+    assert run.model.model_type == "gpt_neox"
+
+
+@pytest.mark.parametrize("config", [
+    BambaConfig(**TINY, num_key_value_heads=1, mamba_n_heads=4, mamba_d_head=8, mamba_d_state=8, mamba_n_groups=1),
+    FalconH1Config(**TINY, num_key_value_heads=1, mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8, mamba_d_state=8,
+                   mamba_n_groups=1, mamba_chunk_size=16),
+    NemotronHConfig(**TINY, num_key_value_heads=1),
+], ids=lambda c: c.model_type)
+def test_mamba2_hybrids_with_an_infinite_time_step_limit_reach_the_workers_config(tmp_path, config):
+    """time_step_limit is (0, inf): the facts carry it as transformers' JSON tag {"__float__": "Infinity"},
+    which the workers' config (and the driver's memory plan) rebuilt as a list holding a dict: a traceback."""
+    run, cfg = _resolve(tmp_path, config)
+    rebuilt = config_from_facts(run.model, cfg.model)
+    assert list(rebuilt.time_step_limit) == [0.0, float("inf")]
+
+
+@pytest.mark.parametrize("config, attn, what", [
+    (Gemma2Config(**TINY, head_dim=8), "sdpa",
+     "'sdpa': Gemma2ForCausalLM does not support it (it supports eager, flash_attention_2, flash_attention_3, "
+     "flash_attention_4, flex_attention): set model.attn_implementation=eager"),
+    (BloomConfig(hidden_size=16, n_layer=1, n_head=2, vocab_size=320), "flex_attention",
+     "'flex_attention': BloomForCausalLM does not support it (it supports eager): set model.attn_implementation=eager"),
+    (LlamaConfig(**TINY), "flash_attention_2", "flash_attention_2 runs on GPUs only, and this run's workers have "
+                                               "none: set model.attn_implementation=sdpa"),
+], ids=["gemma2-sdpa", "bloom-flex", "llama-flash-on-cpu"])
+def test_an_attention_backend_the_model_class_cannot_run_is_refused_on_the_driver(tmp_path, config, attn, what):
+    """Each would pass the driver and fail every worker in from_config (transformers checks the class's
+    _supports_* flags there)."""
+    with pytest.raises(ConfigError, match=f"^model.attn_implementation={re.escape(what)}$"):
+        _resolve(tmp_path, config, attn_implementation=attn)
+
+
+@pytest.mark.parametrize("config, chosen", [(Gemma2Config(**TINY, head_dim=8), "eager"), (LlamaConfig(**TINY), "sdpa")],
+                         ids=["gemma2", "llama"])
+def test_the_default_attention_is_sdpa_where_the_class_has_it_else_eager(tmp_path, config, chosen):
+    """model.attn_implementation's default "auto", made concrete in the run's config (what the planner and the
+    workers read), as transformers' own default picks: a Gemma2 run with no attention setting trains."""
+    assert ModelConfig().attn_implementation == "auto"
+    run, _ = _resolve(tmp_path, config)
+    assert run.config.model.attn_implementation == chosen
+
+
+def test_flash_attention_needs_its_package_or_kernels_where_the_run_starts(tmp_path, monkeypatch):
+    import importlib.util
+
+    from raytrain import model
+
+    gpus = ClusterShape(num_workers=1, use_gpu=True, gpus_per_node=1)
+    installed = any(importlib.util.find_spec(p) for p in ("flash_attn", "kernels"))
+    assert (model.flash_attention_missing(2) is None) == installed  # transformers' own package facts
+    monkeypatch.setattr(model, "flash_attention_missing", lambda version: f"the flash-attn package (v{version})")
+    with pytest.raises(ConfigError, match=r"^model.attn_implementation=flash_attention_2 needs the flash-attn package "
+                                          r"\(v2\), which is not installed here: install it on the cluster's nodes, or "
+                                          r"set model.attn_implementation=sdpa$"):
+        _resolve(tmp_path, LlamaConfig(**TINY), gpus, attn_implementation="flash_attention_2")
+
+
+def test_overrides_are_checked_by_the_config_class_and_the_model_as_a_worker_builds_them(tmp_path):
+    """model.config on a model directory: the class's validators ran only for the built-in model (each
+    worker rebuilt the config and raised); values the model's constructor refuses raised there too."""
+    LlamaConfig(**TINY, rope_parameters={"rope_type": "default", "rope_theta": 500000.0}).save_pretrained(tmp_path)
+
+    def load(**config):
+        return load_model_config(ModelConfig(name_or_path=str(tmp_path), config=config))
+
+    with pytest.raises(ConfigError, match=r"^model.config.num_attention_heads=5: the model's config refuses it "
+                                          r"\(ValueError: The hidden size \(16\) is not a multiple of the number of "
+                                          r"attention heads \(5\).\)$"):
+        load(attention_dropout=0.1, num_attention_heads=5)  # the key that fails is named
+    with pytest.raises(ConfigError, match=r"^model.config.intermediate_size=-3: the model cannot be built with it "
+                                          r"\(RuntimeError: .*negative dimension -3"):
+        load(intermediate_size=-3)
+    with pytest.raises(ConfigError, match=r"^model.config.pad_token_id=320 is outside the model's vocabulary "
+                                          r"\(vocab_size=320\): use ids from 0 to 319, or null$"):
+        load(pad_token_id=320)  # transformers only warns; the embedding's padding_idx asserts in every worker
+    with pytest.raises(ConfigError, match=r"^model.config.hidden_act='gelu_fast2' is not an activation transformers "
+                                          r"knows: did you mean gelu_fast\?"):
+        load(hidden_act="gelu_fast2")
+    with pytest.raises(ConfigError, match=r"^model.config.rope_scaling: rope_type='yarnn' is not a RoPE type "
+                                          r"transformers knows: did you mean yarn\?"):
+        load(rope_scaling={"rope_type": "yarnn", "factor": 2.0})
+    # a good rope_scaling keeps the model's rope_theta (set as an attribute it became None: a TypeError in
+    # every worker's rotary embedding), and the run config's own dict is left as written
+    scaling = {"rope_type": "linear", "factor": 2.0}
+    assert load(rope_scaling=scaling).rope_parameters == {"rope_type": "linear", "factor": 2.0, "rope_theta": 500000.0}
+    assert scaling == {"rope_type": "linear", "factor": 2.0}

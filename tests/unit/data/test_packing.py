@@ -8,7 +8,7 @@ import pytest
 
 from raytrain.config import ConfigError, ModelConfig
 from raytrain.data.packing import block_arrays, document_positions, tokenize_and_pack
-from raytrain.model import load_tokenizer
+from raytrain.model import document_start_ids, load_tokenizer
 
 TOK = load_tokenizer(ModelConfig())
 EOS = TOK.eos_token_id
@@ -141,3 +141,41 @@ def test_each_batchs_dropped_tail_is_counted_for_the_run(monkeypatch):
     assert pack(["abc"], seq_len=8, counter="run-counter")["input_ids"].shape == (0, 8)
     assert told == [("run-counter", {"tail_tokens": 4, "packed_tokens": 12}),
                     ("run-counter", {"tail_tokens": 4, "packed_tokens": 4})]
+
+
+@pytest.fixture(scope="module")
+def llama_style(tmp_path_factory):
+    """A Llama-style tokenizer, built in code and saved: its template puts <s> before every text."""
+    from transformers import LlamaTokenizer
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "\u2581": 3}
+    for ch in "abcdefghijklmnopqrstuvwxyz":
+        vocab[ch] = len(vocab)
+    path = tmp_path_factory.mktemp("llama_tokenizer")
+    LlamaTokenizer(vocab=vocab, merges=[], add_bos_token=True).save_pretrained(path)
+    return ModelConfig(tokenizer=str(path))
+
+
+def test_each_document_starts_with_the_bos_its_tokenizer_adds_as_hugging_face_training_does(llama_style):
+    """run_clm tokenizes with tokenizer(text): <s> before each document for Llama-style tokenizers.
+    Packing asked for no special tokens and so never placed it; the byte tokenizer (and GPT-2's) add none."""
+    tok = load_tokenizer(llama_style)
+    bos, eos = tok.bos_token_id, tok.eos_token_id
+    docs = ["ab", "cde"]
+    stream = [t for d in docs for t in tok(d)["input_ids"] + [eos]]  # add_special_tokens=True: [<s>, ...]
+    assert stream[0] == bos and stream.count(bos) == 2
+    out = block_arrays(tokenize_and_pack({"text": np.array(docs, dtype=object)}, seq_len=len(stream),
+                                         model=llama_style, text_column="text", pretokenized=False,
+                                         position_ids="per_document"))
+    assert out["input_ids"].flatten().tolist() == stream
+    first = len(tok(docs[0])["input_ids"]) + 1
+    assert out["position_ids"].flatten().tolist() == [*range(first), *range(len(stream) - first)]  # <s> at 0
+    # pre-tokenized documents get the same, whether they were tokenized with the special tokens or without
+    with_special = [np.array(tok(d)["input_ids"] + [eos]) for d in docs]
+    without = [np.array(tok(d, add_special_tokens=False)["input_ids"]) for d in docs]
+    for rows in (with_special, without):
+        packed = tokenize_and_pack({"input_ids": np.array(rows, dtype=object)}, seq_len=len(stream),
+                                   model=llama_style, text_column="text", pretokenized=True)
+        assert block_arrays(packed)["input_ids"].flatten().tolist() == stream
+    assert document_start_ids(TOK) == ()  # the byte tokenizer (as GPT-2's): nothing before a document
+    assert pack(["ab"], seq_len=3)["input_ids"].flatten().tolist() == ids("ab") + [EOS]

@@ -3,16 +3,20 @@ paths without creating anything, the config resolved before ray.init, the memory
 driver's check that a local storage path is shared by the nodes (raytrain.driver.cluster), whose
 decision is tested here without Ray (one machine, where it passes, runs in the integration tests)."""
 
+import io
 import json
 import os
+import socket
 
 import pytest
 
 from raytrain import hardware
 from raytrain.config import ConfigError, load_config
 from raytrain.data.sources import inspect_sources
-from raytrain.driver.checks import check_writable_dir, dry_run_target, resolve_before_ray
-from raytrain.driver.cluster import check_storage_shared, probe_node, sees_file, storage_marker
+from raytrain.driver.checks import (check_placement, check_writable_dir, dry_run_target, idle_settings,
+                                    resolve_before_ray)
+from raytrain.driver.cluster import (_plain_worker_prefixes, check_storage_shared, probe_node, sees_file,
+                                     storage_marker)
 from raytrain.main import main
 
 
@@ -80,3 +84,102 @@ def test_gpus_per_node_plans_a_gpu_target():
     with pytest.raises(ConfigError, match="--gpus-per-node plans a GPU cluster but scaling.use_gpu=false"):
         dry_run_target(load_config(None, ["scaling.use_gpu=false"]), gpu_memory_gib=None, host_memory_gib=None,
                        gpus_per_node=8)
+
+
+def refused(scaling: list[str], nodes: list[dict], use_gpu: bool = False) -> str:
+    with pytest.raises(ConfigError) as e:
+        check_placement(load_config(None, scaling).scaling, use_gpu, nodes, "the cluster", more_cpus="add CPUs",
+                        more_nodes="add nodes")
+    return str(e.value)
+
+
+def test_a_placement_the_cluster_can_never_make_is_refused_naming_the_setting():
+    """Ray Train would wait for it forever (a 40-line traceback every 60 s); checked against the nodes' totals."""
+    h200 = {"CPU": 16.0, "GPU": 2.0, "accelerator_type:H200": 1.0}
+    fits = load_config(None, ["scaling.num_workers=4", "scaling.accelerator_type=H200"]).scaling
+    check_placement(fits, True, [h200, h200], "the cluster", more_cpus="", more_nodes="")
+    assert "(Ray's names are case-sensitive: its nodes have 'H200')" in refused(
+        ["scaling.num_workers=2", "scaling.accelerator_type=h200"], [h200], use_gpu=True)
+    assert refused(["scaling.num_workers=6"], [h200, h200], use_gpu=True) == (
+        "6 workers need a GPU each, and the cluster has 4: lower scaling.num_workers, or run on a cluster with more "
+        "GPUs")
+    assert refused(["scaling.num_workers=3", "scaling.placement_strategy=STRICT_SPREAD"], [h200, h200]).startswith(
+        "scaling.placement_strategy=STRICT_SPREAD puts each of 3 workers on a node of its own, and the cluster has 2 "
+        "node(s) that can hold one")
+    # a worker's CPUs are on one node: 2 nodes of 3 CPUs hold 2 workers of 2 CPUs, not 3
+    three = {"CPU": 3.0}
+    assert "need 6 CPUs, and the cluster has 6; a worker's CPUs must be on one node, and its nodes hold 2" in refused(
+        ["scaling.num_workers=3", "scaling.cpus_per_worker=2"], [three, three])
+    # an elastic range must place its minimum only: Ray Train starts it with as many as it can
+    check_placement(load_config(None, ["scaling.num_workers=[2, 8]"]).scaling, False, [three], "the cluster",
+                    more_cpus="", more_nodes="")
+    assert refused(["scaling.num_workers=[4, 8]"], [three]).startswith(
+        "the elastic range's minimum of 4 workers (scaling.num_workers=[4, 8]) x scaling.cpus_per_worker=1 need 4 CPUs")
+
+
+@pytest.mark.usefixtures("no_ray_driver")
+def test_a_gpu_run_on_this_machine_without_gpus_is_refused_before_ray(monkeypatch, capsys, tmp_path):
+    """A real run without cluster.address starts a local cluster, whose GPUs would never come. (Its dry run
+    plans for the shape asked, a GPU cluster elsewhere, unless the config says it is local: test_bad_input.)"""
+    import ray
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU for Ray's local cluster, whatever this machine has
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert main([f"checkpoint.storage_path={tmp_path}", "scaling.use_gpu=true", "scaling.num_workers=2"]) == 2
+    assert not ray.is_initialized() and os.listdir(tmp_path) == []
+    assert capsys.readouterr().err == (
+        "raytrain: error: scaling.use_gpu=true, and the local Ray cluster this run starts (one node: "
+        f"{max(os.cpu_count(), 4)} CPUs, no GPU) has no GPU: set scaling.use_gpu=false to train on CPU, or run on a "
+        "cluster with GPUs (cluster.address)\n")
+
+
+def test_settings_that_do_nothing_get_a_note_each(capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    cfg = load_config(None, ["scaling.gpu_memory_fraction=0.5", "scaling.replacement_timeout_s=5",
+                             "cluster.num_cpus=8", "cluster.address=10.0.0.1:6379"])
+    assert idle_settings(cfg, use_gpu=False) == [
+        "scaling.gpu_memory_fraction=0.5 has no effect: it caps each worker's share of its GPU, and this run has no "
+        "GPU (scaling.use_gpu=false)",
+        "scaling.replacement_timeout_s=5 has no effect: it applies to an elastic run (scaling.num_workers=[min, max]), "
+        "and this run has a fixed number of workers",
+        "cluster.num_cpus=8 has no effect: it sizes the local cluster raytrain starts, and this run joins "
+        "cluster.address=10.0.0.1:6379, whose nodes have the CPUs they were started with"]
+    assert idle_settings(load_config(None, ["scaling.num_workers=[2, 4]", "scaling.resize_interval_s=5",
+                                            "cluster.num_cpus=8"]), use_gpu=True) == []
+    # and a dry run prints them (a real run too, after connecting)
+    assert main(["--dry-run", f"checkpoint.storage_path={tmp_path}", "scaling.use_gpu=false", "scaling.num_workers=2",
+                 "scaling.resize_interval_s=5"]) == 0
+    assert "raytrain: note: scaling.resize_interval_s=5 has no effect" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("no_ray_driver")
+def test_an_address_nothing_answers_at_is_one_line_before_ray_init(capsys, tmp_path, monkeypatch):
+    """Without the probe, ray.init retried in Ray's C++ client for minutes, with no line of raytrain's."""
+    import ray
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_COLOR_PREFIX", "1")  # connect() would set it for the rest of this process
+    with socket.socket() as s:  # a port nothing listens on: bound, never listened, then closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main([f"checkpoint.storage_path={tmp_path}", f"cluster.address=127.0.0.1:{port}"]) == 2
+    out, err = capsys.readouterr()
+    assert err == (f"raytrain: error: cluster.address=127.0.0.1:{port}: nothing answers at 127.0.0.1:{port} "
+                   f"(Connection refused): start the cluster (ray start --head) or fix the address (the head's GCS "
+                   f"port, 6379 by default; ray://HOST:10001 for Ray Client), or unset it for a local cluster\n"), err
+    assert not ray.is_initialized()
+
+
+def test_worker_lines_have_no_colour_codes_in_redirected_output(monkeypatch):
+    """Ray colours each worker line's prefix unless RAY_COLOR_PREFIX=0, which the driver sets when its output
+    is not a terminal (under pytest it is captured), and leaves alone when the user set it."""
+    from ray._private.worker import print_worker_logs
+
+    monkeypatch.setenv("RAY_COLOR_PREFIX", "1")
+    _plain_worker_prefixes()
+    assert os.environ["RAY_COLOR_PREFIX"] == "1"  # the user's
+    monkeypatch.delenv("RAY_COLOR_PREFIX")
+    _plain_worker_prefixes()
+    out = io.StringIO()
+    print_worker_logs({"pid": 4242, "ip": "10.0.0.2", "localhost": "10.0.0.1", "lines": ["step 1/80"]}, out)
+    assert out.getvalue() == "(pid=4242, ip=10.0.0.2) step 1/80\n"

@@ -224,6 +224,20 @@ def test_resuming_with_other_data_settings_notes_what_differs(tmp_path, capsys):
     assert "(data.path=None -> " in out and "other.txt): its data position" in out and "set them back" in out
 
 
+def test_resuming_rows_cut_with_other_document_start_ids_notes_it(tmp_path, capsys):
+    """The same data settings, rows cut another way: a checkpoint of a tokenizer that put a BOS before each
+    document (or of raytrain before 2026-12-04, which put none, against a BOS-adding tokenizer now)."""
+    source = checkpoint(tmp_path / "old" / "checkpoint_step_00000008", 8)
+    meta_path = os.path.join(source, layout.METADATA)
+    meta = json.load(open(meta_path))
+    assert meta["spec"]["model"]["document_start_ids"] == []  # the byte tokenizer adds no BOS
+    meta["spec"]["model"]["document_start_ids"] = [1]
+    json.dump(meta, open(meta_path, "w"))
+    rc, err = dry(capsys, "--resume-from", source, f"checkpoint.storage_path={tmp_path / 'runs'}", *TWO)
+    notes = [line for line in err if "data settings" in line]
+    assert rc == 0 and len(notes) == 1 and "(ids before each document [1] -> []): its data position" in notes[0], err
+
+
 def test_fresh_sees_a_resume_from_inside_the_run_through_a_symlinked_storage_path(tmp_path):
     (tmp_path / "real").mkdir()
     os.symlink(tmp_path / "real", tmp_path / "link")  # e.g. /shared -> /mnt/nfs/shared
@@ -247,3 +261,83 @@ def test_fresh_sets_aside_a_run_directory_stopped_before_its_first_checkpoint(tm
     (tmp_path / "runs" / "r2").mkdir()
     place(tmp_path / "runs", "checkpoint.name=r2", fresh=True)
     assert (tmp_path / "runs" / "r2").is_dir() and not [p for p in os.listdir(tmp_path / "runs") if p.startswith("r2.")]
+
+
+@pytest.mark.usefixtures("no_ray_driver")
+def test_resuming_with_other_optimizer_settings_is_refused_naming_both_values(tmp_path, capsys):
+    # DeepSpeed's load restores every param group's lr, betas, eps and weight_decay, and raytrain's LambdaLR
+    # its base_lrs (measured on DeepSpeed 0.19.8, ZeRO-3, CPU): a new training.learning_rate trained at the
+    # checkpoint's, silently. Refused on the driver, before Ray, naming both values.
+    source = checkpoint(tmp_path / "old" / "checkpoint_step_00000008", 8)
+    storage = f"checkpoint.storage_path={tmp_path / 'runs'}"
+    rc, err = dry(capsys, "--resume-from", source, storage, *TWO, "training.learning_rate=3e-4",
+                  "training.adam_betas=[0.9, 0.99]")
+    assert rc == 2 and len(err) == 1, err
+    assert err[0].startswith(f"raytrain: error: checkpoint {source} was written with other optimizer settings "
+                             f"(training.adam_betas=[0.9, 0.95] -> [0.9, 0.99], training.learning_rate=0.001 -> "
+                             f"0.0003), and resuming it keeps its own"), err
+    # a new run from the same checkpoint restores the same: not offered (nor --fresh, for another run's checkpoint)
+    assert "--fresh" not in err[0] and "export it (python -m raytrain.tools.export)" in err[0]
+    # what a resumed run does take from this run's config: the schedule's shape, and a DeepSpeed scheduler's lr
+    assert dry(capsys, "--resume-from", source, storage, *TWO, "training.warmup_steps=3",
+               "training.min_lr_ratio=0.5")[0] == 0
+    scheduler = ('deepspeed.scheduler={"type": "WarmupLR", "params": {"warmup_num_steps": "auto", '
+                 '"warmup_max_lr": "auto"}}')
+    assert dry(capsys, "--resume-from", source, storage, *TWO, scheduler, "training.learning_rate=3e-4")[0] == 0
+    # the DeepSpeed JSON's optimizer: named as the user wrote it, training's (filled into "auto") or the JSON's own
+    adamw = ('deepspeed.optimizer={"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", '
+             '"weight_decay": %s, "torch_adam": true}}')
+    source = checkpoint(tmp_path / "json" / "checkpoint_step_00000008", 8, adamw % 0.1)
+    rc, err = dry(capsys, "--resume-from", source, storage, *TWO, adamw % 0.01, "training.learning_rate=3e-4")
+    assert rc == 2 and ("(deepspeed.optimizer.params.weight_decay=0.1 -> 0.01, training.learning_rate=0.001 -> "
+                        "0.0003)") in err[0], err
+    # the run's own checkpoint: --fresh is a way out too
+    run_with_checkpoints(tmp_path / "runs", "r1", [4])
+    with pytest.raises(ConfigError, match=r"r1/checkpoint_step_00000004 was written with other optimizer settings "
+                                          r"\(training.weight_decay=0.1 -> 0.0\).*pass --fresh to start over"):
+        place(tmp_path / "runs", "checkpoint.name=r1", "training.weight_decay=0.0")
+    # a run already done trains nothing: the command says so
+    run_with_checkpoints(tmp_path / "runs", "done", [40])
+    capsys.readouterr()
+    place(tmp_path / "runs", "checkpoint.name=done", "training.learning_rate=3e-4")
+    assert "run 'done' in " in capsys.readouterr().out
+
+
+def test_reading_a_runs_record_prints_no_ray_train_snapshot_line(tmp_path, caplog):
+    import logging
+
+    from raytrain import compat
+
+    run = run_with_checkpoints(tmp_path / "runs", "r1", [4])
+    caplog.clear()
+    assert layout.read_metadata(layout.latest_checkpoint(run))["step"] == 4  # what continuing a run reads, 3 times
+    # Ray Train's 3-line INFO, on the console each time (Ray's own handler, which caplog's sits beside)
+    assert not [r for r in caplog.records if "snapshot was found" in r.getMessage()]
+    assert logging.getLogger(compat.CHECKPOINT_MANAGER_LOGGER).filters == []  # dropped for the call only
+
+
+@pytest.mark.usefixtures("no_ray_driver")
+def test_the_same_command_on_a_done_run_with_an_export_dir_says_it_is_done(tmp_path, capsys):
+    from raytrain.driver.run import _wrap_up, finished_checkpoint
+
+    run = run_with_checkpoints(tmp_path / "runs", "r1", [40])  # TWO: training.max_steps=40
+    meta = json.loads((tmp_path / "runs" / "r1" / "checkpoint_step_00000040" / "raytrain.json").read_text())
+    meta.update(metrics={"step": 40, "loss": 1.5}, history=[{"step": 40, "loss": 1.5}])
+    (tmp_path / "runs" / "r1" / "checkpoint_step_00000040" / "raytrain.json").write_text(json.dumps(meta))
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "config.json").write_text("{}")  # the export the first run of the command wrote
+    argv = [f"checkpoint.storage_path={tmp_path / 'runs'}", "checkpoint.name=r1", f"checkpoint.export_dir={out}"]
+    rc, err = dry(capsys, *argv, *TWO)
+    assert rc == 0, err  # was: exit 2, "checkpoint.export_dir ... exists and is not empty"
+    rc, err = dry(capsys, *argv, "scaling.num_workers=2", "training.max_steps=80")  # steps to train: refused, early
+    assert rc == 2 and "checkpoint.export_dir " in err[0] and "exists and is not empty" in err[0], err
+    # what fit() does then: the run's summary, and a note instead of the export (nothing overwritten)
+    spec = place(tmp_path / "runs", "checkpoint.name=r1", f"checkpoint.export_dir={out}")
+    assert "is already done at step 40" in capsys.readouterr().out
+    result = _wrap_up(finished_checkpoint(spec.run_uri, 40), spec, spec.config, done_before=True)
+    assert result.metrics["step"] == 40 and os.listdir(out) == ["config.json"]
+    assert capsys.readouterr().out.strip() == (
+        f"raytrain: note: checkpoint.export_dir {out} exists and is not empty (the export of an earlier run of this "
+        f"command, or other files): not exported again, nothing overwritten; to export the checkpoint elsewhere: "
+        f"python -m raytrain.tools.export {run}/checkpoint_step_00000040 OUT_DIR")

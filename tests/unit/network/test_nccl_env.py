@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
+from raytrain import nccl_variables
+from raytrain.network import nccl_env
 from raytrain.network.nccl_env import compute_nccl_env, find_ib_ports, select_fabric
 
 NODE_IP = "10.0.0.5"
@@ -304,3 +307,28 @@ def test_select_fabric_prefers_efa_and_leaves_verbs_ports_out(tmp_path):
     assert (fabric.kind, [p.name for p in fabric.ports]) == ("EFA", ["rdmap79s0:1", "rdmap80s0:1"])
     assert notes == ["mlx5_0:1 left out: this node's fabric is EFA"]
     assert "NCCL_IB_HCA" not in plan_for(tmp_path).env
+
+
+@pytest.mark.parametrize("name, meant", [
+    ("NCCL_IB_HCAA", "NCCL_IB_HCA"), ("NCCL_SOCKET_IFNAM", "NCCL_SOCKET_IFNAME"), ("NCCL_DEBGU", "NCCL_DEBUG"),
+    ("NCCL_AGLO", "NCCL_ALGO"), ("NCCL_NET_GDR_LVL", "NCCL_NET_GDR_LEVEL"), ("NCLL_DEBUG", "NCCL_DEBUG"),
+    ("NCCL_IB_HCA", None), ("NCCL_BLOCKING_WAIT", None),  # PyTorch's older name: read
+    ("NCCL_DEBUG_SUBSYSTEM", None), ("NCCL_GPUDIRECTTCPX_SOCKET_IFNAME", None),  # not one typo: a note, not an error
+    ("GLOO_SOCKET_IFNAME", None)])
+def test_a_misspelt_nccl_name_is_told_from_an_unknown_one(name, meant):
+    assert nccl_variables.misspelling_of(name) == meant
+
+
+def test_every_nccl_variable_raytrain_sets_is_known():
+    names = set(re.findall(r"\bNCCL_[A-Z0-9_]+\b(?!\*)", Path(nccl_env.__file__).read_text()))  # not NCCL_IB_*
+    assert {"NCCL_IB_HCA", "NCCL_NET_GDR_LEVEL", "NCCL_TOPO_FILE"} <= names
+    assert names <= nccl_variables.KNOWN, names - nccl_variables.KNOWN
+
+
+def test_network_env_names_nccl_does_not_read_are_set_with_a_note_not_forced(tmp_path):
+    plan = plan_for(tmp_path, forced={"NCCL_NEW_KNOB": "1", "NCCL_DEBUG": "INFO"})
+    assert plan.env["NCCL_NEW_KNOB"] == "1" and plan.env["NCCL_DEBUG"] == "INFO"
+    assert "NCCL_DEBUG=INFO forced by network.env" in plan.notes
+    [note] = [n for n in plan.notes if n.startswith("NCCL_NEW_KNOB")]
+    assert note.startswith(f"NCCL_NEW_KNOB=1 set by network.env, but NCCL up to {nccl_variables.NEWEST_RELEASE} reads "
+                           "no variable of that name") and "forced" not in note

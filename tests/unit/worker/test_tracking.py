@@ -1,9 +1,11 @@
 """Tracking with the real backends: an MLflow local file store and TensorBoard event files."""
 
 import math
+import os
 
 import pytest
 
+from raytrain.checkpoint import layout
 from raytrain.config import TrackingConfig
 from raytrain.worker.tracking import Tracker
 
@@ -20,7 +22,7 @@ def test_mlflow_and_tensorboard_receive_namespaced_metrics(tmp_path, monkeypatch
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     uri = f"file://{tmp_path / 'mlruns'}"
     cfg = TrackingConfig(tensorboard=True, mlflow_tracking_uri=uri, mlflow_experiment="t")
-    tracker = Tracker(cfg, str(tmp_path), "run1", {"training": {"max_steps": 15}}, active=True)
+    tracker = Tracker(cfg, str(tmp_path), "run1", {"config": {"training": {"max_steps": 15}}}, active=True)
     for m in HISTORY:
         tracker.log(m, m["step"])
     tracker.close()
@@ -48,3 +50,63 @@ def test_mlflow_and_tensorboard_receive_namespaced_metrics(tmp_path, monkeypatch
 def test_inactive_tracker_writes_nothing(tmp_path):
     Tracker(TrackingConfig(), str(tmp_path), "run2", {}, active=False).log(HISTORY[0], 5)
     assert not (tmp_path / "run2").exists()
+
+
+def test_one_mlflow_run_per_raytrain_run(tmp_path, monkeypatch):
+    """A restarted worker group or a continued run logs to the run's MLflow run; a new run of the same
+    name (--fresh sets the directory aside with its record; another storage path) gets its own. The
+    name is the user's checkpoint.name, quotes and all."""
+    import mlflow
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = f"file://{tmp_path / 'mlruns'}"
+    cfg = TrackingConfig(tensorboard=False, mlflow_tracking_uri=uri, mlflow_experiment="t")
+    storage, name = str(tmp_path / "runs"), "run 'a'"
+    os.makedirs(layout.run_uri(storage, name))  # Ray Train's, with its checkpoints
+
+    def attempt(step: int, where: str = storage) -> str:
+        tracker = Tracker(cfg, where, name, {}, active=True)
+        tracker.log({"loss": float(step)}, step)
+        tracker.close()
+        return mlflow.last_active_run().info.run_id
+
+    first = attempt(1)
+    assert attempt(2) == first  # a restart or a continued run
+    layout.set_aside(layout.run_uri(storage, name))  # what --fresh does
+    fresh = attempt(3)
+    elsewhere = attempt(4, str(tmp_path / "other_runs"))
+    assert len({first, fresh, elsewhere}) == 3
+    client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+    assert [m.value for m in client.get_metric_history(first, "train/loss")] == [1.0, 2.0]
+    assert [m.value for m in client.get_metric_history(fresh, "train/loss")] == [3.0]
+    assert client.get_run(fresh).data.tags["raytrain_run"] == name
+
+
+def test_tensorboard_of_a_cloud_run_is_set_aside_for_a_new_run_of_its_name(tmp_path, monkeypatch):
+    """On cloud storage the event files are on rank 0's node (~/raytrain_tensorboard/RUN): a restart
+    appends to them, a new run of the name (after --fresh) moves the earlier run's aside, as --fresh
+    does with STORAGE/RUN on local storage. A file:// URI stands for the cloud here (pyarrow's)."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    storage = f"file://{tmp_path / 'bucket'}"
+    cfg = TrackingConfig(tensorboard=True)
+    local = tmp_path / "home" / "raytrain_tensorboard"
+
+    def attempt(step: int) -> None:
+        tracker = Tracker(cfg, storage, "r", {}, active=True)
+        tracker.log({"loss": float(step)}, step)
+        tracker.close()
+
+    def steps(logdir) -> list[int]:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        events = EventAccumulator(str(logdir))
+        events.Reload()
+        return [e.step for e in events.Scalars("train/loss")]
+
+    attempt(1)
+    attempt(2)  # a restarted worker group: the same directory, nothing set aside
+    assert os.listdir(local) == ["r"] and steps(local / "r")[-1] == 2
+    layout.set_aside(layout.run_uri(storage, "r"))  # --fresh
+    attempt(3)
+    [aside] = [d for d in os.listdir(local) if d.startswith("r.replaced-")]
+    assert steps(local / aside)[-1] == 2 and steps(local / "r") == [3]

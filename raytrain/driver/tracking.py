@@ -1,0 +1,119 @@
+"""Driver side of experiment tracking: the tracking section checked before any worker starts, and the
+environment rank 0's tracker needs from the driver's. Start at `check_tracking`.
+
+Rank 0 opens its tracker at the start of every worker group (raytrain.worker.tracking): whatever fails
+there, Ray Train retries as a worker failure checkpoint.max_failures times, each after the model is
+built. So the driver asks the same MLflow store first (`fit` before ray.init, and `--dry-run`).
+"""
+
+from __future__ import annotations
+
+import os
+
+from raytrain.checkpoint import layout
+from raytrain.config import ConfigError, RunConfig
+from raytrain.config_files import first_line
+from raytrain.driver.cluster import environ_defaults
+from raytrain.worker.tracking import RECORD, read_record, same_mlflow_run
+
+# MLflow's HTTP client retries a failed request 7 times with exponential backoff and gives each one
+# 120 s (mlflow/environment_variables.py, MLFLOW_HTTP_REQUEST_*): a server that is down was reported
+# after 4 min 14 s, which suits rank 0 riding out a rate limit mid-run, not a check of the URI. The
+# check retries once and gives each request 5 s (a server that is up answers in milliseconds): a few
+# seconds at most. Rank 0 keeps MLflow's defaults. A value the environment sets wins here too.
+QUICK_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+              "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+
+
+def check_tracking(cfg: RunConfig, fresh: bool = False) -> list[str]:
+    """Use tracking.mlflow_tracking_uri from the driver as rank 0 will; returns the notes to print.
+
+    Refused in one line each: mlflow not installed; a store MLflow cannot use (a server down, a wrong
+    URI, a file store MLflow 3 refuses without MLFLOW_ALLOW_FILE_STORE=true); a deleted
+    tracking.mlflow_experiment (MLflow keeps a deleted experiment's name, and set_experiment refuses
+    it); a run that continues (checkpoint.name exists, no --fresh) whose recorded MLflow run is
+    deleted or not in the store. Reads the run's record; writes nothing."""
+    uri = cfg.tracking.mlflow_tracking_uri
+    if not uri:
+        return []
+    try:
+        import mlflow
+    except ImportError:
+        raise ConfigError(f'tracking.mlflow_tracking_uri={uri} needs MLflow, which is not installed here: '
+                          f'pip install "raytrain[mlflow]" (or unset tracking.mlflow_tracking_uri)') from None
+    run_uri, recorded = _recorded(cfg, fresh)
+    same = same_mlflow_run(recorded, cfg.tracking)
+    with environ_defaults(QUICK_HTTP):
+        try:
+            client = mlflow.MlflowClient(tracking_uri=uri)
+            experiment = client.get_experiment_by_name(cfg.tracking.mlflow_experiment)
+            run = _get_run(client, recorded["run_id"]) if same else None
+        except Exception as e:  # MlflowException, requests' ConnectionError, OSError, ...
+            raise ConfigError(_unusable(uri, e)) from None
+    if experiment is not None and experiment.lifecycle_stage == "deleted":
+        raise ConfigError(f"tracking.mlflow_experiment={cfg.tracking.mlflow_experiment} is a deleted experiment in "
+                          f"{uri} (MLflow keeps its name until it is purged): restore it (mlflow experiments restore "
+                          f"--experiment-id {experiment.experiment_id}) or choose another name")
+    if recorded is None:
+        return []
+    name, run_id = cfg.checkpoint.name, recorded["run_id"]
+    if not same:
+        return [f"run {name!r} logged its earlier steps to MLflow run {run_id} (experiment "
+                f"{recorded['experiment']} in {recorded['tracking_uri']}); with other tracking settings it "
+                f"continues in a new MLflow run"]
+    fix = f"or delete {run_uri}/{RECORD} to log the rest of the run to a new MLflow run"
+    if run is None:
+        raise ConfigError(f"run {name!r} continues MLflow run {run_id} ({RECORD} in its directory), which {uri} "
+                          f"does not hold: set tracking.mlflow_tracking_uri to the store that holds it, {fix}")
+    if run.info.lifecycle_stage == "deleted":
+        raise ConfigError(f"run {name!r} continues MLflow run {run_id}, which is deleted in {uri}: restore it "
+                          f"(mlflow runs restore --run-id {run_id}), {fix}")
+    return []
+
+
+def tracking_env(cfg: RunConfig) -> dict[str, str]:
+    """What `check_tracking` ran with that rank 0's tracker needs too. Workers inherit their cluster's
+    environment, not the driver's: a driver started with MLFLOW_ALLOW_FILE_STORE=true (MLflow 3's
+    opt-in to a file:// store) passed its check while rank 0, on a cluster started without it, raised
+    at setup, and Ray Train retried that as a worker failure max_failures times. Ray Train merges these
+    into its workers' runtime env (the job's working_dir and env vars stay)."""
+    if cfg.tracking.mlflow_tracking_uri and "MLFLOW_ALLOW_FILE_STORE" in os.environ:
+        return {"MLFLOW_ALLOW_FILE_STORE": os.environ["MLFLOW_ALLOW_FILE_STORE"]}
+    return {}
+
+
+def _recorded(cfg: RunConfig, fresh: bool) -> tuple[str | None, dict | None]:
+    """(the run's directory, its record's "mlflow" entry) for a run that continues; (None, None) for a
+    new one: a generated name, or --fresh (which sets the directory aside with its record)."""
+    name = cfg.checkpoint.name
+    if name is None or fresh:
+        return None, None
+    run_uri = layout.run_uri(cfg.checkpoint.storage_path, name)
+    try:
+        record = read_record(run_uri)
+    except (OSError, ValueError) as e:  # pyarrow (no network, no credentials), a record cut short (not JSON)
+        raise ConfigError(f"{run_uri}/{RECORD}: cannot read it ({first_line(e)}): check the storage's credentials, "
+                          f"or delete the file to log the rest of the run to a new MLflow run") from None
+    return run_uri, (record or {}).get("mlflow")
+
+
+def _get_run(client, run_id: str):
+    """The MLflow run, or None where the store does not hold it."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_run(run_id)
+    except MlflowException as e:
+        if e.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return None
+        raise
+
+
+def _unusable(uri: str, error: Exception) -> str:
+    if "MLFLOW_ALLOW_FILE_STORE" in str(error):  # MLflow 3's file store refusal: its hint, whole and short
+        return (f"tracking.mlflow_tracking_uri={uri} is a file store, which MLflow 3 uses only where the "
+                f"environment sets MLFLOW_ALLOW_FILE_STORE=true: set it for the driver (raytrain passes it on to "
+                f"the workers), or use a tracking server or a database store (sqlite:///PATH/mlflow.db, with the "
+                f"full mlflow package)")
+    return (f"tracking.mlflow_tracking_uri={uri}: MLflow cannot use it ({first_line(error)}): start the server, "
+            f"fix the URI, or unset it")

@@ -1,0 +1,107 @@
+"""raytrain.driver.tracking: what would fail rank 0's tracker (a retried worker failure) is one line on
+the driver, against a real MLflow file store (and a local socket for a server that is down)."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import socket
+import sys
+import threading
+
+import pytest
+
+from raytrain.config import ConfigError, TrackingConfig, load_config
+from raytrain.driver.tracking import check_tracking
+from raytrain.worker.tracking import RECORD, Tracker
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3's local file store (no server)
+    return f"file://{tmp_path / 'mlruns'}"
+
+
+def config(uri: str, *more: str):
+    return load_config(None, [f"tracking.mlflow_tracking_uri={uri}", *more])
+
+
+def test_mlflow_not_installed_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # what `import mlflow` meets where it is not installed
+    with pytest.raises(ConfigError, match=r'needs MLflow, which is not installed here: pip install "raytrain\[mlflow\]"'):
+        check_tracking(config("http://127.0.0.1:5000"))
+
+
+def test_a_file_store_without_mlflows_opt_in_gets_the_whole_fix(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    with pytest.raises(ConfigError) as e:
+        check_tracking(config(f"file://{tmp_path}/mlruns"))
+    assert "MLflow 3 uses only where the environment sets MLFLOW_ALLOW_FILE_STORE=true" in str(e.value)
+    assert "sqlite:///PATH/mlflow.db" in str(e.value) and not (tmp_path / "mlruns").exists()
+
+
+def test_a_deleted_experiment_is_refused_with_how_to_restore_it(store):
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=store)
+    client.delete_experiment(client.create_experiment("gone"))
+    check_tracking(config(store, "tracking.mlflow_experiment=new"))  # one that does not exist yet: rank 0 creates it
+    with pytest.raises(ConfigError, match=r"tracking.mlflow_experiment=gone is a deleted experiment .*: restore it "
+                                          r"\(mlflow experiments restore --experiment-id \d+\) or choose another name"):
+        check_tracking(config(store, "tracking.mlflow_experiment=gone"))
+
+
+def test_a_continued_run_needs_its_mlflow_run(store, tmp_path):
+    """The MLflow run a continued run's record names must still be there; --fresh starts a new one."""
+    import mlflow
+
+    storage = tmp_path / "runs"
+    cfg = config(store, f"checkpoint.storage_path={storage}", "checkpoint.name=r")
+    Tracker(cfg.tracking, str(storage), "r", {}, active=True).close()  # rank 0 of the first attempt
+    assert check_tracking(cfg) == []
+    run_id = mlflow.last_active_run().info.run_id
+    mlflow.MlflowClient(tracking_uri=store).delete_run(run_id)
+    with pytest.raises(ConfigError, match=rf"run 'r' continues MLflow run {run_id}, which is deleted .*: restore it "
+                                          rf"\(mlflow runs restore --run-id {run_id}\), or delete .*/r/{RECORD}"):
+        check_tracking(cfg)
+    assert check_tracking(cfg, fresh=True) == []  # the record goes aside with the run
+    other = config(store, f"checkpoint.storage_path={storage}", "checkpoint.name=r", "tracking.mlflow_experiment=b")
+    [note] = check_tracking(other)
+    assert f"run 'r' logged its earlier steps to MLflow run {run_id}" in note and "continues in a new MLflow run" in note
+
+
+def test_a_server_that_is_down_is_tried_twice_not_eight_times(monkeypatch):
+    """MLflow's defaults retry 7 times with exponential backoff and 120 s a request (4 min 14 s
+    measured for a refused port); the check retries once, 5 s a request."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0")  # no waiting between the attempts counted here
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_JITTER", "0")
+    server = socket.create_server(("127.0.0.1", 0))
+    attempts = []
+
+    def hang_up() -> None:  # a server that accepts and closes: each attempt is one connection
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:  # closed at the end of the test
+                return
+            attempts.append(1)
+            conn.close()
+
+    threading.Thread(target=hang_up, daemon=True).start()
+    uri = f"http://127.0.0.1:{server.getsockname()[1]}"
+    try:
+        with pytest.raises(ConfigError, match=rf"tracking.mlflow_tracking_uri={uri}: MLflow cannot use it \("):
+            check_tracking(config(uri))
+    finally:
+        server.close()
+    assert len(attempts) == 2
+
+
+def test_every_tracking_key_is_in_the_help_and_the_readme(capsys):
+    from raytrain.main import main
+
+    assert main(["--help"]) == 0
+    shown = capsys.readouterr().out
+    readme = (pathlib.Path(__file__).parents[3] / "README.md").read_text()
+    for key in (f"tracking.{f.name}" for f in dataclasses.fields(TrackingConfig)):
+        assert key in shown and f"`{key}`" in readme, key
