@@ -126,7 +126,7 @@ def _plain_worker_prefixes() -> None:
     RAY_COLOR_PREFIX=0, read at each line (ray/_private/worker.py, print_worker_logs, ray 2.60.0); in a file
     the codes are noise. A value the user set wins; a notebook (ipykernel, whose streams are not terminals)
     renders the colours, so it keeps them."""
-    if "RAY_COLOR_PREFIX" in os.environ or "ipykernel" in sys.modules:
+    if "RAY_COLOR_PREFIX" in os.environ or _in_notebook():
         return
     try:
         terminal = sys.stdout.isatty() and sys.stderr.isatty()
@@ -134,6 +134,14 @@ def _plain_worker_prefixes() -> None:
         terminal = False
     if not terminal:
         os.environ["RAY_COLOR_PREFIX"] = "0"
+
+
+def _in_notebook() -> bool:
+    """Whether this process is a Jupyter kernel: IPython's running shell, not merely ipykernel imported (a
+    test process or a library may import it without being one)."""
+    ipython = sys.modules.get("IPython")
+    shell = getattr(ipython, "get_ipython", lambda: None)() if ipython else None
+    return type(shell).__name__ == "ZMQInteractiveShell"
 
 
 def start_local_cluster(num_cpus: int) -> None:

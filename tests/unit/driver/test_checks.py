@@ -175,6 +175,8 @@ def test_worker_lines_have_no_colour_codes_in_redirected_output(monkeypatch):
     is not a terminal (under pytest it is captured), and leaves alone when the user set it."""
     from ray._private.worker import print_worker_logs
 
+    import ipykernel  # noqa: F401  (imported, as some test of the suite does, in a process that is no notebook)
+
     monkeypatch.setenv("RAY_COLOR_PREFIX", "1")
     _plain_worker_prefixes()
     assert os.environ["RAY_COLOR_PREFIX"] == "1"  # the user's
