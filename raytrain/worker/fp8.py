@@ -55,9 +55,14 @@ def _cast_compiled():
     return torch.compile(_cast_eager, dynamic=False)
 
 
+# RAYTRAIN_FP8_COMPILE=0: eager casts, to measure what compiling gives (gpu_x1.sh fp8). Read once: cast runs
+# several times per GEMM.
+_COMPILE_CASTS = os.environ.get("RAYTRAIN_FP8_COMPILE", "1") != "0"
+
+
 def cast(t: torch.Tensor, dtype: torch.dtype, transposed: bool):
-    """_cast_eager, compiled on a GPU (RAYTRAIN_FP8_COMPILE=0: eager, to measure what compiling gives)."""
-    compiled = t.is_cuda and os.environ.get("RAYTRAIN_FP8_COMPILE", "1") != "0"
+    """_cast_eager, compiled on a GPU unless RAYTRAIN_FP8_COMPILE=0."""
+    compiled = t.is_cuda and _COMPILE_CASTS
     return (_cast_compiled() if compiled else _cast_eager)(t, dtype, transposed)
 
 
