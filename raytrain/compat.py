@@ -97,6 +97,28 @@ def abort_train_run(controller):
     return controller.abort.remote()
 
 
+def remove_placement_groups_of(actor) -> int:
+    """Remove the placement groups `actor` created and that are not removed yet; how many. Used once a run's
+    controller is killed: its worker group's placement group belongs to the driver's job, not to the actor
+    (Ray ties a non-detached group's lifetime to its job), so it outlives the controller. Ray's public
+    placement_group_table() drops the creator: the GCS record (gcs_pb2.PlacementGroupTableData's
+    creator_actor_id, read through ray._private.state.state._connect_and_get_accessor()) has it, and the handle's
+    actor id is ActorHandle._actor_id (ray 2.60.0). One GCS call for the whole table."""
+    import ray
+    from ray._private.state import state
+    from ray.core.generated import gcs_pb2
+    from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+    creator = actor._actor_id.binary()
+    removed = 0
+    for record in state._connect_and_get_accessor().get_placement_group_table():
+        group = gcs_pb2.PlacementGroupTableData.FromString(record)
+        if group.creator_actor_id == creator and group.state != gcs_pb2.PlacementGroupTableData.REMOVED:
+            remove_placement_group(PlacementGroup(ray.PlacementGroupID(group.placement_group_id)))
+            removed += 1
+    return removed
+
+
 PRINT_HANDLER = "ray_print_logs"
 """The name under which `ray.init(log_to_driver=True)` registers its printer of the job's worker output on
 ray._private.worker.global_worker_stdstream_dispatcher, and `ray.shutdown` removes it (ray/_private/worker.py,

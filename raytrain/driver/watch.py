@@ -152,6 +152,11 @@ def continue_command(argv: Sequence[str] | None, run_name: str, resume_from: str
     return shlex.join(["python", "-m", "raytrain.main", *kept, *resume, f"checkpoint.name={run_name}"])
 
 
+ABORT_WAIT_S = 15.0
+"""How long Ctrl-C waits for Ray Train's own abort (it kills the workers in about a second) before killing the
+run's controller."""
+
+
 def _abort(progress: DataProgress, wait_s: float = 10.0) -> bool:
     """Stop the run through its controller (it kills the workers), once it has said where it is;
     False when it has not within `wait_s` (Ctrl-C while Ray Train starts)."""
@@ -164,9 +169,21 @@ def _abort(progress: DataProgress, wait_s: float = 10.0) -> bool:
     if controller is None:
         return False
     try:
-        ray.get(compat.abort_train_run(controller), timeout=120)
+        ray.get(compat.abort_train_run(controller), timeout=ABORT_WAIT_S)
     except ray.exceptions.RayActorError:
         pass  # the controller ended itself: the abort's normal end
+    except ray.exceptions.GetTimeoutError:
+        # The controller never runs abort() while it waits for its workers' placement group (a run waiting
+        # for resources: an autoscaler's node, CPUs held by another job). Its loop awaits steps that do
+        # not suspend while it schedules, so the abort waits for the whole wait, and Ray Train retries
+        # that wait every 60 s (ray 2.60.0's TrainController.run; measured: not run after 120 s; Ray's
+        # own SIGINT handler waits the same). Killed instead, its workers go with it; what that skips is
+        # Ray Train's record of the run as aborted (the dashboard shows it failed) and callbacks' abort
+        # hooks, which raytrain does not use. Its placement group belongs to this driver's job, not to
+        # the controller: left, it would stay pending and take the CPUs when they free up, from a
+        # notebook's next fit(). Removed here, the groups the controller created.
+        ray.kill(controller, no_restart=True)
+        compat.remove_placement_groups_of(controller)
     return True
 
 

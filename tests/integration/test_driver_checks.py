@@ -93,3 +93,52 @@ def test_an_address_other_than_the_connected_cluster_is_refused(ray_cluster, mon
     assert str(e.value).startswith("cluster.address=10.255.0.1:6379 is not the Ray cluster this process is connected "
                                    "to (") and str(e.value).endswith("call ray.shutdown() first, or leave the address "
                                                                      "out to use the connected cluster")
+
+
+def test_ctrl_c_while_the_workers_wait_for_resources_ends_the_run_at_once(ray_cluster, tmp_path, monkeypatch, capsys):
+    """A placement the cluster can make, but not now (its CPUs held elsewhere; on a real cluster: waiting for the
+    autoscaler's node). Ray Train's controller waits for it inside one step of its loop and runs the abort only
+    after that wait (60 s) ends; Ctrl-C must still end the run at once, in raytrain's one line, with the run's
+    placement group gone. In-process: KeyboardInterrupt is raised in this thread as a terminal's Ctrl-C would."""
+    import _thread
+    import threading
+
+    import ray
+    from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+
+    from raytrain.main import main
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_COLOR_PREFIX", "1")
+    monkeypatch.setattr("raytrain.driver.watch.ABORT_WAIT_S", 2.0)  # a user waits 15 s for Ray Train's own abort
+    held = placement_group([{"CPU": 3}])  # of the cluster's 4: the run's 2 workers x 1 CPU cannot start
+    ray.get(held.ready(), timeout=60)
+    before = set(placement_group_table())
+
+    def interrupt_once_the_run_waits():
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            if any(p["state"] == "PENDING" for i, p in placement_group_table().items() if i not in before):
+                time.sleep(2)  # inside Ray Train's wait for the placement group
+                _thread.interrupt_main()
+                return
+            time.sleep(0.5)
+
+    threading.Thread(target=interrupt_once_the_run_waits, daemon=True).start()
+    try:
+        rc = main(["scaling.num_workers=2", "scaling.use_gpu=false", f"checkpoint.storage_path={tmp_path}",
+                   "checkpoint.name=waits", "training.max_steps=2"])
+        out = capsys.readouterr()
+
+        def run_groups():
+            return {i: p["state"] for i, p in placement_group_table().items() if i not in before}
+        deadline = time.time() + 60  # Ray removes a dead owner's placement groups soon after, not at once
+        while time.time() < deadline and set(run_groups().values()) != {"REMOVED"}:
+            time.sleep(0.5)
+        after = run_groups()
+    finally:
+        remove_placement_group(held)
+    assert rc == 130, out.out[-3000:] + out.err[-3000:]
+    assert re.search(r"^raytrain: interrupted (at step 0 of 2|before its first step was reported); no checkpoint yet; to continue: ", out.err, re.M), out.err[-3000:]
+    assert "Traceback" not in out.out + out.err, out.err[-3000:]
+    assert after and set(after.values()) == {"REMOVED"}, after  # the run's placement group went with its controller

@@ -240,6 +240,21 @@ def test_controller_callbacks_get_after_controller_start_and_the_controller_has_
     assert "self._worker_group.abort()" in inspect.getsource(TrainController.abort)
 
 
+def test_a_placement_groups_creator_is_in_the_gcs_record_and_an_actor_handle_has_its_id():
+    """compat.remove_placement_groups_of reads them (the killed controller's group; the integration test in
+    tests/integration/test_driver_checks.py removes one through it)."""
+    from ray._private.state import GlobalState
+    from ray.actor import ActorHandle
+    from ray.core.generated import gcs_pb2
+
+    fields = {f.name for f in gcs_pb2.PlacementGroupTableData.DESCRIPTOR.fields}
+    assert {"placement_group_id", "creator_actor_id", "state"} <= fields
+    assert gcs_pb2.PlacementGroupTableData.REMOVED
+    assert "accessor = self._connect_and_get_accessor()" in inspect.getsource(GlobalState.placement_group_table)
+    assert "accessor.get_placement_group_table()" in inspect.getsource(GlobalState.placement_group_table)
+    assert isinstance(ActorHandle._actor_id, property)
+
+
 def test_ray_says_whether_its_dashboard_can_start():
     """raytrain.driver.cluster starts a local cluster with the dashboard only where this says it can (on
     a minimal ray, ray.init(include_dashboard=True) raises a bare Exception halfway through the start).
