@@ -177,7 +177,8 @@ def _abort(progress: DataProgress, wait_s: float = 10.0) -> bool:
         # for resources: an autoscaler's node, CPUs held by another job). Its loop awaits steps that do
         # not suspend while it schedules, so the abort waits for the whole wait, and Ray Train retries
         # that wait every 60 s (ray 2.60.0's TrainController.run; measured: not run after 120 s; Ray's
-        # own SIGINT handler waits the same). Killed instead, its workers go with it; what that skips is
+        # own SIGINT handler waits the same; ray-project/ray#54181, which made the wait abortable, was
+        # closed unmerged). Killed instead, its workers go with it; what that skips is
         # Ray Train's record of the run as aborted (the dashboard shows it failed) and callbacks' abort
         # hooks, which raytrain does not use. Its placement group belongs to this driver's job, not to
         # the controller: left, it would stay pending and take the CPUs when they free up, from a
