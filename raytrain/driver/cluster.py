@@ -257,9 +257,8 @@ def check_live_placement(cfg: RunConfig) -> None:
     types = autoscaler_node_types()
     if types is not None and scaling.num_workers is None:
         return  # a worker per GPU the cluster has now: nothing to judge
-    if types is not None:  # what the autoscaler can add, as many of each as could matter
-        nodes = alive + [dict(res) for res, count in types for _ in range(size if count < 0 else min(count, size))]
-        grows = "with the nodes its autoscaler can add"
+    if types is not None:
+        nodes, grows = with_addable_nodes(alive, types, size), "with the nodes its autoscaler can add"
     elif fixed_cluster():
         nodes, grows = alive, "no autoscaler adds nodes to it"
     else:
@@ -271,6 +270,13 @@ def check_live_placement(cfg: RunConfig) -> None:
         at = ""
     where = f"the Ray cluster{at} ({len(alive)} node(s), {cpus:g} CPUs, {gpus:g} GPUs; {grows})"
     check_placement(scaling, use_gpu, nodes, where, more_cpus="add nodes", more_nodes="add nodes")
+
+
+def with_addable_nodes(alive: list[dict[str, float]], types: list[tuple[dict[str, float], int]],
+                       size: int) -> list[dict[str, float]]:
+    """The alive nodes and those the autoscaler can add (autoscaler_node_types: resources, max count, -1
+    unbounded), as many of each type as could matter to a group of `size` workers (each holds at least one)."""
+    return alive + [dict(res) for res, count in types for _ in range(size if count < 0 else min(count, size))]
 
 
 # What the driver can learn of a cluster's autoscaler (ray 2.60.0; private reads, each pinned here).

@@ -16,7 +16,7 @@ from raytrain.data.sources import inspect_sources
 from raytrain.driver.checks import (check_placement, check_writable_dir, dry_run_target, idle_settings,
                                     resolve_before_ray)
 from raytrain.driver.cluster import (_plain_worker_prefixes, check_storage_shared, probe_node, sees_file,
-                                     storage_marker)
+                                     storage_marker, with_addable_nodes)
 from raytrain.main import main
 
 
@@ -115,6 +115,23 @@ def test_a_placement_the_cluster_can_never_make_is_refused_naming_the_setting():
                     more_cpus="", more_nodes="")
     assert refused(["scaling.num_workers=[4, 8]"], [three]).startswith(
         "the elastic range's minimum of 4 workers (scaling.num_workers=[4, 8]) x scaling.cpus_per_worker=1 need 4 CPUs")
+
+
+def test_a_cluster_whose_autoscaler_says_its_node_types_is_judged_with_the_nodes_it_can_add():
+    """Where the GCS holds the autoscaler's node types (raytrain.driver.cluster.autoscaler_node_types; no local
+    cluster reports them), the nodes it can add count, up to each type's max count; -1 is unbounded."""
+    head = {"CPU": 8.0}
+    gpu_node = {"CPU": 32.0, "GPU": 8.0}
+    two = with_addable_nodes([head], [(gpu_node, 2)], 24)
+    assert two == [head, gpu_node, gpu_node]
+    check_placement(load_config(None, ["scaling.num_workers=16"]).scaling, True, two, "the cluster",
+                    more_cpus="", more_nodes="")
+    assert refused(["scaling.num_workers=24"], two, use_gpu=True).startswith(
+        "24 workers need a GPU each, and the cluster has 16")
+    unbounded = with_addable_nodes([head], [(gpu_node, -1), ({"CPU": 4.0}, 0)], 24)
+    assert len(unbounded) == 25  # as many as a group of 24 could use; a type of max 0 adds none
+    check_placement(load_config(None, ["scaling.num_workers=24"]).scaling, True, unbounded, "the cluster",
+                    more_cpus="", more_nodes="")
 
 
 @pytest.mark.usefixtures("no_ray_driver")
