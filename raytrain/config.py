@@ -96,7 +96,9 @@ class DataConfig:
     """Bytes that are not UTF-8 in text or JSON files: "replace" (decode them as U+FFFD and log the
     file and the number of documents affected) or "error" (stop, naming the file and line)."""
     hf_split: NonEmptyStr = "train"
-    """Split to read from a Hugging Face DatasetDict (save_to_disk) or hub dataset."""
+    """Split of `path` to read: of a Hugging Face DatasetDict (save_to_disk), a hub dataset, or a
+    directory of hub-named shards ({split}-00000-of-00004.parquet, a hub snapshot's data/: only
+    this split's files are read)."""
     seq_len: Annotated[Int, Field(ge=1)] = 128
     """Tokens per packed training sequence."""
     position_ids: Literal["packed", "per_document"] = "packed"
@@ -132,6 +134,11 @@ class DataConfig:
     """Size of the built-in corpus (only used when `path` is None)."""
     eval_path: NonEmptyStr | Annotated[list[NonEmptyStr], Field(min_length=1)] | None = None
     """Held-out data, read like `path` (same format rules). Exclusive with eval_fraction."""
+    eval_hf_split: NonEmptyStr = "validation"
+    """Split of `eval_path` to read (as hf_split is of `path`): "validation", as Hugging Face's
+    run_clm evaluates on, so eval_path=org/corpus (or the same DatasetDict or snapshot directory
+    as path) evaluates on its validation split; a dataset with "test" only needs
+    eval_hf_split=test. The training split itself (same source, same split) is refused."""
     eval_fraction: Annotated[Float, Field(ge=0, lt=1)] = 0.0
     """Hold out this fraction of `path`'s documents (chosen by a hash of each document, so train and
     eval never share one and the split is the same in every run). 0: no split."""

@@ -252,7 +252,7 @@ class MicroBatches:
 
     def _no_step(self) -> None:
         """Not one step in an epoch: the same at every restart, so a bad record (one line, exit 2)."""
-        from raytrain.data.bad_records import BadRecord, BadRecords
+        from raytrain.data.bad_records import BadRecord, stop_run
 
         # The same line from every rank: the counter keeps one (raytrain.data.progress.Counter).
         record = BadRecord(None, f"the training data yields no step of {self.step_rows} rows of data.seq_len "
@@ -260,8 +260,7 @@ class MicroBatches:
                            "lower data.seq_len or raise data.tokenize_batch_size (each tokenize batch's tail "
                            "shorter than data.seq_len is dropped), add data, or lower train_batch_size or "
                            "data.num_shards")
-        BadRecords(self._counter).found(record)  # without a counter it raises; with one, the run is stopping
-        raise record
+        stop_run(record, self._counter)  # the counter stops the run; this thread waits for it (no traceback)
 
     def _start_epoch(self) -> list[_ShardReader]:
         # Each shard's first read waits at Ray Data's epoch barrier until every shard of every

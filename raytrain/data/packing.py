@@ -11,6 +11,13 @@ seq_len tokens). The dropped tokens are counted and printed at the end of the ru
 (raytrain.data.progress). Carrying a tail into the next batch would need one
 stateful packer per stream: with parallel tokenize tasks, which tail joined which batch would
 differ from run to run, and exact resume (raytrain.data.ingest) needs the same blocks every run.
+A long document (a text file under data.text_document="file") is tokenized in pieces of about
+64k characters, cut right after a newline (else before a space) between two non-space characters,
+and the pieces' ids joined: the same ids as the whole document's (checked once per tokenizer on a
+probe text: byte-level and GPT-2/tiktoken-style pre-tokenizers split there anyway; a tokenizer
+that adds a prefix space to every call, as SentencePiece's legacy Llama tokenizers do, is not cut).
+Whole, the tokenizer held ~200 bytes per input character (its encodings' offsets and strings):
+2 GB for a 10 MB file; in pieces, tokenizer calls of at most 1M characters hold ~200 MB.
 Text that spells a special token ("</s>") stays text, tokenized as its characters
 (split_special_tokens), never as the control token. With
 `data.position_ids="per_document"` each row also carries `position_ids` that restart at 0 after
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import time
 
 import numpy as np
@@ -101,11 +109,7 @@ def tokenize_and_pack(batch: dict[str, np.ndarray], *, seq_len: int, model: Mode
         keep = _eval_side(keys, eval_fraction) == (split == "eval")
         docs = [d for d, k in zip(docs, keep) if k]
     if not pretokenized:
-        # return_attention_mask=False: the mask is all ones here and building it costs ~half the time.
-        # add_special_tokens=False: the BOS is `start`, put below; a template's EOS would double the packer's.
-        encoded = tokenizer(docs, add_special_tokens=False, return_attention_mask=False,
-                            return_token_type_ids=False, split_special_tokens=True)["input_ids"] if docs else []
-        docs = [np.asarray(ids, dtype=np.int64) for ids in encoded]
+        docs = _encode(tokenizer, docs)
     parts, lengths = [], []
     end = np.array([eos], np.int64)
     for d in docs:  # one concatenate for the batch, not one per document
@@ -135,6 +139,88 @@ def tokenize_and_pack(batch: dict[str, np.ndarray], *, seq_len: int, model: Mode
     if position_ids == "per_document":
         out["position_ids"] = document_positions(np.asarray(lengths, np.int64), n_blocks * seq_len, seq_len)
     return _table(out)
+
+
+PIECE_CHARS = 1 << 16
+"""A document longer than this is tokenized in pieces of about this many characters (see above)."""
+CALL_CHARS = 1 << 20
+"""Characters per tokenizer call, at most (a single piece may be longer: one with no place to cut)."""
+_LINE_CUT = re.compile(r"(?<=\S\n)(?=\S)")  # right after a lone newline between two non-space characters
+_SPACE_CUT = re.compile(r"(?<=\S)(?= \S)")  # right before a lone space between two non-space characters
+_PROBE = ("Hello world.\nThe 2nd line, 12345 numbers; caf\u00e9 na\u00efve!\n\u65e5\u672c\u8a9e "
+          "\u30c6\u30ad\u30b9\u30c8 (x) don't\nend")
+_cuts_keep_ids: dict[int, bool] = {}
+
+
+def _encode(tokenizer, docs: list[str]) -> list[np.ndarray]:
+    """Each document's token ids (no special tokens), long documents in pieces (`_pieces`), in
+    tokenizer calls of at most CALL_CHARS characters."""
+    size = PIECE_CHARS if any(len(d) > PIECE_CHARS for d in docs) and _can_cut(tokenizer) else None
+    pieces, owner = [], []
+    for i, d in enumerate(docs):
+        for piece in _pieces(d, size) if size else (d,):
+            pieces.append(piece)
+            owner.append(i)
+    ids: list[list[np.ndarray]] = [[] for _ in docs]
+    start = 0
+    while start < len(pieces):
+        end, chars = start + 1, len(pieces[start])
+        while end < len(pieces) and chars + len(pieces[end]) <= CALL_CHARS:
+            chars, end = chars + len(pieces[end]), end + 1
+        for i, encoded in zip(owner[start:end], _tokenize(tokenizer, pieces[start:end])):
+            ids[i].append(np.asarray(encoded, dtype=np.int64))
+        start = end
+    return [parts[0] if len(parts) == 1 else np.concatenate(parts) for parts in ids]
+
+
+def _tokenize(tokenizer, texts: list[str]) -> list[list[int]]:
+    # return_attention_mask=False: the mask is all ones here and building it costs ~half the time.
+    # add_special_tokens=False: the BOS is `start`, put below; a template's EOS would double the packer's.
+    return tokenizer(texts, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False,
+                     split_special_tokens=True)["input_ids"]
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    """`text` cut into pieces of about `size` characters (from size/2 to size; longer where there
+    is no place to cut), each cut at the last lone newline of its window, else its last lone space."""
+    if len(text) <= size:
+        return [text]
+    out, start = [], 0
+    while len(text) - start > size:
+        cut = _last_cut(text, start + size // 2, start + size) or _next_cut(text, start + size)
+        if cut is None:
+            break
+        out.append(text[start:cut])
+        start = cut
+    out.append(text[start:])
+    return out
+
+
+def _last_cut(text: str, lo: int, hi: int) -> int | None:
+    for pattern in (_LINE_CUT, _SPACE_CUT):
+        cut = None
+        for found in pattern.finditer(text, lo, hi):
+            cut = found.start()
+        if cut:
+            return cut
+    return None
+
+
+def _next_cut(text: str, pos: int) -> int | None:
+    cuts = [found.start() for found in (p.search(text, pos) for p in (_LINE_CUT, _SPACE_CUT)) if found]
+    return min(cuts) if cuts else None
+
+
+def _can_cut(tokenizer) -> bool:
+    """Whether pieces cut as `_pieces` cuts give the whole text's ids: checked once per tokenizer
+    (load_tokenizer caches them per process) by tokenizing a probe at every cut point."""
+    key = id(tokenizer)
+    if key not in _cuts_keep_ids:
+        cuts = sorted({0, len(_PROBE), *(m.start() for p in (_LINE_CUT, _SPACE_CUT) for m in p.finditer(_PROBE))})
+        pieces = [_PROBE[a:b] for a, b in zip(cuts, cuts[1:])]
+        joined = [i for ids in _tokenize(tokenizer, pieces) for i in ids]
+        _cuts_keep_ids[key] = joined == _tokenize(tokenizer, [_PROBE])[0]
+    return _cuts_keep_ids[key]
 
 
 def _bad_batch(bad: BadRecords, n: int, what: str, fix: str) -> None:

@@ -70,7 +70,7 @@ def _build(data: DataConfig, model: ModelConfig, seed: int, source: Source, spli
     else:  # a hub dataset, streamed: nothing is downloaded on the driver
         import datasets  # only for hub datasets: its import costs ~2 s
 
-        hub = datasets.load_dataset(source.hub_id, split=data.hf_split, streaming=True)
+        hub = datasets.load_dataset(source.hub_id, split=source.split, streaming=True)
         ds = ray.data.from_huggingface(hub.select_columns([data.text_column]))
     fn_kwargs = {"seq_len": data.seq_len, "model": model, "text_column": source.column,
                  "pretokenized": source.format == "tokenized", "position_ids": data.position_ids,

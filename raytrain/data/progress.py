@@ -90,6 +90,7 @@ class Counter:
         self._counts = dict.fromkeys(COUNTS, 0)
         self._first: float | None = None
         self._skipped: dict[str, tuple[int, str | None]] = {}
+        self._skipped_files: dict[str, dict[str, int]] = {}
         self._bad = None
         self._more_bad = 0
         self._step: int | None = None
@@ -106,7 +107,15 @@ class Counter:
         return {**self._counts, "elapsed_s": 0.0 if self._first is None else self._clock() - self._first}
 
     def skipped(self, where: str | None = None, **counts: int) -> None:
+        """`counts` of one file (`where`: its count, the same at every read of the file, is kept once:
+        the data is read at every epoch, every evaluation and by the eval check, and with
+        data.eval_fraction by both pipelines), or of one batch (None: added up)."""
         for kind, n in counts.items():
+            if where is not None:
+                files = self._skipped_files.setdefault(kind, {})
+                n, files[where] = n - files.get(where, 0), max(n, files.get(where, 0))
+                if n <= 0:
+                    continue
             total, first = self._skipped.get(kind, (0, None))
             self._skipped[kind] = (total + n, first or where)
 

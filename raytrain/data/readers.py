@@ -214,8 +214,9 @@ def _read_arrow_file(path: str, filesystem, column: str, reads: FileReads, bad: 
 def read_parquet_rows(row: dict[str, Any], *, filesystem, column: str, pretokenized: bool,
                       counter: str | None = None) -> Iterator[dict[str, Any]]:
     """One parquet file -> rows of {column: value}, one row group's batch at a time: the text
-    column's strings, or (`pretokenized`) the input_ids column's int64 arrays (an empty one for a
-    null row: an empty document, as packing counts it).
+    column's strings, or (`pretokenized`) the input_ids column's int64 arrays. Empty documents (a
+    null or "" text, a null or empty id list) are skipped and counted per file, as read_documents
+    counts them (the run's counter keeps a file's count once, however often it is read).
 
     Used instead of ray.data.read_parquet for one reason: a file that cannot be read (damaged pages
     under an intact footer, cut short after the driver read it) raised a raw OSError inside Ray
@@ -235,6 +236,7 @@ def read_parquet_rows(row: dict[str, Any], *, filesystem, column: str, pretokeni
     bad = BadRecords(counter)
     fix = "write the file again (or copy it again: it is damaged), or leave it out of the data"
     done = 0
+    counts: collections.Counter = collections.Counter()
     try:
         with filesystem.open_input_file(path) as stream:
             parquet = pq.ParquetFile(stream)
@@ -247,12 +249,14 @@ def read_parquet_rows(row: dict[str, Any], *, filesystem, column: str, pretokeni
                 values = batch.column(0)
                 if not pretokenized:
                     for text in values.to_pylist():
-                        yield {column: text}
+                        if text is None or text == "":
+                            counts["empty"] += 1
+                        else:
+                            yield {column: text}
                     done += len(values)
                     continue
                 if pa.types.is_null(values.type):  # every row null: empty documents
-                    for _ in range(len(values)):
-                        yield {column: np.zeros(0, np.int64)}
+                    counts["empty"] += len(values)
                     done += len(values)
                     continue
                 lengths = pc.fill_null(pc.list_value_length(values), 0).to_numpy()
@@ -264,8 +268,12 @@ def read_parquet_rows(row: dict[str, Any], *, filesystem, column: str, pretokeni
                     return
                 ids = flat.to_numpy().astype(np.int64, copy=False)
                 for document in np.split(ids, np.cumsum(lengths)[:-1]):
-                    yield {column: document}
+                    if len(document):
+                        yield {column: document}
+                    else:
+                        counts["empty"] += 1
                 done += len(values)
+        _report_file(path, counts, counter)
     except (OSError, pa.ArrowException) as e:
         # Damaged or cut short: the same at every retry, so a bad record of the file, not a task failure.
         after = f" after its first {done:,} rows" if done else ""

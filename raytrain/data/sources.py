@@ -7,7 +7,14 @@ parquet footers, the first record of every local JSON file (a JSON line or an ar
 and its text value; remote: of the first file with one), the first bytes of every local text file
 (a UTF-16/32 byte order mark) and the first MiB of the first one under data.invalid_utf8=error, and
 raises a one-line `ConfigError` naming the key. `--dry-run` and a real run both run these checks.
+What a source leaves unread (files of other splits or with other extensions, a labels column) and
+data settings that have no effect get one `raytrain: note:` line each (stderr).
 The `Source` it returns tells raytrain.data.pipeline how to read it.
+
+Splits: data.hf_split of data.path and data.eval_hf_split ("validation") of data.eval_path, read
+from a DatasetDict, a hub dataset, or a directory of hub-named shards ({split}-00000-of-00004.*,
+a hub snapshot's data/: the other splits' files are left out). An eval source that is the
+training source (the same files, or the same hub id and split) is refused.
 
 Documents, by source:
 - text files (.txt, .text, .md): `data.text_document="file"` (default) makes each file one
@@ -22,9 +29,10 @@ Text and JSON files may be compressed (.gz, .bz2, .zst, .lz4, .br, .xz, by suffi
 archives (.zip, .tar, .tar.gz, ...) are refused: they hold many files, read as text they are noise.
 Paths may be local or on any filesystem pyarrow understands (s3://, gs://, hdfs://, abfs://);
 directories are read recursively, skipping names that start with "." or "_": with data.format
-"auto" the files whose extension names a format, with data.format set every file (a .parquet file
-among text/JSON ones, or a text/JSON-named one among parquet, is refused). As with Ray Data's own
-readers, a local path must be visible on every node that runs tasks (a shared filesystem).
+"auto" the files whose extension names a format (the others left out with a note), with
+data.format set every file (a .parquet file among text/JSON ones, or a text/JSON-named one among
+parquet, is refused). A save_to_disk directory of input_ids is refused (export it to parquet).
+As with Ray Data's own readers, a local path must be visible on every node that runs tasks (a shared filesystem).
 
 Bad input, at run time (things only reading all the data can tell):
 - invalid UTF-8 in text/JSON files: `data.invalid_utf8="replace"` (default) decodes the bad bytes
@@ -47,11 +55,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from raytrain.config import ConfigError, DataConfig
 from raytrain.config_files import first_line
+from raytrain.console import say
 from raytrain.run_spec import DataFacts
 
 FORMATS = ("text", "json", "parquet", "hf", "tokenized")
@@ -79,6 +89,9 @@ class Source:
     files: list[str] = field(default_factory=list)
     hub_id: str | None = None
     """A Hugging Face hub dataset id (format "hf", not on any filesystem)."""
+    split: str | None = None
+    """The split read (data.hf_split, or data.eval_hf_split for eval_path): of a hub dataset, a
+    DatasetDict or a directory of hub-named shards. None: the source has no splits."""
 
 # ---------------------------------------------------------------------------------------------
 # Driver-side checks: cheap reads (listings, parquet footers, one JSON line), no Ray.
@@ -91,22 +104,58 @@ class Sources:
     train: Source
     eval: Source | None
     """None: no held-out data. With data.eval_fraction this is the training source again, split by hash."""
+    notes: tuple[str, ...] = ()
+    """Settings and files that have no effect on this run, one line each (printed by inspect_sources)."""
 
 
 def inspect_sources(data: DataConfig) -> Sources:
-    """Check `data.path` and `data.eval_path` before any worker starts (one-line ConfigErrors)."""
-    train = inspect_source(data, data.path, "data.path")
+    """Check `data.path` and `data.eval_path` before any worker starts (one-line ConfigErrors), and
+    print a `raytrain: note:` line (stderr) for each setting or file the sources leave unused."""
+    notes: list[str] = []
+    train = inspect_source(data, data.path, "data.path", notes)
+    held_out = None
     if data.eval_path is not None:
-        held_out = inspect_source(data, data.eval_path, "data.eval_path")
+        held_out = inspect_source(data, data.eval_path, "data.eval_path", notes)
         _refuse_eval_in_train(train, held_out)
-        return Sources(train, held_out)
-    return Sources(train, train if data.eval_fraction else None)
+    notes.extend(_idle_settings(data, train, held_out))
+    for note in notes:
+        say(f"raytrain: note: {note}", err=True)
+    if held_out is not None:
+        return Sources(train, held_out, tuple(notes))
+    return Sources(train, train if data.eval_fraction else None, tuple(notes))
+
+
+def _idle_settings(data: DataConfig, train: Source, held_out: Source | None) -> list[str]:
+    """Data settings that this run's sources make do nothing: a note each (a setting that silently
+    does nothing reads as one that works). Only values that differ from the default are named."""
+    defaults, notes = DataConfig(), []
+    if data.hf_split != defaults.hf_split and train.split is None:
+        notes.append(f"data.hf_split={data.hf_split!r} has no effect: data.path has no splits (it is not a "
+                     f"DatasetDict, a hub dataset or a directory of hub-named shards such as "
+                     f"{data.hf_split}-00000-of-00001.parquet)")
+    if data.eval_hf_split != defaults.eval_hf_split and (held_out is None or held_out.split is None):
+        why = "there is no data.eval_path" if held_out is None else "data.eval_path has no splits"
+        notes.append(f"data.eval_hf_split={data.eval_hf_split!r} has no effect: {why}")
+    sources = [train] + ([held_out] if held_out is not None else [])
+    if data.text_column != defaults.text_column and all(s.format in ("text", "tokenized") for s in sources):
+        notes.append(f"data.text_column={data.text_column!r} has no effect: "
+                     + ("text files have no columns (a file or a line is a document)" if train.format == "text"
+                        else "pre-tokenized data is read from its input_ids column"))
+    if data.text_document != defaults.text_document and all(s.format != "text" for s in sources):
+        notes.append(f"data.text_document={data.text_document!r} has no effect: it applies to text files "
+                     f"(.txt, .text, .md), and the data is {train.format}")
+    return notes
 
 
 def _refuse_eval_in_train(train: Source, held_out: Source) -> None:
     """An eval file that is also a training file would make the eval loss a training loss. Local
     files compare by (device, inode), one stat each (a link or another spelling is the same file);
-    remote ones by path."""
+    remote ones by path; a hub dataset by its id and split."""
+    if train.hub_id is not None and train.hub_id == held_out.hub_id and train.split == held_out.split:
+        raise ConfigError(f"data.eval_path: the hub dataset {held_out.hub_id!r} split {held_out.split!r} is the "
+                          f"training data (data.path, data.hf_split={train.split!r}): evaluate on another split "
+                          f"(data.eval_hf_split, e.g. validation or test), or leave data.eval_path out and set "
+                          f"data.eval_fraction")
     if not train.files or not held_out.files or train.filesystem.type_name != held_out.filesystem.type_name:
         return
     identity = _file_identity if train.filesystem.type_name == "local" else (lambda f: f)
@@ -115,41 +164,57 @@ def _refuse_eval_in_train(train: Source, held_out: Source) -> None:
         same = trained.get(identity(f))
         if same is not None:
             also = "" if same == f else f" (as {same})"
-            raise ConfigError(f"data.eval_path: {f} is also in data.path{also}: evaluate on files that are not "
-                              f"trained on: take it out of data.path, or leave data.eval_path out and set "
+            split = (f" (the split {held_out.split!r} of both: set data.eval_hf_split to another one)"
+                     if held_out.split is not None and held_out.split == train.split else "")
+            raise ConfigError(f"data.eval_path: {f} is also in data.path{also}{split}: evaluate on files that are "
+                              f"not trained on: take it out of data.path, or leave data.eval_path out and set "
                               f"data.eval_fraction")
 
 
 def data_facts(data: DataConfig, sources: Sources) -> DataFacts:
     """What the data section resolved to: carried to the workers and printed by --dry-run."""
     source = str(data.path) if data.path is not None else f"built-in corpus ({data.num_builtin_documents} documents)"
+    if sources.train.split is not None:
+        source += f" (split {sources.train.split})"
     if sources.eval is None:
         return DataFacts(source=source, format=sources.train.format)
     if data.eval_path is not None:
-        return DataFacts(source=source, format=sources.train.format, eval_source=str(data.eval_path),
+        split = f" (split {sources.eval.split})" if sources.eval.split is not None else ""
+        return DataFacts(source=source, format=sources.train.format, eval_source=f"{data.eval_path}{split}",
                          eval_format=sources.eval.format)
     return DataFacts(source=source, format=sources.train.format,
                      eval_source=f"{data.eval_fraction:g} of the documents of {source} (by content hash)",
                      eval_format=sources.train.format)
 
 
-def inspect_source(data: DataConfig, path, key: str = "data.path") -> Source:
-    """List and check a source before any worker starts; every problem is a one-line ConfigError."""
+def inspect_source(data: DataConfig, path, key: str = "data.path", notes: list[str] | None = None) -> Source:
+    """List and check a source before any worker starts; every problem is a one-line ConfigError.
+    What it leaves unread (files of other splits or extensions, a labels column) is added to `notes`."""
     if path is None:
         return Source("builtin")
+    notes = [] if notes is None else notes
     paths = [path] if isinstance(path, str) else list(path)
     if not paths:
         raise ConfigError(f"{key} is an empty list: give at least one file or directory"
                           + (" (or null for the built-in corpus)" if key == "data.path" else ""))
+    split_key = "data.eval_hf_split" if key == "data.eval_path" else "data.hf_split"
+    split = (split_key, data.eval_hf_split if key == "data.eval_path" else data.hf_split)
     if data.format == "hf" or (data.format == "auto" and _looks_like_hf(paths[0])):
-        return _inspect_hf(data, paths, key)
-    fs, files = _list_files(paths, data.format, key)
+        return _inspect_hf(data, paths, key, split)
+    if data.format == "tokenized":
+        _refuse_tokenized_save_to_disk(paths, key)
+    fs, files, split_read = _list_files(paths, data.format, key, split, notes)
     fmt = data.format if data.format != "auto" else _format_of_files(files, paths, key)
     # Text and JSON files go through read_documents, which yields a "text" column.
     column = data.text_column if fmt in ("parquet", "tokenized") else "text"
-    source = Source(fmt, column=column, filesystem=fs, files=[f for f, _ in files])
+    source = Source(fmt, column=column, filesystem=fs, files=[f for f, _ in files], split=split_read)
+    if fmt == "text":
+        readme = next((f for f, _ in files if os.path.basename(f).lower() in ("readme.md", "readme.txt")), None)
+        if readme is not None and len(files) > 1:
+            notes.append(f"{key}: {readme} is read as a training document, like the text files beside it: move it "
+                         f"out, or list the files to read in {key}")
     if fmt in ("parquet", "tokenized"):
-        return _check_parquet(source, data, key)
+        return _check_parquet(source, data, key, notes)
     if all(size == 0 for _, size in files):
         raise ConfigError(f"{key}: every file of {', '.join(paths)} is empty: give files with documents in them")
     nonempty = [f for f, size in files if size]
@@ -204,11 +269,29 @@ def _file_info(fs, fs_path: str, path: str, key: str):
     return info
 
 
-def _list_files(paths: list[str], fmt: str, key: str):
-    """(filesystem, [(file, size)]): named files as given, directories recursively by extension."""
+# Hugging Face's shard names, {split}-NNNNN-of-NNNNN.{ext}: what push_to_hub and the hub's parquet
+# conversion write, and what `datasets` reads as that split (datasets.data_files). Matched here on
+# the base name rather than through datasets.data_files, whose import costs ~3.6 s on the driver.
+_HUB_SHARD = re.compile(r"^(?P<split>\w+?)-\d{5}-of-\d{5}(\.|$)")
+# The split names `datasets` knows by their words (datasets.splits, data_files' keywords). Files of
+# one other prefix only are not a split (a Beam job's output-00000-of-00010.jsonl): read whole.
+_SPLIT_WORDS = frozenset({"train", "training", "validation", "valid", "val", "dev", "test", "testing", "eval",
+                          "evaluation"})
+
+
+def _split_of(path: str) -> str | None:
+    """The split a hub-named shard belongs to (train-00000-of-00004.parquet: "train"), or None."""
+    found = _HUB_SHARD.match(path.rsplit("/", 1)[-1])
+    return found.group("split") if found else None
+
+
+def _list_files(paths: list[str], fmt: str, key: str, split: tuple[str, str], notes: list[str]):
+    """(filesystem, [(file, size)], the split read or None): named files as given, directories
+    recursively by extension. In a directory of hub-named shards only `split`'s (key, name) files
+    are read; files with other extensions (data.format "auto") are left out with a note."""
     import pyarrow.fs as pafs
 
-    fs0, files = None, []
+    fs0, files, split_read = None, [], None
     for path in paths:
         fs, fs_path = _filesystem(path, key)
         if fs0 is None:
@@ -220,7 +303,7 @@ def _list_files(paths: list[str], fmt: str, key: str):
         if info.type == pafs.FileType.File:
             files.append((info.path, info.size))
             continue
-        found = []
+        found, other_extensions = [], []
         try:
             listing = fs.get_file_info(pafs.FileSelector(fs_path, recursive=True))
         except OSError as e:  # a subdirectory this user cannot list (lost+found, another user's)
@@ -241,6 +324,8 @@ def _list_files(paths: list[str], fmt: str, key: str):
                                   f"move it out, or list the files to read in {key}")
             if _is_archive(f.path) or fmt != "auto" or kind is not None:
                 found.append((f.path, f.size))
+            else:
+                other_extensions.append(f.path)
         if fs.type_name == "local":
             link = _dangling_link(fs_path, lambda f: fmt != "auto" or _format_of(f) is not None or _is_archive(f))
             if link is not None:
@@ -252,7 +337,13 @@ def _list_files(paths: list[str], fmt: str, key: str):
                                   f"skipped): point it at your data")
             raise ConfigError(f"{key}: directory {path} has no {'/'.join(sorted(_EXTENSIONS))} files: point it at "
                               f"your data (or set data.format if the files have other extensions)")
-        files.extend(sorted(found))
+        if other_extensions:
+            first = sorted(other_extensions)[0]
+            notes.append(f"{key}: reading {len(found)} file{'s' if len(found) > 1 else ''} of {path}; left out "
+                         f"{len(other_extensions)} with other extensions (first: {first}): set data.format to read "
+                         f"every file, or rename them (.jsonl, .txt, .parquet, compressed .gz/.zst/...)")
+        found, split_read = _of_split(sorted(found), path, key, split, notes, split_read)
+        files.extend(found)
     archive = next((f for f, _ in files if _is_archive(f)), None)
     if archive is not None:
         raise ConfigError(f"{key}: {archive} is an archive, which raytrain does not unpack: extract it and point "
@@ -263,7 +354,31 @@ def _list_files(paths: list[str], fmt: str, key: str):
             raise ConfigError(f"{key}: cannot read {unreadable} (permission denied): make it readable, or "
                               f"leave it out of {key}")
         _refuse_duplicates([f for f, _ in files], key)
-    return fs0, files
+    return fs0, files, split_read
+
+
+def _of_split(found: list[tuple[str, int]], path: str, key: str, split: tuple[str, str], notes: list[str],
+              split_read: str | None):
+    """A directory's files without those of other splits than `split` (key, name), where files are
+    hub-named shards (a hub snapshot's data/): (files, the split read, or `split_read` when none)."""
+    split_key, name = split
+    by_split: dict[str, list[str]] = {}
+    for f, _ in found:
+        by_split.setdefault(_split_of(f), []).append(f)
+    named = {s: fs for s, fs in by_split.items() if s is not None}
+    if not named or set(named) == {name}:
+        return found, (name if named else split_read)
+    if len(named) == 1 and not set(named) & _SPLIT_WORDS:
+        return found, split_read
+    if name not in named:
+        listed = ", ".join(f"{s} ({len(fs)} file{'s' if len(fs) > 1 else ''})" for s, fs in sorted(named.items()))
+        raise ConfigError(f"{split_key}={name!r} is not a split of {key}={path}: its files are named for the splits "
+                          f"{listed}: set {split_key}")
+    left_out = ", ".join(f"{s} ({len(fs)} file{'s' if len(fs) > 1 else ''})"
+                         for s, fs in sorted(named.items()) if s != name)
+    notes.append(f"{key}: reading the {name!r} split of {path} ({len(named[name])} file"
+                 f"{'s' if len(named[name]) > 1 else ''}: {split_key}); left out the splits {left_out}")
+    return [(f, size) for f, size in found if _split_of(f) in (None, name)], name
 
 
 def _dangling_link(root: str, read) -> str | None:
@@ -374,13 +489,32 @@ def _mixed_formats(files: list[tuple[str, int]], paths: list[str], key: str) -> 
         others = [f for other, ofs in by_format.items() if other != fmt for f in ofs]
         if where not in roots and not any(f.startswith(where + "/") for f in others) \
                 and any(where.startswith(root + "/") for root in roots):
+            splits = sorted({s for s in map(_split_of, fs) if s is not None})
+            split_key = "data.eval_hf_split" if key == "data.eval_path" else "data.hf_split"
+            read = f" (of its hub-named shards, those of the split {splits[0]!r}: {split_key})" if splits else ""
             return (f"{key}: {', '.join(paths)} mixes formats: {found}: point {key} at {where}, which holds the "
-                    f"{fmt} files only")
+                    f"{fmt} files only{read}")
     return (f"{key}: {', '.join(paths)} mixes formats: {found}: give one format per path list (move the "
             f"other files out, or list the files to read in {key})")
 
 
-def _check_parquet(source: Source, data: DataConfig, key: str) -> Source:
+def _column_kind(t) -> str:
+    """An Arrow type as the readers see it: read_parquet_rows yields Python strings and int64 id
+    arrays whatever the width, so string/large_string/string_view (and a dictionary of them) are
+    one kind, and so is every list type of integers."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or getattr(pa.types, "is_string_view", bool)(t):
+        return "string"
+    if (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+            or getattr(pa.types, "is_list_view", bool)(t)) and pa.types.is_integer(t.value_type):
+        return "list of integers"
+    return str(t)
+
+
+def _check_parquet(source: Source, data: DataConfig, key: str, notes: list[str]) -> Source:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -425,6 +559,10 @@ def _check_parquet(source: Source, data: DataConfig, key: str) -> Source:
                               f"set data.text_column to the text column")
 
     check(source.files[0], schema)
+    if source.format == "tokenized" and "labels" in schema.names:
+        notes.append(f"{key}: the labels column of {source.files[0]} is not read: raytrain trains on every token "
+                     f"of input_ids (its labels are input_ids), so tokens masked there with -100 (an SFT prompt) "
+                     f"are trained on too; raytrain has no label masking")
     column_type, typed_by = schema.field(source.column).type, source.files[0]
     rows = first.metadata.num_rows
     # Every file's footer on a local filesystem (one small read each); on a remote one only until
@@ -439,7 +577,7 @@ def _check_parquet(source: Source, data: DataConfig, key: str) -> Source:
         this_type = meta.schema_arrow.field(source.column).type
         if pa.types.is_null(column_type):  # Ray Data merges an all-null column with any other type
             column_type, typed_by = this_type, path
-        elif not pa.types.is_null(this_type) and this_type != column_type:  # Ray Data cannot merge the two
+        elif not pa.types.is_null(this_type) and _column_kind(this_type) != _column_kind(column_type):
             raise ConfigError(f"{key}: {path} holds {source.column} as {this_type}, {typed_by} as {column_type}: "
                               f"write every file with one type")
         rows = rows or meta.metadata.num_rows
@@ -628,8 +766,22 @@ def _looks_like_hf(path: str) -> bool:
     return os.path.isdir(path) and any(os.path.exists(os.path.join(path, m)) for m in _HF_MARKERS)
 
 
-def _inspect_hf(data: DataConfig, paths: list[str], key: str) -> Source:
-    """A save_to_disk directory (its .arrow files, read directly on the cluster) or a hub id."""
+def _refuse_tokenized_save_to_disk(paths: list[str], key: str) -> None:
+    """data.format=tokenized on a save_to_disk directory: its listing would fail on state.json, whose
+    fix (move it out) breaks the dataset. Pre-tokenized data is read from parquet."""
+    for path in paths:
+        if "://" not in path and _looks_like_hf(path):
+            raise ConfigError(_TOKENIZED_SAVE_TO_DISK.format(key=key, path=path))
+
+
+_TOKENIZED_SAVE_TO_DISK = ("{key}: {path} is a datasets save_to_disk directory of token ids (input_ids), which raytrain "
+                           "does not read: pre-tokenized data is read from parquet: export it with "
+                           "datasets.load_from_disk('{path}').to_parquet('ids.parquet') and set {key} to that file")
+
+
+def _inspect_hf(data: DataConfig, paths: list[str], key: str, split: tuple[str, str]) -> Source:
+    """A save_to_disk directory (its .arrow files, read directly on the cluster) or a hub id.
+    `split`: (the key, the split) read from a DatasetDict or a hub dataset."""
     import pyarrow as pa
     import pyarrow.fs as pafs
 
@@ -639,7 +791,7 @@ def _inspect_hf(data: DataConfig, paths: list[str], key: str) -> Source:
     if "://" not in path and not os.path.exists(os.path.expanduser(path)):
         if path.startswith((".", "/", "~")) or path.count("/") > 1:
             raise ConfigError(f"{key}: {path} does not exist; give a save_to_disk directory or a hub id (org/name)")
-        return _inspect_hub(data, path, key)
+        return _inspect_hub(data, path, key, split)
     fs, root = _filesystem(path, key)
     if _file_info(fs, root, path, key).type != pafs.FileType.Directory:
         raise ConfigError(f"{key}: {path} is a file; data.format=hf needs a save_to_disk directory")
@@ -654,12 +806,13 @@ def _inspect_hf(data: DataConfig, paths: list[str], key: str) -> Source:
             raise ConfigError(f"{key}: cannot read {p} ({first_line(e)}): give a directory written by "
                               f"datasets' save_to_disk, unchanged") from None
 
-    splits = read_json_file(f"{root}/dataset_dict.json")
+    split_key, split_name = split
+    splits, split_read = read_json_file(f"{root}/dataset_dict.json"), None
     if splits is not None:  # a DatasetDict: one subdirectory per split
-        if data.hf_split not in splits.get("splits", []):
-            raise ConfigError(f"data.hf_split={data.hf_split!r} is not a split of {path} "
-                              f"(splits: {', '.join(splits.get('splits', []))}): set data.hf_split")
-        root = f"{root}/{data.hf_split}"
+        if split_name not in splits.get("splits", []):
+            raise ConfigError(f"{split_key}={split_name!r} is not a split of {path} "
+                              f"(splits: {', '.join(splits.get('splits', []))}): set {split_key}")
+        root, split_read = f"{root}/{split_name}", split_name
     state = read_json_file(f"{root}/state.json")
     if state is None:
         raise ConfigError(f"{key}: {path} has no state.json: give a directory written by datasets' save_to_disk")
@@ -690,6 +843,9 @@ def _inspect_hf(data: DataConfig, paths: list[str], key: str) -> Source:
                               f"save_to_disk directory again") from None
         if rows:
             break
+    if names is not None and data.text_column not in names and "input_ids" in names \
+            and data.text_column == DataConfig().text_column:
+        raise ConfigError(_TOKENIZED_SAVE_TO_DISK.format(key=key, path=path))
     if names is not None and data.text_column not in names:
         raise ConfigError(f"data.text_column={data.text_column!r} is not a column of {path} "
                           f"(columns: {', '.join(names)}): set data.text_column")
@@ -698,18 +854,19 @@ def _inspect_hf(data: DataConfig, paths: list[str], key: str) -> Source:
                           f"set data.text_column to the text column")
     if not rows:
         raise ConfigError(f"{key}: the dataset at {path} has no rows: give a non-empty dataset")
-    return Source("hf", column="text", filesystem=fs, files=files)
+    return Source("hf", column="text", filesystem=fs, files=files, split=split_read)
 
 
-def _inspect_hub(data: DataConfig, hub_id: str, key: str) -> Source:
+def _inspect_hub(data: DataConfig, hub_id: str, key: str, split: tuple[str, str]) -> Source:
     import datasets
 
+    split_key, split_name = split
     try:
-        hub = datasets.load_dataset(hub_id, split=data.hf_split, streaming=True)
+        hub = datasets.load_dataset(hub_id, split=split_name, streaming=True)
     except Exception as e:  # datasets raises many types (network, missing split, missing repo)
-        raise ConfigError(f"{key}: cannot open the hub dataset {hub_id!r} split {data.hf_split!r} "
-                          f"({first_line(e)}): check the id, data.hf_split and your network/token") from None
+        raise ConfigError(f"{key}: cannot open the hub dataset {hub_id!r} split {split_name!r} "
+                          f"({first_line(e)}): check the id, {split_key} and your network/token") from None
     if hub.column_names is not None and data.text_column not in hub.column_names:
         raise ConfigError(f"data.text_column={data.text_column!r} is not a column of {hub_id} "
                           f"(columns: {', '.join(hub.column_names)}): set data.text_column")
-    return Source("hf", column=data.text_column, hub_id=hub_id)
+    return Source("hf", column=data.text_column, hub_id=hub_id, split=split_name)

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from raytrain.console import emit
-from raytrain.data.bad_records import BadRecord, BadRecords
+from raytrain.data.bad_records import BadRecord, stop_run
 
 
 class Evaluator:
@@ -58,8 +58,7 @@ def no_eval_rows(counter: str | None) -> None:
     record = BadRecord(None, "the eval data yields not one row of data.seq_len tokens",
                        "add eval data (data.eval_path, or a larger data.eval_fraction: it splits by document), "
                        "lower data.seq_len, or remove the eval settings")
-    BadRecords(counter).found(record)  # without a counter it raises; with one, the run is stopping
-    raise record
+    stop_run(record, counter)  # the counter stops the run; this worker waits for it (no traceback)
 
 
 def eval_batches(shard, micro_batch: int, device) -> Iterator[dict[str, Any]]:

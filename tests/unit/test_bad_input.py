@@ -73,6 +73,7 @@ CLASSES: dict[str, list[tuple[list[str], str]]] = {
         (['checkpoint.resume_from=""'], "checkpoint.resume_from must be a string (not empty) or null"),
         (["--resume-from", ""], "checkpoint.resume_from must be a string (not empty) or null"),
         (['tracking.mlflow_tracking_uri=""'], "tracking.mlflow_tracking_uri must be a string (not empty) or null"),
+        (['data.eval_hf_split=""'], "data.eval_hf_split must be a string (not empty), got str ''"),
     ],
     "--resume-from is a path, taken as written": [
         (["--resume-from", "FILES/ck #2"], "checkpoint.resume_from=FILES/ck #2 is not a raytrain checkpoint"),

@@ -179,3 +179,37 @@ def test_each_document_starts_with_the_bos_its_tokenizer_adds_as_hugging_face_tr
         assert block_arrays(packed)["input_ids"].flatten().tolist() == stream
     assert document_start_ids(TOK) == ()  # the byte tokenizer (as GPT-2's): nothing before a document
     assert pack(["ab"], seq_len=3)["input_ids"].flatten().tolist() == ids("ab") + [EOS]
+
+
+def gpt2_style():
+    """A byte-level BPE with GPT-2's pre-tokenizer regex, trained in code (no download)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([LONG[:20000]], trainers.BpeTrainer(vocab_size=400, special_tokens=["<eos>"],
+                                                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+
+
+LONG = "".join(f"Line {i}: the quick brown fox, {i * 7} caf\u00e9s!\n" + ("  indented\n\n" if i % 5 == 0 else "")
+               for i in range(3000))
+
+
+def test_a_long_document_is_tokenized_in_pieces_with_the_whole_documents_ids(monkeypatch, llama_style):
+    """A text file is one document: tokenized whole it held ~200 bytes per character (2 GB for 10 MB)."""
+    from raytrain.data import packing
+
+    calls = []
+    tokenize = packing._tokenize
+    monkeypatch.setattr(packing, "_tokenize", lambda tok, texts: calls.append(sum(map(len, texts))) or tokenize(tok, texts))
+    monkeypatch.setattr(packing, "PIECE_CHARS", 4000)
+    monkeypatch.setattr(packing, "CALL_CHARS", 20000)
+    for tok in (TOK, gpt2_style()):
+        calls.clear()
+        pieces = packing._encode(tok, [LONG, "short"])
+        assert [p.tolist() for p in pieces] == tok([LONG, "short"], add_special_tokens=False)["input_ids"]
+        assert len(calls) > 1 and max(calls) <= 20000  # the probe's calls included
+    assert not packing._can_cut(load_tokenizer(llama_style))  # it puts a prefix space before every call: never cut

@@ -170,3 +170,14 @@ def test_counter_keeps_the_first_bad_record_counts_the_rest_and_the_skips():
     assert counter.summary().skipped_line().endswith(
         "; 1,000 tokens (12.5% of 8,000 tokenized) dropped at the end of tokenize batches, each tail shorter than "
         "data.seq_len, counted at every read of the data (a larger data.tokenize_batch_size drops fewer)")
+
+
+def test_a_files_skipped_documents_count_once_however_often_the_file_is_read():
+    """Every epoch, every evaluation, the eval check and (with data.eval_fraction) the eval pipeline
+    read the same files: their counts were added up (42 empty documents in 24)."""
+    counter = Counter()
+    for _ in range(4):  # two epochs, each read by the training and the eval pipeline
+        counter.skipped("a.jsonl", empty=2)
+        counter.skipped("b.jsonl", empty=1)
+    counter.skipped(None, empty=5)  # a batch of a streamed hub dataset: no file to tell its reads apart
+    assert counter.summary().skipped["empty"] == (8, "a.jsonl")

@@ -179,9 +179,48 @@ def test_a_null_token_id_is_a_bad_record_naming_its_row(tmp_path):
     ids = pa.array([[1, 2], None, [], [3, 4, 5]], pa.list_(pa.int32()))
     pq.write_table(pa.table({"input_ids": ids}), tmp_path / "a.parquet")
     out = read_parquet(tmp_path / "a.parquet", "input_ids", pretokenized=True)
-    assert [o.tolist() for o in out] == [[1, 2], [], [], [3, 4, 5]] and {o.dtype for o in out} == {np.dtype(np.int64)}
+    assert [o.tolist() for o in out] == [[1, 2], [3, 4, 5]] and {o.dtype for o in out} == {np.dtype(np.int64)}
     ids = pa.array([[1, 2], [3, None], [None], [4]], pa.list_(pa.int64()))
     pq.write_table(pa.table({"input_ids": ids}), tmp_path / "b.parquet")
     with pytest.raises(ConfigError, match=f"^{tmp_path / 'b.parquet'} row 2: a null token id in input_ids "
                                           f"\\(and 1 more bad record\\): write token ids without nulls"):
         read_parquet(tmp_path / "b.parquet", "input_ids", pretokenized=True)
+
+
+def test_a_parquet_files_empty_documents_are_counted_per_file(tmp_path, counter):
+    """As read_documents counts a text file's: the run's counter keeps a file's count once, where the
+    tokenizer's per-batch count was added up at every read of the file."""
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": ["a", None, "", "b"]}), tmp_path / "a.parquet")
+    assert read_parquet(tmp_path / "a.parquet", counter="c") == ["a", "b"]
+    pq.write_table(pa.table({"input_ids": pa.array([[1], None, []], pa.list_(pa.int64()))}), tmp_path / "t.parquet")
+    assert len(read_parquet(tmp_path / "t.parquet", "input_ids", pretokenized=True, counter="c")) == 1
+    assert counter["skipped"] == [(str(tmp_path / "a.parquet"), {"empty": 2, "invalid_utf8": 0, "lone_surrogate": 0}),
+                                  (str(tmp_path / "t.parquet"), {"empty": 2, "invalid_utf8": 0, "lone_surrogate": 0})]
+
+
+def test_a_worker_that_finds_no_step_or_no_eval_row_waits_for_the_abort_instead_of_raising(counter, monkeypatch):
+    """Raised, the record reached Ray Train, which printed its traceback before the run's one line."""
+    from raytrain.data import bad_records
+    from raytrain.data.ingest import MicroBatches
+    from raytrain.worker.evaluation import no_eval_rows
+
+    class Killed(BaseException):
+        """What the abort does to the waiting worker."""
+
+    def wait(wait_s):
+        assert wait_s >= 30  # the abort takes about a second; a slow cluster must not see the traceback either
+        raise Killed
+
+    monkeypatch.setattr(bad_records, "_wait_for_abort", wait)
+    with pytest.raises(Killed):
+        no_eval_rows("c")
+    no_step = MicroBatches.__new__(MicroBatches)
+    no_step.step_rows, no_step._read_epoch, no_step._counter = 8, 0, "c"
+    with pytest.raises(Killed):
+        no_step._no_step()
+    assert [str(r).split(" of ")[0] for r in counter["bad"]] == ["the eval data yields not one row",
+                                                                  "the training data yields no step"]
+    with pytest.raises(ConfigError, match="^the eval data yields not one row"):  # outside a run: raised at once
+        no_eval_rows(None)

@@ -137,8 +137,10 @@ def test_every_local_parquet_schema_is_checked_and_a_named_text_column_is_not_ig
         inspect_source(DataConfig(text_column="body"), str(tmp_path))
     pq.write_table(pa.table({"text": pa.array(["x", "y", "x"]).dictionary_encode()}), tmp_path / "b.parquet")
     assert inspect_source(DataConfig(), str(tmp_path)).format == "parquet"  # categorical strings are text
-    pq.write_table(pa.table({"text": ["z"]}), tmp_path / "c.parquet")
-    with pytest.raises(ConfigError, match="c.parquet holds text as string, .*b.parquet as dictionary<.*>: write every"):
+    pq.write_table(pa.table({"text": ["z"]}), tmp_path / "c.parquet")  # strings beside categorical ones: both read
+    assert len(inspect_source(DataConfig(), str(tmp_path)).files) == 2  # as Python strings (read_parquet_rows)
+    pq.write_table(pa.table({"text": [b"z"]}), tmp_path / "c.parquet")
+    with pytest.raises(ConfigError, match="c.parquet holds binary, not strings"):
         inspect_source(DataConfig(), str(tmp_path))
     # a file whose every row is null has an untyped (null) column: Ray Data merges it with any type
     (tmp_path / "c.parquet").unlink()
@@ -312,3 +314,84 @@ def test_utf16_and_utf32_files_are_refused_on_the_driver(tmp_path, encoding, nam
     (tmp_path / "c.jsonl").write_bytes((bom + '{"text": "x"}\n').encode(encoding))
     with pytest.raises(ConfigError, match=f"c.jsonl is {name} text"):
         inspect_source(DataConfig(), str(tmp_path / "c.jsonl"))
+
+
+def test_a_directory_of_hub_named_shards_reads_only_data_hf_split(tmp_path, capsys):
+    """A hub snapshot's data/ holds every split, as {split}-NNNNN-of-NNNNN files: reading them all
+    trained on the test and validation splits."""
+    from raytrain.data.sources import inspect_sources
+
+    for split in ("train", "test", "validation"):
+        (tmp_path / f"{split}-00000-of-00001.jsonl").write_text(f'{{"text": "{split}"}}\n')
+    sources = inspect_sources(DataConfig(path=str(tmp_path)))
+    assert sources.train.files == [str(tmp_path / "train-00000-of-00001.jsonl")] and sources.train.split == "train"
+    assert capsys.readouterr().err == (f"raytrain: note: data.path: reading the 'train' split of {tmp_path} (1 file: "
+                                       f"data.hf_split); left out the splits test (1 file), validation (1 file)\n")
+    with pytest.raises(ConfigError, match="^data.hf_split='dev' is not a split of data.path=.*: its files are named "
+                                          "for the splits test \\(1 file\\), train \\(1 file\\), validation \\(1 file\\)"
+                                          ": set data.hf_split$"):
+        inspect_sources(DataConfig(path=str(tmp_path), hf_split="dev"))
+    # the same directory as eval_path: its validation split (data.eval_hf_split), never the training files
+    both = inspect_sources(DataConfig(path=str(tmp_path), eval_path=str(tmp_path)))
+    assert both.eval.files == [str(tmp_path / "validation-00000-of-00001.jsonl")]
+    with pytest.raises(ConfigError, match="is also in data.path \\(the split 'train' of both: set data.eval_hf_split"):
+        inspect_sources(DataConfig(path=str(tmp_path), eval_path=str(tmp_path), eval_hf_split="train"))
+    (tmp_path / "beam").mkdir()  # one shard prefix that names no split: a job's output, read whole
+    for i in range(2):
+        (tmp_path / "beam" / f"output-{i:05d}-of-00002.jsonl").write_text('{"text": "x"}\n')
+    assert len(inspect_sources(DataConfig(path=str(tmp_path / "beam"))).train.files) == 2
+
+
+def test_a_hub_datasets_eval_split_is_its_own_and_its_training_split_is_refused():
+    from raytrain.data.sources import Source, _refuse_eval_in_train
+
+    assert DataConfig().eval_hf_split == "validation"
+    train = Source("hf", hub_id="org/corpus", split="train")
+    _refuse_eval_in_train(train, Source("hf", hub_id="org/corpus", split="validation"))
+    with pytest.raises(ConfigError, match="^data.eval_path: the hub dataset 'org/corpus' split 'train' is the "
+                                          "training data .*: evaluate on another split \\(data.eval_hf_split"):
+        _refuse_eval_in_train(train, Source("hf", hub_id="org/corpus", split="train"))
+
+
+def test_files_left_out_of_a_directory_and_settings_without_effect_get_a_note(tmp_path, capsys):
+    from raytrain.data.sources import inspect_sources
+
+    for name in ("a.jsonl", "b.jsonlines", "c.jsonl.zstd"):
+        (tmp_path / name).write_text('{"text": "x"}\n')
+    assert inspect_sources(DataConfig(path=str(tmp_path))).train.files == [str(tmp_path / "a.jsonl")]
+    assert capsys.readouterr().err == (f"raytrain: note: data.path: reading 1 file of {tmp_path}; left out 2 with "
+                                       f"other extensions (first: {tmp_path / 'b.jsonlines'}): set data.format to "
+                                       f"read every file, or rename them (.jsonl, .txt, .parquet, compressed "
+                                       f".gz/.zst/...)\n")
+    pq.write_table(pa.table({"input_ids": [[1, 2]], "labels": [[-100, 2]]}), tmp_path / "t.parquet")
+    inspect_sources(DataConfig(path=str(tmp_path / "t.parquet"), hf_split="test", text_document="line"))
+    notes = capsys.readouterr().err.splitlines()
+    assert [n.split(" has no effect")[0].split(" is not read")[0] for n in notes] == [
+        f"raytrain: note: data.path: the labels column of {tmp_path / 't.parquet'}",
+        "raytrain: note: data.hf_split='test'", "raytrain: note: data.text_document='line'"]
+    inspect_sources(DataConfig(path=str(tmp_path / "a.jsonl"), eval_hf_split="test"))
+    assert capsys.readouterr().err == "raytrain: note: data.eval_hf_split='test' has no effect: there is no data.eval_path\n"
+
+
+def test_parquet_shards_of_either_string_or_id_list_width_are_one_type(tmp_path):
+    """read_parquet_rows yields Python strings and int64 arrays whatever the Arrow width."""
+    pq.write_table(pa.table({"text": pa.array(["x"], pa.string())}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"text": pa.array(["y"], pa.large_string())}), tmp_path / "b.parquet")
+    assert len(inspect_source(DataConfig(), str(tmp_path)).files) == 2
+    (tmp_path / "ids").mkdir()
+    pq.write_table(pa.table({"input_ids": pa.array([[1]], pa.list_(pa.int32()))}), tmp_path / "ids" / "a.parquet")
+    pq.write_table(pa.table({"input_ids": pa.array([[2]], pa.large_list(pa.int64()))}), tmp_path / "ids" / "b.parquet")
+    assert inspect_source(DataConfig(), str(tmp_path / "ids")).format == "tokenized"
+    pq.write_table(pa.table({"input_ids": pa.array([1], pa.int64())}), tmp_path / "ids" / "c.parquet")
+    with pytest.raises(ConfigError, match="needs an input_ids column of integer lists"):
+        inspect_source(DataConfig(), str(tmp_path / "ids"))
+
+
+def test_a_pre_tokenized_save_to_disk_directory_is_refused_in_one_line_with_the_export(tmp_path):
+    import datasets
+
+    datasets.Dataset.from_dict({"input_ids": [[1, 2, 3]]}).save_to_disk(str(tmp_path / "tok"))
+    for data in (DataConfig(), DataConfig(format="tokenized")):
+        with pytest.raises(ConfigError, match=f"^data.path: {tmp_path / 'tok'} is a datasets save_to_disk directory "
+                                              f"of token ids .*: export it with datasets.load_from_disk"):
+            inspect_source(data, str(tmp_path / "tok"))
