@@ -38,8 +38,13 @@ BYTE_EOS = "<|endoftext|>"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
-def model_source(cfg: ModelConfig) -> str:
-    """Where the run's initial weights come from, in words (the driver prints it once per run)."""
+def model_source(cfg: ModelConfig, checkpoint: str | None = None) -> str:
+    """Where the run's initial weights come from, in words (the driver prints it once per run).
+    `checkpoint`: the checkpoint the workers restore (the run's latest, or checkpoint.resume_from):
+    its weights replace whatever the model was built with (`build_model(from_checkpoint=True)`)."""
+    if checkpoint is not None:
+        built = f"{cfg.name_or_path}'s config" if cfg.name_or_path else "the built-in tiny Llama's config"
+        return f"weights from checkpoint {checkpoint} (the model built from {built}, no weights read)"
     if cfg.name_or_path is None:
         return "random init of the built-in tiny Llama (model.name_or_path=DIR trains your own)"
     if cfg.pretrained:
@@ -535,12 +540,16 @@ def fused_layers_enabled(cfg: ModelConfig, hf_config) -> bool:
     return bool(cfg.fused_layers)
 
 
-def build_model(cfg: ModelConfig, hf_config, ds_config: dict[str, Any]):
-    """Create the model on this worker, partitioned as it is created (ZeRO-3)."""
-    import deepspeed
-    from transformers import AutoModelForCausalLM
+def build_model(cfg: ModelConfig, hf_config, ds_config: dict[str, Any], from_checkpoint: bool = False):
+    """Create the model on this worker, partitioned as it is created (ZeRO-3).
 
-    stage3 = int((ds_config.get("zero_optimization") or {}).get("stage", 0)) == 3
+    `from_checkpoint`: the caller restores a checkpoint into it next, so model.pretrained's weights
+    are not read (the checkpoint replaces every one; on a 70B hub model that read took minutes at
+    every continue and every Ray Train restart): the model is built from its config, as for a
+    random init."""
+    from transformers import AutoModelForCausalLM
+    from transformers.integrations import HfDeepSpeedConfig
+
     # Import the model's modules (and torch._dynamo, which transformers pulls in) before zero.Init
     # patches torch's tensor constructors: importing them inside it fails. Building on the meta
     # device does that at no memory cost.
@@ -548,22 +557,31 @@ def build_model(cfg: ModelConfig, hf_config, ds_config: dict[str, Any]):
     # "auto" is transformers' own default (None: SDPA where the class has it, else eager); the driver has
     # already made it concrete in a run's spec (planning.resolve._resolve_attention), a direct call may not.
     attn = None if cfg.attn_implementation == "auto" else cfg.attn_implementation
-    if cfg.pretrained:
-        # transformers' DeepSpeed integration: while an HfDeepSpeedConfig with stage 3 is alive,
-        # from_pretrained creates the model under zero.Init and loads each shard into its partition.
-        from transformers.integrations import HfDeepSpeedConfig
-
-        keep_alive = HfDeepSpeedConfig(ds_config)  # noqa: F841 (a weak global reference reads it)
+    # transformers' DeepSpeed integration: while an HfDeepSpeedConfig with stage 3 is alive (a weak
+    # global reference reads it), from_pretrained and from_config create the model under zero.Init
+    # themselves (dtype from the config's bf16/fp16 section), with what zero.Init alone gets wrong:
+    # RoPE's inv_freq kept in fp32 (prevent_arange_dtype_change; zero.Init made it bf16), the
+    # model's own weight init (initialize_weights_zero3; under a bare zero.Init _init_weights saw
+    # empty partitions and left PyTorch's defaults: embeddings std 1.0, not initializer_range), and
+    # tied weights tied. from_pretrained then loads each shard into its partition. Below stage 3 it
+    # does nothing: DeepSpeed converts the model when the engine is built.
+    hf_ds_config = HfDeepSpeedConfig(ds_config)
+    if cfg.pretrained and not from_checkpoint:
         model = AutoModelForCausalLM.from_pretrained(
             cfg.name_or_path, config=hf_config, attn_implementation=attn,
             trust_remote_code=cfg.trust_remote_code)
     else:
-        # zero.Init partitions each submodule's parameters right after it is constructed, so the
-        # full model never exists on one rank; dtype follows the config's bf16/fp16 section.
-        with deepspeed.zero.Init(config_dict_or_path=ds_config, enabled=stage3):
-            model = AutoModelForCausalLM.from_config(
-                hf_config, attn_implementation=attn,
-                trust_remote_code=cfg.trust_remote_code)
+        # What the init costs (initialize_weights_zero3), module by module: one all-gather of its
+        # parameters, _init_weights on rank 0 alone, one broadcast back into every rank's partition
+        # (GatheredParameters' modifier_rank); a rank holds at most one module's weights and its
+        # direct children's whole beside its partition (a Llama MLP's three projections: 0.42 GB in
+        # bf16 at 13B) and rank 0 draws every random number (13B, on the GPU) while the others wait:
+        # a few collectives per layer, like one forward's gathers, once per build. A build for a checkpoint
+        # restore pays it too: the checkpoint then replaces every weight, but skipping the init would
+        # mean patching transformers' build.
+        model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=attn,
+                                                 trust_remote_code=cfg.trust_remote_code)
+    del hf_ds_config  # built: from here transformers sees no ZeRO-3 (as before for from_pretrained)
     # from_pretrained returns the model in eval mode: without train() a fine-tune ran without dropout, without
     # checkpointing's recompute (transformers checkpoints only when training) and without Liger's fused loss
     # (kernels.py: full logits), so above the memory the planner counted on.

@@ -36,6 +36,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -100,6 +101,12 @@ def _export(checkpoint_dir: str, out_dir: str, max_shard_size: str, model_dir: s
         write_config(spec, model_dir, tmp)
         say(f"raytrain.export: [3/3] tokenizer and generation config ({time.perf_counter() - start:.1f}s)")
         write_tokenizer(spec, model_dir, tmp)
+        # mkdtemp made it 0700, which the rename keeps: a serving user of a shared cluster could not read the
+        # export. The mode os.makedirs gives (0777 less the umask; 755 under umask 022), or that of the empty
+        # OUT_DIR it replaces (made by the user, perhaps group-writable on purpose).
+        umask = os.umask(0o022)
+        os.umask(umask)
+        os.chmod(tmp, stat.S_IMODE(os.stat(out_dir).st_mode) if os.path.isdir(out_dir) else 0o777 & ~umask)
         if os.path.isdir(out_dir):
             os.rmdir(out_dir)  # empty (checked above): the rename below needs the name free
         os.rename(tmp, out_dir)
@@ -180,7 +187,14 @@ def write_tokenizer(spec: RunSpec, model_dir: str | None, out_dir: str) -> None:
         trust = spec.config.model.trust_remote_code  # without it a tokenizer with code asks on stdin
         AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust).save_pretrained(out_dir)
         if os.path.isfile(os.path.join(model_dir, "generation_config.json")):
-            GenerationConfig.from_pretrained(model_dir).save_pretrained(out_dir)
+            generation = GenerationConfig.from_pretrained(model_dir)
+            # generate() stops on the generation config's EOS only. One without any (derived from a config.json
+            # that had none) takes the exported config's, as transformers derives one (from_model_config): so a
+            # model.config.eos_token_id set for such a model reaches generate() (raytrain.planning.resolve.advice).
+            eos = spec.model.hf_config.get("eos_token_id")
+            if generation.eos_token_id is None and eos is not None:
+                generation.eos_token_id = eos
+            generation.save_pretrained(out_dir)
         return
     try:
         tokenizer = load_tokenizer(spec.config.model)

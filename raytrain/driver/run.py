@@ -99,9 +99,9 @@ def fit(cfg: RunConfig, fresh: bool = False, argv: Sequence[str] | None = None) 
     say(f"raytrain: {check_memory(resolved, target)}")
     if cfg.network.preflight:
         check_preflight(cfg)
-    spec, progress = _place(resolved, fresh)
+    spec, progress, restored = _place(resolved, fresh)
     command = continue_command(argv, spec.run_name, spec.resume_from)
-    say(f"raytrain: model: {model_source(cfg.model)}")
+    say(f"raytrain: model: {model_source(cfg.model, restored)}")
     if cfg.checkpoint.name is None:  # a generated name: the same command again starts another run
         for name, step in unfinished_runs(spec.storage_path, resolved, spec.run_name):
             say(f"raytrain: note: run {name} in {spec.storage_path} stopped at step {step} of "
@@ -161,6 +161,39 @@ def _check_paths(cfg: RunConfig, fresh: bool) -> None:
         if finished_checkpoint(run, cfg.training.max_steps) is not None and _not_empty(ckpt.export_dir, quiet=True):
             cfg = dataclasses.replace(cfg, checkpoint=dataclasses.replace(ckpt, export_dir=None))
     check_before_ray(cfg)
+    _check_model_moved(cfg, fresh)
+
+
+def _check_model_moved(cfg: RunConfig, fresh: bool) -> None:
+    """A continued run whose model directory (or tokenizer) is gone: one line naming the run's own copy
+    of them, rather than transformers' "cannot load its config". The weights come from the checkpoint,
+    but every session reads the model's config and tokenizer from where the run config says (the
+    driver's checks, Ray Data's tokenizing tasks); STORAGE/RUN/model/ holds copies of them for the
+    export, not a model directory to train from (no weights: model.pretrained=true refuses it, and as
+    model.name_or_path it would change the run's recorded settings). Reads one listing, only for a
+    continued run (checkpoint.name, no --fresh) with a local model path that does not exist."""
+    import pyarrow.fs
+
+    from raytrain.checkpoint.model_files import model_files_uri
+
+    ckpt, model = cfg.checkpoint, cfg.model
+    missing = [(key, path) for key, path in (("model.name_or_path", model.name_or_path),
+                                             ("model.tokenizer", model.tokenizer))
+               if path and path.startswith(("/", ".", "~")) and not os.path.exists(os.path.expanduser(path))]
+    if not missing or not ckpt.name or fresh:
+        return
+    copy = model_files_uri(layout.run_uri(_storage_uri(ckpt.storage_path), ckpt.name))
+    try:
+        fs, path = layout.filesystem(copy)
+        if fs.get_file_info(path).type != pyarrow.fs.FileType.Directory:
+            return
+    except (OSError, ValueError):  # storage that cannot be read: the model's own check says what is missing
+        return
+    key, path = missing[0]
+    raise ConfigError(f"{key}={path} does not exist (moved or deleted?), and run {ckpt.name!r} continues from its "
+                      f"checkpoint: its weights come from there, but every session reads the model's config and "
+                      f"tokenizer from {key} ({copy} holds the run's copy for the export, not a model to train "
+                      f"from): put the directory back, or set {key} to where it is now")
 
 
 def dry_run(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_memory_gib: float | None = None,
@@ -219,10 +252,11 @@ def plan_memory(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_mem
     return plan
 
 
-def _place(resolved: ResolvedRun, fresh: bool) -> tuple[RunSpec, DataProgress]:
+def _place(resolved: ResolvedRun, fresh: bool) -> tuple[RunSpec, DataProgress, str | None]:
     """The run's name and storage directory, ready (continued, or set aside with fresh=True), and
-    its resume checkpoint checked against the run's shape: the final RunSpec, and the run's counter
-    for this session (progress, skips, bad records, the step reached)."""
+    its resume checkpoint checked against the run's shape: the final RunSpec, the run's counter
+    for this session (progress, skips, bad records, the step reached), and the checkpoint the workers
+    will restore, as the user would write it (None: a new run; its weights are model.name_or_path's)."""
     cfg = resolved.config
     name = cfg.checkpoint.name or datetime.datetime.now().strftime("raytrain-%Y%m%d-%H%M%S")
     storage = _storage_path(cfg.checkpoint.storage_path)
@@ -244,8 +278,9 @@ def _place(resolved: ResolvedRun, fresh: bool) -> tuple[RunSpec, DataProgress]:
     for line in resuming:
         say(f"raytrain: {line}")
     progress = DataProgress(cfg.data, name)
+    restored = None if checkpoint is None else _shown(checkpoint, cfg, own)
     return RunSpec.place(resolved, run_name=name, storage_path=storage, resume_from=cfg.checkpoint.resume_from,
-                         counter=progress.name), progress
+                         counter=progress.name), progress, restored
 
 
 def resume_checkpoint(cfg: RunConfig, storage: str, name: str | None, fresh: bool):
@@ -330,8 +365,9 @@ def check_resume(checkpoint, resolved: ResolvedRun, own_run: bool = False) -> li
     """What Ray Train will hand the workers (the run's latest checkpoint, else resume_from) must
     hold this run's model (the ModelFacts its raytrain.json records), be before training.max_steps
     (a resume_from one: the run's own at max_steps is a done run), have a data position this run
-    can read (the same data shards), and the optimizer settings this run sets: the checkpoint's own
-    would silently replace them (`_optimizer_changes`). Another number of workers is fine: the first
+    can read (the same data shards), DeepSpeed settings it can be loaded with (`_layout_changes`), and
+    the optimizer settings this run sets: the checkpoint's own would silently replace them
+    (`_optimizer_changes`). Another number of workers is fine: the first
     group of another size converts the checkpoint (raytrain.checkpoint.reshard). Returns the notes to
     print, one line each: that resize, and data settings other than the checkpoint's (`_data_changes`)."""
     if checkpoint is None:
@@ -361,8 +397,17 @@ def check_resume(checkpoint, resolved: ResolvedRun, own_run: bool = False) -> li
                           f"data shards), and this run has {shape.num_workers} workers and {new_shards} shards: resuming "
                           f"on another number of workers needs the same data.num_shards, divisible by both (start runs "
                           f"with e.g. data.num_shards=48 to allow it), else resume on {old_world} workers")
+    done = own_run and meta["step"] >= cfg.training.max_steps  # a done run trains nothing: its engine is never built
+    unloadable = _layout_changes(meta["spec"].get("deepspeed", {}), resolved.deepspeed)
+    if unloadable and not done:
+        fix = "set them back, or pass --fresh to start over (the old run is kept under another name), or" if own_run \
+            else "set them back, or"
+        raise ConfigError(f"checkpoint {shown} was written with other DeepSpeed settings ({', '.join(unloadable)}), "
+                          f"and DeepSpeed cannot load it with this run's (every worker would fail at the load): {fix} "
+                          f"train its weights with these settings: export it (python -m raytrain.tools.export) and "
+                          f"start a new run with model.name_or_path=OUT_DIR model.pretrained=true")
     changed = _optimizer_changes(meta["spec"].get("config", {}), json.loads(json.dumps(cfg.to_dict())))
-    if changed and not (own_run and meta["step"] >= cfg.training.max_steps):  # a done run trains nothing
+    if changed and not done:
         fix = ("set them back, or pass --fresh to start over (the old run is kept under another name), or"
                if own_run else "set them back, or")
         raise ConfigError(f"checkpoint {shown} was written with other optimizer settings ({', '.join(changed)}), and "
@@ -394,6 +439,34 @@ def check_resume(checkpoint, resolved: ResolvedRun, own_run: bool = False) -> li
                      f"data from its start, export the checkpoint (python -m raytrain.tools.export) and start a new "
                      f"run with model.name_or_path=OUT_DIR model.pretrained=true (the optimizer state is not kept)")
     return notes
+
+
+# The DeepSpeed facts that decide whether engine.load_checkpoint can read a checkpoint at all, each with
+# the key that sets it (measured on DeepSpeed 0.19.8, CPU, world size 1, a checkpoint saved after one step):
+# - zero_stage: stage 2 and 3 write other shard layouts (3 -> 2: check_ckpt_list's bare AssertionError);
+# - precision: bf16 names its optimizer files bf16_zero_pp_rank_* (fp32 <-> bf16: FileNotFoundError); fp16 <-> fp32
+#   would load (read in stage3.py's load_state_dict, not run: fp16 needs a GPU) with the checkpoint's loss scaler
+#   in place of the run's: fp16 from an fp32 checkpoint would lose its dynamic loss scaling without a word;
+# - offload_optimizer from none to cpu/nvme, from a checkpoint of torch's AdamW (raytrain's own, or the JSON's
+#   with torch_adam): DeepSpeed's CPU Adam reads a param group key torch's never saved (KeyError
+#   'bias_correction'). The other way, and another ratio, load: not refused; nor is a JSON optimizer DeepSpeed
+#   builds itself (FusedAdam saves that key; not run: it needs a GPU).
+_LAYOUT = {"zero_stage": "deepspeed.zero_optimization.stage", "precision": "training.precision",
+           "offload_optimizer": "deepspeed.zero_optimization.offload_optimizer.device"}
+
+
+def _layout_changes(recorded: dict[str, Any], facts) -> list[str]:
+    """`key=old -> new` for each DeepSpeed fact of this run (`facts`: DeepSpeedFacts) that a checkpoint
+    written with `recorded` (its raytrain.json's DeepSpeedFacts) cannot be loaded with. A fact the
+    checkpoint does not record is not compared."""
+    changes = []
+    for field, key in _LAYOUT.items():
+        was, now = recorded.get(field), getattr(facts, field)
+        torch_adamw = recorded.get("optimizer_type") is None or recorded.get("torch_adam")
+        if was is None or was == now or (field == "offload_optimizer" and (was != "none" or not torch_adamw)):
+            continue
+        changes.append(f"{key}={was} -> {now}")
+    return changes
 
 
 # What a resumed checkpoint brings back whatever this run sets (measured on DeepSpeed 0.19.8, ZeRO-3, CPU):

@@ -137,7 +137,11 @@ def advice(resolved: ResolvedRun) -> list[str]:
     model = resolved.config.model
     if model.pretrained:
         eos, ids = load_tokenizer(model).eos_token_id, resolved.model.hf_config.get("eos_token_id")
-        if ids is not None and eos not in (ids if isinstance(ids, list) else [ids]):
+        if ids is None:  # generate() then stops only at max_new_tokens (the generation config has no EOS either)
+            notes.append(f"the tokenizer's EOS is token {eos}, which packing ends every document with, but "
+                         f"{model.name_or_path}'s config.json has no eos_token_id: generate() with the exported "
+                         f"model never stops at the end of a text; set model.config.eos_token_id={eos}")
+        elif eos not in (ids if isinstance(ids, list) else [ids]):
             notes.append(f"the tokenizer's EOS is token {eos}, which packing ends every document with, but "
                          f"{model.name_or_path}'s config.json has eos_token_id={ids}: generate() with the exported "
                          f"model stops on the config's; use the model's own tokenizer, or set "

@@ -26,13 +26,15 @@ from raytrain.worker.ops import ensure_built, fix_cuda_arch_list, required_ops
 
 
 def build_engine(spec: ResolvedRun, device: torch.device, ds_config: dict[str, Any] | None = None,
-                 transform=None):
+                 transform=None, from_checkpoint: bool = False):
     """(engine, scheduler, transformers config): DeepSpeed on the process group that already exists
     (Ray Train's), the model created under zero.Init, optimizer and LR schedule.
 
     `ds_config`: the dict to initialise with when it differs from the spec's (a universal-checkpoint
     load adds `checkpoint.load_universal`); default the spec's resolved one. `transform`: model ->
     model between zero.Init and deepspeed.initialize (the benchmark's float8 conversion).
+    `from_checkpoint`: a checkpoint is restored into the engine next, so model.pretrained's weights
+    are not read (raytrain.model.build_model).
     """
     deepspeed = import_deepspeed(device)
     ds_config = spec.ds_config if ds_config is None else ds_config
@@ -49,7 +51,7 @@ def build_engine(spec: ResolvedRun, device: torch.device, ds_config: dict[str, A
     torch.manual_seed(cfg.training.seed)  # same init on every rank before zero.Init partitions it
     apply_liger(cfg.model.liger_kernel)  # patches the model classes: before they are built
     hf_config = config_from_facts(spec.model, cfg.model)
-    model = build_model(cfg.model, hf_config, ds_config)
+    model = build_model(cfg.model, hf_config, ds_config, from_checkpoint=from_checkpoint)
     if fused_layers_enabled(cfg.model, hf_config):
         from raytrain.worker.fused import fuse_llama_layers
 

@@ -101,7 +101,8 @@ def train_loop_per_worker(spec_dict: dict[str, Any]) -> None:
         # written by another number of workers: DeepSpeed re-partitions its universal form (raytrain.checkpoint.reshard)
         ds_config = {**ds_config, "checkpoint": {**ds_config.get("checkpoint", {}), "load_universal": True}}
     with universal_copy(resume, spec.run_uri, rank, device):  # rank 0 converts while every rank builds
-        engine, scheduler, _ = build_engine(spec, device, ds_config)
+        # restoring a checkpoint: its weights replace the model's, so model.pretrained's are not read
+        engine, scheduler, _ = build_engine(spec, device, ds_config, from_checkpoint=resume is not None)
     start_step, history, data_state = restore(engine, resume, seed=cfg.training.seed, rank=rank.world)
     if resume is not None:
         after_checkpoint_load(engine)  # the LR workaround again: loading replaced the optimizer's param groups

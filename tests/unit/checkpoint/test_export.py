@@ -8,6 +8,7 @@ converter, is in tests/integration/test_train_e2e.py."""
 import json
 import os
 import shutil
+import stat
 
 import torch
 import torch.multiprocessing as mp
@@ -93,16 +94,25 @@ def _assert_is_the_trained_model(model, trained):
 def test_a_tied_bf16_model_exports_as_save_pretrained_writes_it(tmp_path):
     # Llama-3.2-1B, small Qwen2.5, Gemma and GPT-2 tie the head to the embedding: safetensors refused the
     # two names for one tensor. The source's bf16 must not stay in config.json: the weights are fp32.
+    # Its config has no EOS (so neither has the generation config save_pretrained derives from it): the
+    # run sets one (raytrain.planning.resolve.advice names the key), which generate() must see.
     source = tmp_path / "llama"
-    LlamaForCausalLM(LlamaConfig(**TINY, tie_word_embeddings=True)).to(torch.bfloat16).save_pretrained(source)
+    config = LlamaConfig(**TINY, tie_word_embeddings=True, eos_token_id=None, bos_token_id=None)
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(source)
     byte_tokenizer().save_pretrained(source)
-    model, trained, out = _exported(tmp_path, source, [f"model.name_or_path={source}", "model.pretrained=true"])
+    model, trained, out = _exported(tmp_path, source, [f"model.name_or_path={source}", "model.pretrained=true",
+                                                       "model.config.eos_token_id=256"])
     _assert_is_the_trained_model(model, trained)
     assert model.lm_head.weight is model.model.embed_tokens.weight  # tied again by from_pretrained
     with safe_open(out / "model.safetensors", "pt") as f:
         assert "model.embed_tokens.weight" in f.keys() and "lm_head.weight" not in f.keys()  # as save_pretrained
     config = json.loads((out / "config.json").read_text())
     assert config["dtype"] == "float32" and config["architectures"] == ["LlamaForCausalLM"]
+    assert config["eos_token_id"] == 256 and model.generation_config.eos_token_id == 256
+    # as os.makedirs and save_pretrained make it (755 under umask 022), not mkdtemp's 0700: a serving user reads it
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask
 
 
 def test_a_model_with_its_own_code_exports_with_that_code(tmp_path):

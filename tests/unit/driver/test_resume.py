@@ -71,7 +71,7 @@ def run_with_checkpoints(storage, name, steps, *overrides, resume_from=None):
 
 
 def place(storage, *overrides, fresh=False):
-    spec, _ = _place(resolved(*TWO, f"checkpoint.storage_path={storage}", *overrides), fresh)
+    spec, _, _ = _place(resolved(*TWO, f"checkpoint.storage_path={storage}", *overrides), fresh)
     return spec
 
 
@@ -341,3 +341,70 @@ def test_the_same_command_on_a_done_run_with_an_export_dir_says_it_is_done(tmp_p
         f"raytrain: note: checkpoint.export_dir {out} exists and is not empty (the export of an earlier run of this "
         f"command, or other files): not exported again, nothing overwritten; to export the checkpoint elsewhere: "
         f"python -m raytrain.tools.export {run}/checkpoint_step_00000040 OUT_DIR")
+
+
+@pytest.mark.usefixtures("no_ray_driver")
+def test_resuming_with_settings_deepspeed_cannot_load_the_checkpoint_with_is_refused_before_ray(tmp_path, capsys):
+    # Another ZeRO stage (check_ckpt_list's bare AssertionError), bf16 <-> fp32 (bf16_zero_pp_rank_* files) and an
+    # optimizer newly offloaded (CPU Adam's KeyError 'bias_correction') passed every check and then failed every
+    # worker attempt at the load, max_failures times, exit 1. Measured on DeepSpeed 0.19.8 (raytrain.driver.run).
+    storage = f"checkpoint.storage_path={tmp_path / 'runs'}"
+    offload = 'deepspeed.zero_optimization.offload_optimizer={"device": "cpu"}'
+    stage3 = checkpoint(tmp_path / "s3" / "checkpoint_step_00000008", 8)
+    for overrides, named in ((["deepspeed.zero_optimization.stage=2"], "deepspeed.zero_optimization.stage=3 -> 2"),
+                             (["training.precision=bf16"], "training.precision=fp32 -> bf16"),
+                             ([offload], "deepspeed.zero_optimization.offload_optimizer.device=none -> cpu")):
+        rc, err = dry(capsys, "--resume-from", stage3, storage, *TWO, *overrides)
+        assert rc == 2 and len(err) == 1, err
+        assert err[0].startswith(f"raytrain: error: checkpoint {stage3} was written with other DeepSpeed settings "
+                                 f"({named}), and DeepSpeed cannot load it with this run's"), err
+        assert "export it (python -m raytrain.tools.export)" in err[0] and "--fresh" not in err[0]
+    # what loads (measured): the optimizer's offload dropped, or another ratio
+    offloaded = checkpoint(tmp_path / "off" / "checkpoint_step_00000008", 8, offload)
+    assert dry(capsys, "--resume-from", offloaded, storage, *TWO)[0] == 0
+    ratio = 'deepspeed.zero_optimization.offload_optimizer={"device": "cpu", "ratio": 0.5}'
+    assert dry(capsys, "--resume-from", offloaded, storage, *TWO, ratio)[0] == 0
+    # the run's own checkpoint (a continue): --fresh is a way out too; a done run trains nothing, so it is not asked
+    run_with_checkpoints(tmp_path / "runs", "r1", [4], "deepspeed.zero_optimization.stage=2")
+    with pytest.raises(ConfigError, match=r"r1/checkpoint_step_00000004 was written with other DeepSpeed settings "
+                                          r"\(deepspeed.zero_optimization.stage=2 -> 3\).*pass --fresh to start over"):
+        place(tmp_path / "runs", "checkpoint.name=r1")
+    run_with_checkpoints(tmp_path / "runs", "done", [40], "training.precision=bf16")
+    place(tmp_path / "runs", "checkpoint.name=done")
+
+
+@pytest.mark.usefixtures("no_ray_driver")
+def test_the_model_line_of_a_resumed_run_names_the_checkpoint_its_weights_come_from(tmp_path, capsys):
+    from raytrain.config import ModelConfig
+    from raytrain.driver.run import _place
+    from raytrain.model import model_source
+
+    source = checkpoint(tmp_path / "old" / "checkpoint_step_00000004", 4)
+    storage = f"checkpoint.storage_path={tmp_path / 'runs'}"
+    # the workers restore it into a model built from the config (no weight read): not model.name_or_path's weights
+    assert _place(resolved(*TWO, storage, f"checkpoint.resume_from={source}"), False)[2] == source
+    run = run_with_checkpoints(tmp_path / "runs", "r1", [4])
+    assert _place(resolved(*TWO, storage, "checkpoint.name=r1"), False)[2] == f"{run}/checkpoint_step_00000004"
+    assert _place(resolved(*TWO, storage, "checkpoint.name=r2"), False)[2] is None  # a new run
+    pretrained = ModelConfig(name_or_path="/m", pretrained=True)
+    assert model_source(pretrained, source) == (f"weights from checkpoint {source} (the model built from /m's config, "
+                                                f"no weights read)")
+    assert model_source(pretrained) == "weights from /m (model.pretrained=true)"
+
+
+@pytest.mark.usefixtures("no_ray_driver")
+def test_continuing_a_run_whose_model_directory_is_gone_names_the_runs_copy(tmp_path, capsys):
+    storage = tmp_path / "runs"
+    (storage / "r1" / "model").mkdir(parents=True)  # what write_model_files left (its contents are not read)
+    gone = tmp_path / "moved-away"
+    rc, err = dry(capsys, f"checkpoint.storage_path={storage}", "checkpoint.name=r1", f"model.name_or_path={gone}",
+                  *TWO)
+    assert rc == 2 and err == [
+        f"raytrain: error: model.name_or_path={gone} does not exist (moved or deleted?), and run 'r1' continues from "
+        f"its checkpoint: its weights come from there, but every session reads the model's config and tokenizer from "
+        f"model.name_or_path ({storage}/r1/model holds the run's copy for the export, not a model to train from): put "
+        f"the directory back, or set model.name_or_path to where it is now"], err
+    # a new run (another name, or --fresh) is the model's own check: transformers cannot load its config
+    for argv in (["checkpoint.name=r2"], ["checkpoint.name=r1", "--fresh"]):
+        rc, err = dry(capsys, f"checkpoint.storage_path={storage}", f"model.name_or_path={gone}", *TWO, *argv)
+        assert rc == 2 and "cannot load its config" in err[0], err

@@ -4,7 +4,8 @@ and evaluation on the engine. Only `report` (the loop's one call into Ray Train)
 it merges the ranks' checkpoint files into one directory, as Ray Train does.
 
 The components decide when they are due: windows at every log step, at every checkpoint and at the
-end; a resume from the step-3 checkpoint continues with bit-identical losses (CPU, fp32)."""
+end; a resume from the step-3 checkpoint continues with bit-identical losses (CPU, fp32). The same
+ranks check raytrain.model.build_model under ZeRO-3 against transformers without DeepSpeed."""
 
 import json
 import shutil
@@ -58,6 +59,7 @@ def _rank_main(rank, world, out_dir, resume_step):
                          storage_path=f"{out_dir}/runs", resume_from=None)
     device = torch.device("cpu")
     engine, scheduler, _ = build_engine(spec, device)
+    initial = None if resume_step else _weight_stats(engine.module)  # before training changes them
     storage = f"{out_dir}/storage"
     start, history, data_state = 0, [], {}
     if resume_step:
@@ -83,9 +85,49 @@ def _rank_main(rank, world, out_dir, resume_step):
                       tracker=Tracker(cfg.tracking, spec.storage_path, spec.run_name, {}, active=False),
                       report=report, start_step=start, max_steps=MAX_STEPS, history=history, is_rank0=rank == 0)
     trainer.train()
+    builds = {} if resume_step else _model_builds(spec, initial, out_dir)  # after training: they draw random numbers
     with open(f"{out_dir}/{'resumed' if resume_step else 'full'}-rank{rank}.json", "w") as f:
-        json.dump({"reports": reports, "history": history}, f)
+        json.dump({"reports": reports, "history": history, "builds": builds}, f)
     dist.destroy_process_group()
+
+
+def _weight_stats(model):
+    """{name: (mean, std)} of every parameter, gathered whole from its ZeRO-3 partitions."""
+    import deepspeed
+
+    params = dict(model.named_parameters())
+    with deepspeed.zero.GatheredParameters(list(params.values())):
+        return {name: (p.float().mean().item(), p.float().std().item()) for name, p in params.items()}
+
+
+def _model_builds(spec, initial, out_dir):
+    """What raytrain.model.build_model makes under ZeRO-3 on these 2 ranks, against transformers'
+    from_config without DeepSpeed: the engine's initial weights (`initial`), a tied bf16 model's
+    RoPE buffers and tied weights, and a build for a checkpoint restore with model.pretrained=true
+    naming a directory that does not exist (no weight may be read)."""
+    import dataclasses
+
+    from transformers import AutoModelForCausalLM
+
+    from raytrain.model import build_model, config_from_facts
+
+    cfg = spec.config.model
+    hf_config = config_from_facts(spec.model, cfg)
+    torch.manual_seed(0)
+    reference = _weight_stats(AutoModelForCausalLM.from_config(hf_config))  # no HfDeepSpeedConfig alive: plain
+    bf16 = {**spec.ds_config, "bf16": {"enabled": True}}
+    tied_config = config_from_facts(spec.model, cfg)
+    tied_config.tie_word_embeddings = True
+    tied = build_model(cfg, tied_config, bf16)
+    gone = dataclasses.replace(cfg, name_or_path=f"{out_dir}/no-such-model", pretrained=True)
+    restored = build_model(gone, config_from_facts(spec.model, cfg), spec.ds_config, from_checkpoint=True)
+    return {"initial": initial, "reference": reference,
+            "tied": {"same_tensor": tied.lm_head.weight is tied.model.embed_tokens.weight,
+                     "weight_dtype": str(tied.model.embed_tokens.weight.dtype),
+                     "inv_freq_dtype": str(tied.model.rotary_emb.inv_freq.dtype)},
+            "restored": {"inv_freq_dtype": str(restored.model.rotary_emb.inv_freq.dtype),
+                         "num_params": sum(p.ds_numel for p in restored.parameters()),
+                         "expected_params": spec.model.num_parameters}}
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +178,32 @@ def test_resume_from_a_checkpoint_continues_with_identical_losses(runs):
     # the restart is in the history itself: its first window says where it resumed from
     assert resumed[4]["resumed_from_step"] == 3 and resumed[4]["resume_s"] > 0 and "resumed_from_step" not in resumed[6]
     assert not any("resumed_from_step" in m for m in full.values())
+
+
+def test_random_init_is_the_models_own_init_under_zero3(runs):
+    # A bare zero.Init around from_config left _init_weights on empty partitions: the embedding kept
+    # PyTorch's std 1.0 (not initializer_range 0.02), every projection nn.Linear's default (std 0.072), and
+    # a run from scratch started at loss 43 instead of ln(vocab). transformers' own ZeRO-3 path inits
+    # each module gathered, on rank 0: every rank holds the same weights, distributed as without DeepSpeed.
+    ranks = [rank["builds"] for rank in runs["full"]]
+    assert ranks[0]["initial"] == ranks[1]["initial"]
+    initial, reference = ranks[0]["initial"], ranks[0]["reference"]
+    assert initial.keys() == reference.keys() and "model.embed_tokens.weight" in initial
+    for name, (mean, std) in initial.items():
+        ref_mean, ref_std = reference[name]
+        assert std == pytest.approx(ref_std, rel=0.1, abs=1e-6) and mean == pytest.approx(ref_mean, abs=0.01), name
+    assert initial["model.embed_tokens.weight"][1] == pytest.approx(0.02, rel=0.1)
+
+
+def test_a_tied_bf16_build_and_a_checkpoint_restores_build_keep_rope_in_fp32(runs):
+    builds = runs["full"][0]["builds"]
+    # bf16: the weights in bf16, RoPE's inv_freq in fp32 (zero.Init alone made it bf16: positions off by up to
+    # 1.8e-4 at head_dim 16, and the export, which recomputes it in fp32, did not match the trained model)
+    assert builds["tied"] == {"same_tensor": True, "weight_dtype": "torch.bfloat16", "inv_freq_dtype": "torch.float32"}
+    # model.pretrained=true and a checkpoint to restore: built from the config, its weights never read (the
+    # directory does not exist; from_pretrained raised OSError)
+    restored = builds["restored"]
+    assert restored["inv_freq_dtype"] == "torch.float32" and restored["num_params"] == restored["expected_params"]
 
 
 def test_report_gate_sends_every_checkpoint_and_a_metrics_window_once_per_controller_poll():

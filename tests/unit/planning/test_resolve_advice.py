@@ -1,0 +1,29 @@
+"""The notes raytrain.planning.resolve.advice prints before a run (settings that run, but not as the user
+may expect): here a pretrained model whose config has no EOS at all."""
+
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from raytrain.config import ModelConfig, RunConfig
+from raytrain.model import byte_tokenizer
+from raytrain.planning.resolve import advice, resolve_run, shape_from_config
+
+TINY = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+            vocab_size=320, max_position_embeddings=128)
+
+
+def test_a_pretrained_model_without_an_eos_token_id_gets_the_eos_note(tmp_path):
+    # Qwen2-style config.json with eos_token_id: null: the export had no EOS, so generate() never stopped; the note
+    # was skipped because there was nothing to compare the tokenizer's EOS with
+    path = str(tmp_path / "model")
+    LlamaForCausalLM(LlamaConfig(**TINY, eos_token_id=None, bos_token_id=None)).save_pretrained(path)
+    byte_tokenizer().save_pretrained(path)
+
+    def eos_notes(**config):
+        cfg = RunConfig(model=ModelConfig(name_or_path=path, pretrained=True, config=config))
+        return [n for n in advice(resolve_run(cfg, shape_from_config(cfg))) if "EOS" in n]
+
+    assert eos_notes() == [
+        f"the tokenizer's EOS is token 256, which packing ends every document with, but {path}'s config.json has no "
+        f"eos_token_id: generate() with the exported model never stops at the end of a text; set "
+        f"model.config.eos_token_id=256"]
+    assert eos_notes(eos_token_id=256) == []  # the way out the note names
