@@ -611,11 +611,20 @@ def _trainer(spec: RunSpec, datasets: dict[str, Any], progress: DataProgress) ->
 def _local_paths(cfg: RunConfig) -> RunConfig:
     """`cfg` with its local resume_from and export_dir absolute: Ray Train and the workers read them
     from other working directories, and pyarrow refuses a relative path (ArrowInvalid, after
-    ray.init). The same files: nothing else about them changes."""
-    ckpt = cfg.checkpoint
+    ray.init). The same files: nothing else about them changes. Likewise model.name_or_path and
+    model.tokenizer where they name a directory here (~ expanded, which transformers does not do):
+    relative, they passed every driver check and then failed in every worker and tokenizing task (their
+    working directory is not the driver's; measured: a ~9-minute run of Ray Train's retries, exit 1),
+    or, under a name that is also a hub id, loaded the hub's. Not a directory here: left as written (a
+    hub id, or a path the model's own check names)."""
+    ckpt, model = cfg.checkpoint, cfg.model
     paths = {key: _storage_uri(value) for key in ("resume_from", "export_dir")
              if (value := getattr(ckpt, key)) and "://" not in value}
-    return dataclasses.replace(cfg, checkpoint=dataclasses.replace(ckpt, **paths)) if paths else cfg
+    dirs = {key: _storage_uri(value) for key in ("name_or_path", "tokenizer")
+            if (value := getattr(model, key)) and "://" not in value and os.path.isdir(os.path.expanduser(value))}
+    if paths:
+        cfg = dataclasses.replace(cfg, checkpoint=dataclasses.replace(ckpt, **paths))
+    return dataclasses.replace(cfg, model=dataclasses.replace(model, **dirs)) if dirs else cfg
 
 
 def _storage_uri(path: str) -> str:

@@ -408,3 +408,19 @@ def test_continuing_a_run_whose_model_directory_is_gone_names_the_runs_copy(tmp_
     for argv in (["checkpoint.name=r2"], ["checkpoint.name=r1", "--fresh"]):
         rc, err = dry(capsys, f"checkpoint.storage_path={storage}", f"model.name_or_path={gone}", *TWO, *argv)
         assert rc == 2 and "cannot load its config" in err[0], err
+
+
+def test_a_relative_or_home_model_directory_reaches_the_workers_absolute(tmp_path, monkeypatch):
+    """The workers and tokenizing tasks read model.name_or_path and model.tokenizer from other working
+    directories, and transformers does not expand ~: a directory here is made absolute on the driver,
+    a hub id is left as it is."""
+    from raytrain.driver.run import _local_paths
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "home" / "tok").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    cfg = _local_paths(load_config(None, ["model.name_or_path=model", "model.tokenizer=~/tok"]))
+    assert (cfg.model.name_or_path, cfg.model.tokenizer) == (str(tmp_path / "model"), str(tmp_path / "home" / "tok"))
+    hub = _local_paths(load_config(None, ["model.name_or_path=org/name", "model.tokenizer=gpt2"]))
+    assert (hub.model.name_or_path, hub.model.tokenizer) == ("org/name", "gpt2")
