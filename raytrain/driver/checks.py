@@ -12,7 +12,8 @@
   accelerator type no node has, STRICT_SPREAD/STRICT_PACK), refused in one line instead of Ray Train's
   wait; for the local cluster a run starts before ray.init (`check_local_placement`), for a live one
   after connecting (raytrain.driver.cluster.check_live_placement). `idle_settings`: settings that do
-  nothing for this run, one note each.
+  nothing for this run, one note each, and a DeepSpeed config that turns ZeRO's partitioning off
+  (`zero_stage_note`).
 """
 
 from __future__ import annotations
@@ -99,13 +100,18 @@ def check_storage_uri(uri: str, key: str) -> None:
     except (ValueError, OSError, pyarrow.lib.ArrowException) as e:  # ArrowInvalid is a ValueError
         if "Unrecognized filesystem type" not in str(e):
             return  # a known scheme that could not be opened here (credentials, network): the run reports it
+        azure = (" (Azure storage is abfs://CONTAINER@ACCOUNT.dfs.core.windows.net/PATH: cluster/ib.yaml)"
+                 if scheme in _AZURE_SCHEMES else "")
         raise ConfigError(f"{key}={uri}: pyarrow has no filesystem for the scheme {scheme}:// : use s3://, gs://, "
-                          f"hdfs:// or a local path (an S3-compatible store is s3:// with AWS_ENDPOINT_URL)") from None
+                          f"abfs://, hdfs:// or a local path{azure} (an S3-compatible store is s3:// with "
+                          f"AWS_ENDPOINT_URL)") from None
 
 
 # pyarrow.fs.FileSystem.from_uri's schemes, answered without calling it: for s3:// and gs:// it resolves
 # the bucket's region and credentials over the network (seconds, or a hang without one).
 _ARROW_SCHEMES = frozenset({"s3", "gs", "gcs", "hdfs", "viewfs", "file", "mock", "abfs", "abfss"})
+# Azure's other spellings (adlfs/fsspec's az://, Hadoop's wasb(s):// and adl://): pyarrow reads none of them.
+_AZURE_SCHEMES = frozenset({"az", "wasb", "wasbs", "adl"})
 
 
 def resolve_before_ray(cfg: RunConfig, sources: Sources) -> ResolvedRun | None:
@@ -360,9 +366,10 @@ def check_dry_run_placement(cfg: RunConfig, *sizes: float | None) -> None:
         check_local_placement(cfg)
 
 
-def idle_settings(cfg: RunConfig, use_gpu: bool) -> list[str]:
+def idle_settings(cfg: RunConfig, use_gpu: bool, num_workers: int | None = None) -> list[str]:
     """Settings of the scaling and cluster sections that have no effect on this run: a note each, naming
-    the key and why (a setting that silently does nothing reads as one that works)."""
+    the key and why (a setting that silently does nothing reads as one that works); and `zero_stage_note`.
+    `num_workers`: the run's worker count where scaling.num_workers leaves it to the cluster (one per GPU)."""
     scaling, cluster = cfg.scaling, cfg.cluster
     notes = []
     if scaling.gpu_memory_fraction is not None and not use_gpu:
@@ -380,4 +387,30 @@ def idle_settings(cfg: RunConfig, use_gpu: bool) -> list[str]:
                  else f"the environment's RAY_ADDRESS={os.environ.get('RAY_ADDRESS')}")
         notes.append(f"cluster.num_cpus={cluster.num_cpus} has no effect: it sizes the local cluster raytrain "
                      f"starts, and this run joins {joins}, whose nodes have the CPUs they were started with")
-    return notes
+    zero = zero_stage_note(cfg, scaling.num_workers if scaling.num_workers is not None else num_workers)
+    return notes + ([zero] if zero else [])
+
+
+def zero_stage_note(cfg: RunConfig, num_workers: int | list[int] | None) -> str | None:
+    """A note for a DeepSpeed config of ZeRO stage 0 or 1 on more than one worker: every worker then holds the
+    whole model's parameters and gradients, which is what raytrain's ZeRO-3 default exists to avoid. A
+    `deepspeed` section replaces that default whole (used unchanged, as a user's ds_config.json must be), so a
+    section written for its batch size alone runs at DeepSpeed's default stage 0 without a word. Not an error:
+    stage 0-2 on a model that fits is the user's choice. None where the stage is 2 or 3, or the workers unknown."""
+    most = max(num_workers) if isinstance(num_workers, list) else num_workers
+    if most is None or most < 2:
+        return None  # one worker: there is nothing to partition, at any stage
+    ds = load_deepspeed(cfg.deepspeed)
+    zero = ds.get("zero_optimization", {})
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else None  # 0: DeepSpeed's default (ZeroStageEnum)
+    if type(stage) is not int or stage not in (0, 1):  # a malformed one is check_deepspeed's to refuse
+        return None
+    workers = f"{num_workers[0]} to {most}" if isinstance(num_workers, list) else f"{most}"
+    key = "deepspeed.zero_optimization.stage"
+    if "stage" not in zero:
+        how = f"{key} is 0 (absent: DeepSpeed's default; a deepspeed section replaces raytrain's ZeRO-3 default whole)"
+    else:
+        how = f"{key}={stage}"
+    held = ("parameters, gradients and optimizer states" if stage == 0
+            else "parameters and gradients (stage 1 partitions only the optimizer states)")
+    return f"{how} on {workers} workers: every worker holds the whole model's {held}; set {key}=3 to partition them"

@@ -86,7 +86,7 @@ def fit(cfg: RunConfig, fresh: bool = False, argv: Sequence[str] | None = None) 
     connect(cfg.cluster, cfg.scaling)
     check_live_placement(cfg)  # a worker group this cluster can never hold: one line, not Ray Train's endless wait
     shape = live_shape(cfg)
-    for note in idle_settings(cfg, shape.use_gpu):
+    for note in idle_settings(cfg, shape.use_gpu, shape.num_workers):
         say(f"raytrain: note: {note}")
     # None where unknown: not checked; a local checkpoint.storage_path must be seen by every worker node
     found = cluster_target(shape.use_gpu, storage_path=cfg.checkpoint.storage_path)
@@ -214,7 +214,7 @@ def dry_run(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_memory_
     resuming = _check_resume_before_ray(resolved, fresh)
     tracking = check_tracking(cfg, fresh)
     notes = [f"plan: {line}" for line in resolved.plan] + [f"note: {note}" for note in advice(resolved)]
-    notes.extend(f"note: {note}" for note in idle_settings(cfg, shape.use_gpu))
+    notes.extend(f"note: {note}" for note in idle_settings(cfg, shape.use_gpu, shape.num_workers))
     notes.extend(resuming)
     notes.extend(f"note: {note}" for note in tracking)
     if target is None:

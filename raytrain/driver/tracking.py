@@ -3,12 +3,15 @@ environment rank 0's tracker needs from the driver's. Start at `check_tracking`.
 
 Rank 0 opens its tracker at the start of every worker group (raytrain.worker.tracking): whatever fails
 there, Ray Train retries as a worker failure checkpoint.max_failures times, each after the model is
-built. So the driver asks the same MLflow store first (`fit` before ray.init, and `--dry-run`).
+built. So the driver asks the same MLflow store first (`fit` before ray.init, and `--dry-run`), without
+writing to it: a file store that opening would create is checked on the filesystem instead.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import urllib.parse
 
 from raytrain.checkpoint import layout
 from raytrain.config import ConfigError, RunConfig
@@ -32,7 +35,8 @@ def check_tracking(cfg: RunConfig, fresh: bool = False) -> list[str]:
     URI, a file store MLflow 3 refuses without MLFLOW_ALLOW_FILE_STORE=true); a deleted
     tracking.mlflow_experiment (MLflow keeps a deleted experiment's name, and set_experiment refuses
     it); a run that continues (checkpoint.name exists, no --fresh) whose recorded MLflow run is
-    deleted or not in the store. Reads the run's record; writes nothing."""
+    deleted or not in the store; a database store without the full mlflow package. Reads the run's
+    record; writes nothing (a file store that does not exist yet is not opened: `_check_new_file_store`)."""
     uri = cfg.tracking.mlflow_tracking_uri
     if not uri:
         return []
@@ -41,15 +45,21 @@ def check_tracking(cfg: RunConfig, fresh: bool = False) -> list[str]:
     except ImportError:
         raise ConfigError(f'tracking.mlflow_tracking_uri={uri} needs MLflow, which is not installed here: '
                           f'pip install "raytrain[mlflow]" (or unset tracking.mlflow_tracking_uri)') from None
+    _check_database_store(uri)
     run_uri, recorded = _recorded(cfg, fresh)
     same = same_mlflow_run(recorded, cfg.tracking)
-    with environ_defaults(QUICK_HTTP):
-        try:
-            client = mlflow.MlflowClient(tracking_uri=uri)
-            experiment = client.get_experiment_by_name(cfg.tracking.mlflow_experiment)
-            run = _get_run(client, recorded["run_id"]) if same else None
-        except Exception as e:  # MlflowException, requests' ConnectionError, OSError, ...
-            raise ConfigError(_unusable(uri, e)) from None
+    root = _unopened_file_store(uri)
+    if root is not None:  # nothing in it yet: no experiment to be deleted, no run to continue
+        _check_new_file_store(uri, root)
+        experiment = run = None
+    else:
+        with environ_defaults(QUICK_HTTP):
+            try:
+                client = mlflow.MlflowClient(tracking_uri=uri)
+                experiment = client.get_experiment_by_name(cfg.tracking.mlflow_experiment)
+                run = _get_run(client, recorded["run_id"]) if same else None
+            except Exception as e:  # MlflowException, requests' ConnectionError, OSError, ...
+                raise ConfigError(_unusable(uri, e)) from None
     if experiment is not None and experiment.lifecycle_stage == "deleted":
         raise ConfigError(f"tracking.mlflow_experiment={cfg.tracking.mlflow_experiment} is a deleted experiment in "
                           f"{uri} (MLflow keeps its name until it is purged): restore it (mlflow experiments restore "
@@ -109,11 +119,61 @@ def _get_run(client, run_id: str):
         raise
 
 
+def _check_database_store(uri: str) -> None:
+    """A database store (sqlite:///, postgresql://, ...) needs SQLAlchemy, which the full mlflow package brings and
+    mlflow-skinny (what raytrain[mlflow] installs) does not: MLflow registers those schemes only where it can import
+    it (mlflow/tracking/_tracking_service/utils.py, 3.18), and its own error names neither the package nor the fix."""
+    from mlflow.store.db.db_types import DATABASE_ENGINES
+
+    scheme = urllib.parse.urlparse(uri).scheme.partition("+")[0]  # postgresql+psycopg2:// is postgresql's
+    if scheme in DATABASE_ENGINES and importlib.util.find_spec("sqlalchemy") is None:
+        raise ConfigError(f"tracking.mlflow_tracking_uri={uri} is a database store, which needs the full mlflow "
+                          f"package (raytrain[mlflow] installs mlflow-skinny, without database stores): pip install "
+                          f"mlflow, or use a tracking server (http://HOST:5000)")
+
+
+def _unopened_file_store(uri: str) -> str | None:
+    """The directory of a file store that opening would write to, else None. MLflow's FileStore creates its root
+    directory, the Default experiment (0/meta.yaml) and .trash when it is opened (mlflow/store/tracking/
+    file_store.py, 3.18), so opening a new one is how a dry run wrote a store; one that holds .trash is left as
+    it is, and is asked as any other store."""
+    if urllib.parse.urlparse(uri).scheme not in ("", "file"):
+        return None
+    from mlflow.utils.file_utils import local_file_uri_to_path
+
+    root = local_file_uri_to_path(uri)
+    return None if os.path.isdir(os.path.join(root, ".trash")) else root
+
+
+def _check_new_file_store(uri: str, root: str) -> None:
+    """What opening the file store at `root` would refuse, asked without creating it: MLflow 3's opt-in, and a
+    directory that can be created (rank 0's tracker creates it)."""
+    from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE
+
+    if not MLFLOW_ALLOW_FILE_STORE.get():
+        raise ConfigError(_file_store_opt_in(uri))
+    existing = os.path.abspath(root)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        where = "it" if existing == os.path.abspath(root) else f"{existing}, on its path,"
+        raise ConfigError(f"tracking.mlflow_tracking_uri={uri}: {where} is a file, not a directory: choose a "
+                          f"directory for the file store")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = ("it is not writable" if existing == os.path.abspath(root)
+                else f"it cannot be created ({existing} is not writable)")
+        raise ConfigError(f"tracking.mlflow_tracking_uri={uri}: {what}: choose a writable directory for the file store")
+
+
+def _file_store_opt_in(uri: str) -> str:
+    return (f"tracking.mlflow_tracking_uri={uri} is a file store, which MLflow 3 uses only where the "
+            f"environment sets MLFLOW_ALLOW_FILE_STORE=true: set it for the driver (raytrain passes it on to "
+            f"the workers), or use a tracking server or a database store (sqlite:///PATH/mlflow.db, with the "
+            f"full mlflow package)")
+
+
 def _unusable(uri: str, error: Exception) -> str:
     if "MLFLOW_ALLOW_FILE_STORE" in str(error):  # MLflow 3's file store refusal: its hint, whole and short
-        return (f"tracking.mlflow_tracking_uri={uri} is a file store, which MLflow 3 uses only where the "
-                f"environment sets MLFLOW_ALLOW_FILE_STORE=true: set it for the driver (raytrain passes it on to "
-                f"the workers), or use a tracking server or a database store (sqlite:///PATH/mlflow.db, with the "
-                f"full mlflow package)")
+        return _file_store_opt_in(uri)
     return (f"tracking.mlflow_tracking_uri={uri}: MLflow cannot use it ({first_line(error)}): start the server, "
             f"fix the URI, or unset it")

@@ -49,7 +49,7 @@ import traceback
 from typing import Any
 
 from raytrain.config import DEFAULT_DEEPSPEED
-from raytrain.console import parse_progress
+from raytrain.console import ArgumentParser, parse_progress
 from raytrain.hardware import ALLOCATOR_VARS, allocator_env
 from raytrain.tools.bench_report import HostSampler, markdown_table  # noqa: F401  (markdown_table: this module's API)
 
@@ -60,8 +60,9 @@ PRELIM_PREFIX = "RAYTRAIN_BENCH_PRELIM "
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m raytrain.tools.bench", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    # raytrain's parser: a bad flag is one `raytrain: error:` line, exit 2, as for every command (flags not abbreviated)
+    p = ArgumentParser(prog="python -m raytrain.tools.bench", description=__doc__.split("\n\n")[0],
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--paths", default="raytrain,deepspeed,torch",
                    help=f"comma-separated, run in this order: {', '.join(PATHS)}")
     shape = p.add_argument_group("model shape (Llama; defaults: the 1.1B of issue 8)")
@@ -340,7 +341,10 @@ def _kill_group(proc) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except SystemExit as e:  # --help, or a mistake in a flag (already reported in one line)
+        return int(e.code or 0)
     if args.child:
         return run_child(args)
     os.makedirs(args.out, exist_ok=True)

@@ -22,17 +22,18 @@ docs/benchmarks.md.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import platform
 import random
+import sys
 import tempfile
 import time
 
 import numpy as np
 
 from raytrain.config import DataConfig, ModelConfig
+from raytrain.console import ArgumentParser
 from raytrain.data.ingest import MicroBatches, ShardGroup
 from raytrain.data.packing import tokenize_and_pack
 from raytrain.data.pipeline import build_datasets
@@ -187,17 +188,22 @@ def time_readers(data, model, micro_batch: int, step_ms: float) -> list[tuple[st
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m raytrain.tools.bench_data", description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    # raytrain's parser: a bad flag is one `raytrain: error:` line, exit 2, as for every command (flags not abbreviated)
+    parser = ArgumentParser(prog="python -m raytrain.tools.bench_data", description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=float, default=8, help="corpus size in MiB of text (default 8)")
     parser.add_argument("--seq-len", type=int, default=2048, help="packed block length (default 2048)")
     parser.add_argument("--num-cpus", type=int, default=os.cpu_count(), help="local cluster CPUs (default: all)")
     parser.add_argument("--micro-batch", type=int, default=24, help="micro-batch for the reader comparison (default 24)")
     parser.add_argument("--step-ms", type=float, default=20.0,
                         help="simulated step time between micro-batches for the reader's wait (default 20)")
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, or a mistake in a flag (already reported in one line)
+        return int(e.code or 0)
     with tempfile.TemporaryDirectory(prefix="raytrain-bench-data-") as work:
         _run(args, work)
+    return 0
 
 
 def _run(args, work: str) -> None:
@@ -286,4 +292,4 @@ def _cpu_model() -> str:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -6,6 +6,7 @@ decision is tested here without Ray (one machine, where it passes, runs in the i
 import io
 import json
 import os
+import pathlib
 import socket
 
 import pytest
@@ -30,6 +31,19 @@ def test_a_storage_path_is_checked_without_being_created(tmp_path):
     with pytest.raises(ConfigError, match=r"checkpoint.storage_path=.*f/runs: .*f, on its path, is a file"):
         check_writable_dir(str(tmp_path / "f" / "runs"), "checkpoint.storage_path")
     check_writable_dir("s3://bucket/runs", "checkpoint.storage_path")  # a URI: checked by the run's first write
+
+
+def test_an_azure_scheme_pyarrow_cannot_open_is_refused_naming_abfs():
+    # az:// (adlfs's spelling) is what Azure users type; the line offered s3://, gs://, hdfs:// but not abfs://,
+    # the scheme README and cluster/ib.yaml recommend
+    for uri in ("az://b/x", "wasbs://c@acct.blob.core.windows.net/runs"):
+        with pytest.raises(ConfigError, match=r"use s3://, gs://, abfs://, hdfs:// or a local path \(Azure storage is "
+                                              r"abfs://CONTAINER@ACCOUNT.dfs.core.windows.net/PATH"):
+            check_writable_dir(uri, "checkpoint.storage_path")
+    with pytest.raises(ConfigError, match=r"scheme nofs:// : use s3://, gs://, abfs://, hdfs:// or a local path "
+                                          r"\(an S3-compatible"):  # no Azure hint for other schemes
+        check_writable_dir("nofs://b/x", "checkpoint.storage_path")
+    check_writable_dir("abfs://raytrain@acct.dfs.core.windows.net/runs", "checkpoint.storage_path")
 
 
 def test_the_config_is_resolved_before_ray_unless_only_the_cluster_knows_the_shape(monkeypatch):
@@ -167,6 +181,39 @@ def test_settings_that_do_nothing_get_a_note_each(capsys, tmp_path, monkeypatch)
     assert main(["--dry-run", f"checkpoint.storage_path={tmp_path}", "scaling.use_gpu=false", "scaling.num_workers=2",
                  "scaling.resize_interval_s=5"]) == 0
     assert "raytrain: note: scaling.resize_interval_s=5 has no effect" in capsys.readouterr().err
+
+
+def test_a_deepspeed_config_that_turns_zero_off_on_several_workers_gets_a_note():
+    # README's elastic example had `deepspeed: {train_batch_size: 24}`: DeepSpeed's stage 0 (and fp32), no word
+    def zero_notes(*overrides, num_workers=None):
+        return [n for n in idle_settings(load_config(None, list(overrides)), True, num_workers) if "zero_opt" in n]
+
+    assert zero_notes('deepspeed={"train_batch_size": 24}', "scaling.num_workers=[2, 4]", "data.num_shards=12") == [
+        "deepspeed.zero_optimization.stage is 0 (absent: DeepSpeed's default; a deepspeed section replaces raytrain's "
+        "ZeRO-3 default whole) on 2 to 4 workers: every worker holds the whole model's parameters, gradients and "
+        "optimizer states; set deepspeed.zero_optimization.stage=3 to partition them"]
+    assert zero_notes("deepspeed.zero_optimization.stage=1", num_workers=8) == [
+        "deepspeed.zero_optimization.stage=1 on 8 workers: every worker holds the whole model's parameters and "
+        "gradients (stage 1 partitions only the optimizer states); set deepspeed.zero_optimization.stage=3 to "
+        "partition them"]
+    assert zero_notes("deepspeed.zero_optimization.stage=0", "scaling.num_workers=1") == []  # nothing to partition
+    assert zero_notes("deepspeed.zero_optimization.stage=0") == []  # workers unknown (one per GPU of the cluster)
+    assert zero_notes("deepspeed.zero_optimization.stage=2", "scaling.num_workers=8") == []
+    assert zero_notes("scaling.num_workers=8") == []  # the default: ZeRO-3
+
+
+def test_the_readmes_elastic_example_trains_zero_3_in_bf16_on_gpus(tmp_path):
+    from raytrain.deepspeed_config import resolve_deepspeed
+
+    readme = (pathlib.Path(__file__).parents[3] / "README.md").read_text()
+    section = readme[readme.index("## Elastic training"):]
+    example = section[section.index("```yaml\n") + 8:section.index("```\n", section.index("```yaml"))]
+    (tmp_path / "elastic.yaml").write_text(example)
+    cfg = load_config(str(tmp_path / "elastic.yaml"))
+    for world_size in (2, 3, 4):
+        ds = resolve_deepspeed(cfg.deepspeed, cfg.training, world_size=world_size, use_gpu=True, hidden_size=64)
+        assert (ds["zero_optimization"]["stage"], ds["bf16"]["enabled"], ds["train_batch_size"]) == (3, True, 24), ds
+    assert idle_settings(cfg, use_gpu=True) == []
 
 
 @pytest.mark.usefixtures("no_ray_driver")

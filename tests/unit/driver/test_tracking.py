@@ -4,6 +4,8 @@ the driver, against a real MLflow file store (and a local socket for a server th
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import pathlib
 import socket
 import sys
@@ -38,6 +40,41 @@ def test_a_file_store_without_mlflows_opt_in_gets_the_whole_fix(tmp_path, monkey
         check_tracking(config(f"file://{tmp_path}/mlruns"))
     assert "MLflow 3 uses only where the environment sets MLFLOW_ALLOW_FILE_STORE=true" in str(e.value)
     assert "sqlite:///PATH/mlflow.db" in str(e.value) and not (tmp_path / "mlruns").exists()
+
+
+def test_a_new_file_store_is_checked_without_being_created(store, tmp_path):
+    """MLflow's FileStore creates its directory, the Default experiment and .trash when opened: a dry run
+    (which runs this check) wrote them. A store that does not exist yet is checked on the filesystem instead;
+    one that exists is asked (the tests below)."""
+    root = pathlib.Path(store.removeprefix("file://"))
+    assert check_tracking(config(store)) == []
+    assert not root.exists()
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ConfigError, match=r"tracking.mlflow_tracking_uri=file://.*afile/mlruns: .*afile, on its path, "
+                                          r"is a file, not a directory"):
+        check_tracking(config(f"file://{tmp_path}/afile/mlruns"))
+    (tmp_path / "ro").mkdir(mode=0o555)
+    if not os.access(tmp_path / "ro", os.W_OK):  # root writes anywhere
+        with pytest.raises(ConfigError, match=r"ro/mlruns: it cannot be created \(.*ro is not writable\)"):
+            check_tracking(config(f"file://{tmp_path}/ro/mlruns"))
+    cfg = config(store, f"checkpoint.storage_path={tmp_path / 'runs'}", "checkpoint.name=r")
+    (tmp_path / "runs" / "r").mkdir(parents=True)  # a continued run whose record names a run this new store lacks
+    (tmp_path / "runs" / "r" / RECORD).write_text(json.dumps({"mlflow": {
+        "tracking_uri": store, "experiment": "raytrain", "run_id": "abc"}}))
+    with pytest.raises(ConfigError, match=r"continues MLflow run abc .* which file://.* does not hold"):
+        check_tracking(cfg)
+    assert not root.exists()
+
+
+def test_a_database_store_without_the_full_mlflow_package_names_it():
+    import importlib.util
+
+    if importlib.util.find_spec("sqlalchemy") is not None:
+        pytest.skip("the full mlflow package is installed here: sqlite:/// works")
+    # raytrain[mlflow] is mlflow-skinny: the line was MLflow's "Model registry functionality is unavailable ..."
+    with pytest.raises(ConfigError, match=r"tracking.mlflow_tracking_uri=sqlite:///m.db is a database store, which "
+                                          r"needs the full mlflow package .*: pip install mlflow"):
+        check_tracking(config("sqlite:///m.db"))
 
 
 def test_a_deleted_experiment_is_refused_with_how_to_restore_it(store):

@@ -162,3 +162,14 @@ def test_auto_micro_batch_and_offload_the_gpu_cap_reach_every_path():
         bench.parse_args(["--gpu-memory-fraction", "1.5"])
     with pytest.raises(SystemExit):
         bench.parse_args(["--micro-batch", "many"])
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--bogus"], "unrecognized arguments: --bogus (see python -m raytrain.tools.bench --help)"),
+    (["--steps", "6", "--window", "4"], "--window=4 must divide --steps=6 and --warmup-steps=4"),
+])
+def test_a_bad_flag_is_one_error_line_and_exit_2(argv, needle, capsys):
+    # was argparse's usage block, then `python -m raytrain.tools.bench: error: ...`, unlike every other command
+    assert bench.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines() == [err.strip()] and err.startswith("raytrain: error: ") and needle in err, err
