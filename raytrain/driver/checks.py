@@ -61,8 +61,9 @@ def check_ray_address(address: str | None) -> None:
                               f"cluster)") from None
 
 
-def check_writable_dir(path: str, key: str) -> None:
-    """`path` is a directory raytrain can write, or one it can create (without creating it).
+def check_writable_dir(path: str, key: str, instead: str = "a cloud URI") -> None:
+    """`path` is a directory raytrain can write, or one it can create (without creating it); the
+    errors name `instead` as the other way out.
 
     A cloud URI (s3://, gs://, ...) is not checked here: opening it needs credentials and the
     network, and the run's first write reports it."""
@@ -79,10 +80,10 @@ def check_writable_dir(path: str, key: str) -> None:
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
         where = "it" if existing == local else f"{existing}, on its path,"
-        raise ConfigError(f"{key}={path}: {where} is a file, not a directory: choose a directory (or a cloud URI)")
+        raise ConfigError(f"{key}={path}: {where} is a file, not a directory: choose a directory (or {instead})")
     if not os.access(existing, os.W_OK | os.X_OK):
         what = "it is not writable" if existing == local else f"it cannot be created ({existing} is not writable)"
-        raise ConfigError(f"{key}={path}: {what}: choose a writable directory or a cloud URI")
+        raise ConfigError(f"{key}={path}: {what}: choose a writable directory or {instead}")
 
 
 def check_storage_uri(uri: str, key: str) -> None:

@@ -16,6 +16,7 @@ import urllib.parse
 from raytrain.checkpoint import layout
 from raytrain.config import ConfigError, RunConfig
 from raytrain.config_files import first_line
+from raytrain.driver.checks import check_writable_dir
 from raytrain.driver.cluster import environ_defaults
 from raytrain.worker.tracking import RECORD, read_record, same_mlflow_run
 
@@ -152,17 +153,7 @@ def _check_new_file_store(uri: str, root: str) -> None:
 
     if not MLFLOW_ALLOW_FILE_STORE.get():
         raise ConfigError(_file_store_opt_in(uri))
-    existing = os.path.abspath(root)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        where = "it" if existing == os.path.abspath(root) else f"{existing}, on its path,"
-        raise ConfigError(f"tracking.mlflow_tracking_uri={uri}: {where} is a file, not a directory: choose a "
-                          f"directory for the file store")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        what = ("it is not writable" if existing == os.path.abspath(root)
-                else f"it cannot be created ({existing} is not writable)")
-        raise ConfigError(f"tracking.mlflow_tracking_uri={uri}: {what}: choose a writable directory for the file store")
+    check_writable_dir(root, "tracking.mlflow_tracking_uri", instead="a tracking server (http://HOST:5000)")
 
 
 def _file_store_opt_in(uri: str) -> str:

@@ -50,7 +50,7 @@ def test_a_new_file_store_is_checked_without_being_created(store, tmp_path):
     assert check_tracking(config(store)) == []
     assert not root.exists()
     (tmp_path / "afile").write_text("x")
-    with pytest.raises(ConfigError, match=r"tracking.mlflow_tracking_uri=file://.*afile/mlruns: .*afile, on its path, "
+    with pytest.raises(ConfigError, match=r"tracking.mlflow_tracking_uri=/.*afile/mlruns: .*afile, on its path, "
                                           r"is a file, not a directory"):
         check_tracking(config(f"file://{tmp_path}/afile/mlruns"))
     (tmp_path / "ro").mkdir(mode=0o555)
