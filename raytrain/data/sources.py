@@ -197,8 +197,7 @@ def inspect_source(data: DataConfig, path, key: str = "data.path", notes: list[s
     if not paths:
         raise ConfigError(f"{key} is an empty list: give at least one file or directory"
                           + (" (or null for the built-in corpus)" if key == "data.path" else ""))
-    split_key = "data.eval_hf_split" if key == "data.eval_path" else "data.hf_split"
-    split = (split_key, data.eval_hf_split if key == "data.eval_path" else data.hf_split)
+    split = (_split_key(key), data.eval_hf_split if key == "data.eval_path" else data.hf_split)
     if data.format == "hf" or (data.format == "auto" and _looks_like_hf(paths[0])):
         return _inspect_hf(data, paths, key, split)
     if data.format == "tokenized":
@@ -279,6 +278,15 @@ _SPLIT_WORDS = frozenset({"train", "training", "validation", "valid", "val", "de
                           "evaluation"})
 
 
+def _split_key(key: str) -> str:
+    """The setting that names the split read of `key` (data.path or data.eval_path)."""
+    return "data.eval_hf_split" if key == "data.eval_path" else "data.hf_split"
+
+
+def _files(n: int) -> str:
+    return f"{n} file{'s' if n > 1 else ''}"
+
+
 def _split_of(path: str) -> str | None:
     """The split a hub-named shard belongs to (train-00000-of-00004.parquet: "train"), or None."""
     found = _HUB_SHARD.match(path.rsplit("/", 1)[-1])
@@ -339,7 +347,7 @@ def _list_files(paths: list[str], fmt: str, key: str, split: tuple[str, str], no
                               f"your data (or set data.format if the files have other extensions)")
         if other_extensions:
             first = sorted(other_extensions)[0]
-            notes.append(f"{key}: reading {len(found)} file{'s' if len(found) > 1 else ''} of {path}; left out "
+            notes.append(f"{key}: reading {_files(len(found))} of {path}; left out "
                          f"{len(other_extensions)} with other extensions (first: {first}): set data.format to read "
                          f"every file, or rename them (.jsonl, .txt, .parquet, compressed .gz/.zst/...)")
         found, split_read = _of_split(sorted(found), path, key, split, notes, split_read)
@@ -371,13 +379,12 @@ def _of_split(found: list[tuple[str, int]], path: str, key: str, split: tuple[st
     if len(named) == 1 and not set(named) & _SPLIT_WORDS:
         return found, split_read
     if name not in named:
-        listed = ", ".join(f"{s} ({len(fs)} file{'s' if len(fs) > 1 else ''})" for s, fs in sorted(named.items()))
+        listed = ", ".join(f"{s} ({_files(len(fs))})" for s, fs in sorted(named.items()))
         raise ConfigError(f"{split_key}={name!r} is not a split of {key}={path}: its files are named for the splits "
                           f"{listed}: set {split_key}")
-    left_out = ", ".join(f"{s} ({len(fs)} file{'s' if len(fs) > 1 else ''})"
-                         for s, fs in sorted(named.items()) if s != name)
-    notes.append(f"{key}: reading the {name!r} split of {path} ({len(named[name])} file"
-                 f"{'s' if len(named[name]) > 1 else ''}: {split_key}); left out the splits {left_out}")
+    left_out = ", ".join(f"{s} ({_files(len(fs))})" for s, fs in sorted(named.items()) if s != name)
+    notes.append(f"{key}: reading the {name!r} split of {path} ({_files(len(named[name]))}: {split_key}); left out "
+                 f"the splits {left_out}")
     return [(f, size) for f, size in found if _split_of(f) in (None, name)], name
 
 
@@ -490,8 +497,7 @@ def _mixed_formats(files: list[tuple[str, int]], paths: list[str], key: str) -> 
         if where not in roots and not any(f.startswith(where + "/") for f in others) \
                 and any(where.startswith(root + "/") for root in roots):
             splits = sorted({s for s in map(_split_of, fs) if s is not None})
-            split_key = "data.eval_hf_split" if key == "data.eval_path" else "data.hf_split"
-            read = f" (of its hub-named shards, those of the split {splits[0]!r}: {split_key})" if splits else ""
+            read = f" (of its hub-named shards, those of the split {splits[0]!r}: {_split_key(key)})" if splits else ""
             return (f"{key}: {', '.join(paths)} mixes formats: {found}: point {key} at {where}, which holds the "
                     f"{fmt} files only{read}")
     return (f"{key}: {', '.join(paths)} mixes formats: {found}: give one format per path list (move the "
