@@ -17,7 +17,7 @@ and the pieces' ids joined: the same ids as the whole document's (checked once p
 probe text: byte-level and GPT-2/tiktoken-style pre-tokenizers split there anyway; a tokenizer
 that adds a prefix space to every call, as SentencePiece's legacy Llama tokenizers do, is not cut).
 Whole, the tokenizer held ~200 bytes per input character (its encodings' offsets and strings):
-2 GB for a 10 MB file; in pieces, tokenizer calls of at most 1M characters hold ~200 MB.
+2 GB for a 10 MB file; in pieces, tokenizer calls of at most 1M characters hold ~200 MB (benchmarks/long_document.py).
 Text that spells a special token ("</s>") stays text, tokenized as its characters
 (split_special_tokens), never as the control token. With
 `data.position_ids="per_document"` each row also carries `position_ids` that restart at 0 after
