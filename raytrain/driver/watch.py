@@ -25,7 +25,7 @@ import functools
 import shlex
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
@@ -88,6 +88,26 @@ class RunWatch(ray.train.UserCallback):
              f"{type(worker_exceptions[rank]).__name__}: {error}; {then}")
 
 
+LATE_OUTPUT_S = 10.0
+"""How long the driver keeps its workers' output unprinted after a run that a bad record stopped has ended.
+Ray kills the run's Ray Data tasks as it ends, and a task killed inside a finalizer printed `Exception ignored
+in ... KeyboardInterrupt` with a traceback that reached the driver after fit() had returned, so after the
+user's one-line error (session 43's suite: printing had been put back as fit() returned). A command line has
+exited by then; a notebook's next fit() prints again at once."""
+
+_silenced: list[Callable[[], None]] = []  # the undo of a stopped run's compat.stop_printing_worker_logs, until called
+
+
+def print_worker_output_again() -> None:
+    """Undo the last stopped run's silence, once (the timer and the next run both call this)."""
+    while True:
+        try:
+            undo = _silenced.pop()
+        except IndexError:
+            return
+        undo()
+
+
 def run_trainer(trainer, progress: DataProgress, run_uri: str, max_steps: int, command: str):
     """trainer.fit()'s Result, or raise: the run's first bad record, `Interrupted` (Ctrl-C), or
     whatever fit() raised. Inside `with progress:`; says what the data policies skipped."""
@@ -99,6 +119,7 @@ def run_trainer(trainer, progress: DataProgress, run_uri: str, max_steps: int, c
         except BaseException as e:  # handed to the main thread
             outcome["error"] = e
 
+    print_worker_output_again()  # a notebook's next fit() after a stopped one prints its workers' lines
     thread = threading.Thread(target=fit, name="raytrain-fit", daemon=True)
     thread.start()
     printing_back = None  # set once the workers' output is no longer printed: the undo, whatever way the run ends
@@ -128,8 +149,11 @@ def run_trainer(trainer, progress: DataProgress, run_uri: str, max_steps: int, c
             raise outcome["error"]
         return outcome["result"]
     finally:
-        if printing_back is not None:  # the next run of this process (a notebook's next fit()) prints again
-            printing_back()
+        if printing_back is not None:  # printed again LATE_OUTPUT_S from now, or when this process runs again
+            _silenced.append(printing_back)
+            timer = threading.Timer(LATE_OUTPUT_S, print_worker_output_again)
+            timer.daemon = True  # a command line's exit does not wait for it
+            timer.start()
 
 
 def continue_command(argv: Sequence[str] | None, run_name: str, resume_from: str | None = None) -> str:

@@ -40,3 +40,17 @@ def test_a_worker_failure_is_one_raytrain_line_saying_what_happens_next(capfd):
                      "Ray Train restarts the workers from the latest checkpoint",
                      "raytrain: worker failure 2 (checkpoint.max_failures=1) on rank 0: ValueError: again; "
                      "the run fails"]
+
+
+def test_a_stopped_runs_silence_is_undone_once_whoever_ends_it_first():
+    """After a bad record stopped a run, its workers' output stays unprinted until LATE_OUTPUT_S later or the
+    process's next run, whichever comes first (raytrain.driver.watch.run_trainer): both call this, and the
+    undo (compat.stop_printing_worker_logs') must run once."""
+    from raytrain.driver import watch
+
+    undone = []
+    watch._silenced.append(lambda: undone.append(1))
+    watch.print_worker_output_again()  # the timer
+    watch.print_worker_output_again()  # the next fit()
+    assert undone == [1] and watch._silenced == []
+    assert watch.LATE_OUTPUT_S >= 5  # Ray's killed tasks' last lines arrive within seconds of the run's end
