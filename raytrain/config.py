@@ -106,7 +106,8 @@ class DataConfig:
     restarts at 0 at each document (and each block) start; flash_attention_2 then also keeps
     attention within documents."""
     tokenize_batch_size: Annotated[Int, Field(ge=1)] = 256
-    """Documents per tokenization batch; each batch's leftover tail (< seq_len tokens) is dropped."""
+    """Rows per tokenization batch (documents; a text file that is one document is a row per ~64k
+    characters); each batch's leftover tail (< seq_len tokens) is dropped."""
     tokenize_concurrency: Annotated[Int, Field(ge=1)] | None = None
     """Number of tokenizer tasks running at once. None: let Ray Data decide."""
     shuffle_buffer_size: Annotated[Int, Field(ge=0)] = 0

@@ -4,18 +4,25 @@ Start at `tokenize_and_pack`. Packing policy: each document starts with the toke
 it adds one (Llama, Mistral and Gemma tokenizers, as Hugging Face's own training tokenizes; GPT-2's
 and the byte tokenizer add none) and ends with one EOS; documents are joined and cut into blocks of
 exactly `seq_len` tokens; a document longer than seq_len continues in the next block (never dropped).
-Packing is done per tokenization batch (`data.tokenize_batch_size` documents); the leftover tail
+Packing is done per tokenization batch (`data.tokenize_batch_size` rows: documents, or pieces of
+a text file that is one document, see below); the leftover tail
 of each batch (< seq_len tokens) is dropped, which costs on average seq_len / 2 tokens per batch
 (about 0.1% with 256 documents of 1k tokens at seq_len 2048, but all of a batch holding fewer than
 seq_len tokens). The dropped tokens are counted and printed at the end of the run
 (raytrain.data.progress). Carrying a tail into the next batch would need one
 stateful packer per stream: with parallel tokenize tasks, which tail joined which batch would
 differ from run to run, and exact resume (raytrain.data.ingest) needs the same blocks every run.
-A long document (a text file under data.text_document="file") is tokenized in pieces of about
-64k characters, cut right after a newline (else before a space) between two non-space characters,
-and the pieces' ids joined: the same ids as the whole document's (checked once per tokenizer on a
-probe text: byte-level and GPT-2/tiktoken-style pre-tokenizers split there anyway; a tokenizer
-that adds a prefix space to every call, as SentencePiece's legacy Llama tokenizers do, is not cut).
+A text file that is one document (data.text_document="file") arrives as rows of pieces of about
+64k characters (raytrain.data.readers, cut as raytrain.data.pieces says), each saying whether the
+document starts or ends there: one BOS before its first piece, one EOS after its last, per-document
+positions that run on across pieces, and one side of the eval split (its first piece's). A piece
+whose successor falls in the next batch ends this batch (the tail dropped as any batch's); the
+next batch goes on with the same document. Any other long document (a JSON value, a parquet cell)
+is cut into such pieces here. Either way the pieces' ids joined are the whole document's (checked
+once per tokenizer on a probe text: byte-level and GPT-2/tiktoken-style pre-tokenizers split there
+anyway). A tokenizer that adds a prefix space to every call, as SentencePiece's legacy Llama
+tokenizers do, is not cut here; a text file's pieces it tokenizes one by one, so such a document
+gets one extra prefix-space token per piece (~1 in 16k tokens): the price of not holding the file.
 Whole, the tokenizer held ~200 bytes per input character (its encodings' offsets and strings):
 2 GB for a 10 MB file; in pieces, tokenizer calls of at most 1M characters hold ~200 MB (benchmarks/long_document.py).
 Text that spells a special token ("</s>") stays text, tokenized as its characters
@@ -26,14 +33,13 @@ every EOS and at every block start (a block is all the context the model sees).
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import re
 import time
 
 import numpy as np
 
 from raytrain.config import ModelConfig
+from raytrain.data import pieces
 from raytrain.data.bad_records import BadRecord, BadRecords
 from raytrain.data.progress import report, skipped
 from raytrain.model import document_start_ids, load_tokenizer
@@ -93,35 +99,48 @@ def tokenize_and_pack(batch: dict[str, np.ndarray], *, seq_len: int, model: Mode
         return _no_blocks(seq_len, position_ids)
     values = batch[column]
     if pretokenized:
-        docs = [np.asarray(v, dtype=np.int64) for v in values if v is not None and len(v)]
-        keys = [d.tobytes() for d in docs] if split else []
+        kept = [i for i, v in enumerate(values) if v is not None and len(v)]
+        docs = [np.asarray(values[i], dtype=np.int64) for i in kept]
     else:
-        docs = [v for v in values.tolist() if v is not None and v != ""]
+        texts = values.tolist()
+        kept = [i for i, v in enumerate(texts) if v is not None and v != ""]
+        docs = [texts[i] for i in kept]
         wrong = [v for v in docs if not isinstance(v, str)]
         if wrong:
             _bad_batch(bad, len(wrong), f"data.text_column={column!r} holds {type(wrong[0]).__name__} values, "
                                         f"not strings", "set data.text_column to the text column")
             return _no_blocks(seq_len, position_ids)
-        keys = [d.encode("utf-8", errors="surrogatepass") for d in docs] if split else []
     if len(docs) < len(values):
         _report_skipped_rows(len(values) - len(docs), len(values), counter)
+    # A text file read in pieces (raytrain.data.readers) has a row per piece, saying whether the
+    # document starts (BOS) or ends (EOS) there, each with the document's key; any other row is a
+    # whole document. Order is kept (ShardedIngest's preserve_order), so a piece follows the one
+    # before it, in this batch or at the end of the one before.
+    starts, ends, given = (_column(batch, name, kept, default) for name, default in
+                           (("starts", True), ("ends", True), ("key", b"")))
     if split:
+        keys = [k or pieces.key(d.tobytes() if pretokenized else d.encode("utf-8", errors="surrogatepass"))
+                for d, k in zip(docs, given)]
         keep = _eval_side(keys, eval_fraction) == (split == "eval")
-        docs = [d for d, k in zip(docs, keep) if k]
+        docs, starts, ends = ([x for x, k in zip(column_, keep) if k] for column_ in (docs, starts, ends))
     if not pretokenized:
         docs = _encode(tokenizer, docs)
     parts, lengths = [], []
     end = np.array([eos], np.int64)
-    for d in docs:  # one concatenate for the batch, not one per document
+    for j, d in enumerate(docs):  # one concatenate for the batch, not one per document
         # Pre-tokenized documents may hold their BOS and EOS already (tokenized with special tokens): not doubled.
-        head = start.size and not (pretokenized and d[:start.size].tolist() == bos)
-        tail = not (pretokenized and len(d) and d[-1] == eos)
+        head = starts[j] and start.size and not (pretokenized and d[:start.size].tolist() == bos)
+        tail = ends[j] and not (pretokenized and len(d) and d[-1] == eos)
         if head:
             parts.append(start)
         parts.append(d)
         if tail:
             parts.append(end)
-        lengths.append(len(d) + (start.size if head else 0) + tail)
+        length = len(d) + (start.size if head else 0) + tail
+        if not starts[j] and j and not ends[j - 1]:
+            lengths[-1] += length  # the document's next piece
+        else:
+            lengths.append(length)
     flat = np.concatenate(parts) if parts else np.zeros(0, np.int64)
     if vocab_size is not None and flat.size and (flat.max() >= vocab_size or flat.min() < 0):
         worst = int(flat.max() if flat.max() >= vocab_size else flat.min())
@@ -130,7 +149,7 @@ def tokenize_and_pack(batch: dict[str, np.ndarray], *, seq_len: int, model: Mode
                if pretokenized else "set model.config.vocab_size >= len(tokenizer) or use the model's own tokenizer")
         _bad_batch(bad, outside, f"token id {worst} is outside the model's embedding table ({vocab_size} rows)", fix)
         return _no_blocks(seq_len, position_ids)
-    report(progress, rows=len(values), documents=len(docs), tokens=int(flat.size))
+    report(progress, rows=len(values), documents=int(sum(starts)), tokens=int(flat.size))
     n_blocks = len(flat) // seq_len
     # What the end-of-run line says is dropped, and of how much (one fire-and-forget actor call per
     # batch; no counter in tests and the bench: not told).
@@ -141,36 +160,34 @@ def tokenize_and_pack(batch: dict[str, np.ndarray], *, seq_len: int, model: Mode
     return _table(out)
 
 
-PIECE_CHARS = 1 << 16
-"""A document longer than this is tokenized in pieces of about this many characters (see above)."""
 CALL_CHARS = 1 << 20
-"""Characters per tokenizer call, at most (a single piece may be longer: one with no place to cut)."""
-_LINE_CUT = re.compile(r"(?<=\S\n)(?=\S)")  # right after a lone newline between two non-space characters
-_SPACE_CUT = re.compile(r"(?<=\S)(?= \S)")  # right before a lone space between two non-space characters
+"""Characters per tokenizer call, at most, as a piece is (pieces.HARD_CUT * PIECE_CHARS); longer only for
+a document whose tokenizer cannot be cut (`_can_cut`), given whole."""
 _PROBE = ("Hello world.\nThe 2nd line, 12345 numbers; caf\u00e9 na\u00efve!\n\u65e5\u672c\u8a9e "
           "\u30c6\u30ad\u30b9\u30c8 (x) don't\nend")
 _cuts_keep_ids: dict[int, bool] = {}
 
 
 def _encode(tokenizer, docs: list[str]) -> list[np.ndarray]:
-    """Each document's token ids (no special tokens), long documents in pieces (`_pieces`), in
-    tokenizer calls of at most CALL_CHARS characters."""
-    size = PIECE_CHARS if any(len(d) > PIECE_CHARS for d in docs) and _can_cut(tokenizer) else None
-    pieces, owner = [], []
+    """Each document's token ids (no special tokens), long documents in pieces (raytrain.data.pieces),
+    in tokenizer calls of at most CALL_CHARS characters."""
+    size = pieces.PIECE_CHARS
+    size = size if any(len(d) > size for d in docs) and _can_cut(tokenizer) else None
+    parts, owner = [], []
     for i, d in enumerate(docs):
-        for piece in _pieces(d, size) if size else (d,):
-            pieces.append(piece)
+        for piece in pieces.cut((d,), size) if size else (d,):
+            parts.append(piece)
             owner.append(i)
     ids: list[list[np.ndarray]] = [[] for _ in docs]
     start = 0
-    while start < len(pieces):
-        end, chars = start + 1, len(pieces[start])
-        while end < len(pieces) and chars + len(pieces[end]) <= CALL_CHARS:
-            chars, end = chars + len(pieces[end]), end + 1
-        for i, encoded in zip(owner[start:end], _tokenize(tokenizer, pieces[start:end])):
+    while start < len(parts):
+        end, chars = start + 1, len(parts[start])
+        while end < len(parts) and chars + len(parts[end]) <= CALL_CHARS:
+            chars, end = chars + len(parts[end]), end + 1
+        for i, encoded in zip(owner[start:end], _tokenize(tokenizer, parts[start:end])):
             ids[i].append(np.asarray(encoded, dtype=np.int64))
         start = end
-    return [parts[0] if len(parts) == 1 else np.concatenate(parts) for parts in ids]
+    return [p[0] if len(p) == 1 else np.concatenate(p) for p in ids]
 
 
 def _tokenize(tokenizer, texts: list[str]) -> list[list[int]]:
@@ -180,47 +197,23 @@ def _tokenize(tokenizer, texts: list[str]) -> list[list[int]]:
                      split_special_tokens=True)["input_ids"]
 
 
-def _pieces(text: str, size: int) -> list[str]:
-    """`text` cut into pieces of about `size` characters (from size/2 to size; longer where there
-    is no place to cut), each cut at the last lone newline of its window, else its last lone space."""
-    if len(text) <= size:
-        return [text]
-    out, start = [], 0
-    while len(text) - start > size:
-        cut = _last_cut(text, start + size // 2, start + size) or _next_cut(text, start + size)
-        if cut is None:
-            break
-        out.append(text[start:cut])
-        start = cut
-    out.append(text[start:])
-    return out
-
-
-def _last_cut(text: str, lo: int, hi: int) -> int | None:
-    for pattern in (_LINE_CUT, _SPACE_CUT):
-        cut = None
-        for found in pattern.finditer(text, lo, hi):
-            cut = found.start()
-        if cut:
-            return cut
-    return None
-
-
-def _next_cut(text: str, pos: int) -> int | None:
-    cuts = [found.start() for found in (p.search(text, pos) for p in (_LINE_CUT, _SPACE_CUT)) if found]
-    return min(cuts) if cuts else None
-
-
 def _can_cut(tokenizer) -> bool:
-    """Whether pieces cut as `_pieces` cuts give the whole text's ids: checked once per tokenizer
+    """Whether pieces cut as `pieces.cut` cuts give the whole text's ids: checked once per tokenizer
     (load_tokenizer caches them per process) by tokenizing a probe at every cut point."""
     key = id(tokenizer)
     if key not in _cuts_keep_ids:
-        cuts = sorted({0, len(_PROBE), *(m.start() for p in (_LINE_CUT, _SPACE_CUT) for m in p.finditer(_PROBE))})
-        pieces = [_PROBE[a:b] for a, b in zip(cuts, cuts[1:])]
-        joined = [i for ids in _tokenize(tokenizer, pieces) for i in ids]
+        cuts = sorted({0, len(_PROBE), *(m.start() for p in (pieces.LINE_CUT, pieces.SPACE_CUT)
+                                         for m in p.finditer(_PROBE))})
+        joined = [i for ids in _tokenize(tokenizer, [_PROBE[a:b] for a, b in zip(cuts, cuts[1:])]) for i in ids]
         _cuts_keep_ids[key] = joined == _tokenize(tokenizer, [_PROBE])[0]
     return _cuts_keep_ids[key]
+
+
+def _column(batch: dict[str, np.ndarray], name: str, kept: list[int], default) -> list:
+    """Column `name` of the kept rows; `default` where the batch has no such column, or a null (a
+    row whose source has no such column, in a batch with one that has)."""
+    values = batch.get(name)
+    return [default if values is None or values[i] is None else values[i] for i in kept]
 
 
 def _bad_batch(bad: BadRecords, n: int, what: str, fix: str) -> None:
@@ -260,8 +253,6 @@ def document_positions(lengths: np.ndarray, num_tokens: int, seq_len: int) -> np
 
 
 def _eval_side(keys: list[bytes], eval_fraction: float) -> np.ndarray:
-    """True for documents in the held-out fraction: the first 8 bytes of blake2b as a uniform number."""
+    """True for documents in the held-out fraction: each key (raytrain.data.pieces.key) as a uniform number."""
     threshold = eval_fraction * 2.0**64
-    return np.array([int.from_bytes(hashlib.blake2b(k, digest_size=8).digest(), "little") < threshold
-                     for k in keys], dtype=bool)
-
+    return np.array([int.from_bytes(k, "little") < threshold for k in keys], dtype=bool)

@@ -1,7 +1,8 @@
 """Ray Data tasks that turn input files into documents (rows of {"text": ...}).
 
-Start at `read_documents`: one file in, its documents out, streamed (a line-per-document file
-never sits in memory whole); `read_parquet_rows` does the same for a parquet file's rows. What a
+Start at `read_documents`: one file in, its documents out, streamed: no text or JSON file sits in
+memory whole (a file that is one document comes out in pieces, a JSON array a record at a time);
+`read_parquet_rows` does the same for a parquet file's rows. What a
 document is, by format, and the bad-input policy (invalid UTF-8, empty documents, malformed JSON)
 are described in raytrain.data.sources' docstring; what a task does with a bad record, in
 raytrain.data.bad_records'.
@@ -16,6 +17,7 @@ import re
 from typing import Any, Iterator
 
 from raytrain.config_files import first_line
+from raytrain.data import pieces
 from raytrain.data.bad_records import BadRecord, BadRecords
 from raytrain.data.progress import FileReads, skipped
 from raytrain.data.sources import (BOM, READ_ERRORS, compression_of, open_text, unreadable_fix, wide_encoding,
@@ -26,8 +28,9 @@ logger = logging.getLogger("raytrain.data")
 
 def read_documents(row: dict[str, Any], *, format: str, filesystem, text_column: str, text_document: str,
                    invalid_utf8: str, progress: str | None = None,
-                   counter: str | None = None) -> Iterator[dict[str, str]]:
-    """One file -> rows of {"text": document}, streamed (a line-per-document file never sits in memory whole).
+                   counter: str | None = None) -> Iterator[dict[str, Any]]:
+    """One file -> rows of {"text": document}, streamed; a text file that is one document, longer
+    than a piece, -> a row per piece (`_file_document`).
 
     `progress`: the run's counter actor (training data only), told how many bytes of the file were
     read and how many documents they held. `counter`: the run's counter actor, told what the data
@@ -60,11 +63,7 @@ def _read_text_file(path: str, format: str, filesystem, text_column: str, text_d
                 bad.found(BadRecord(path, f"is {encoding} text (it starts with a {encoding} byte order mark), "
                                           f"not UTF-8", wide_encoding_fix(encoding)))
             elif format == "text" and text_document == "file":
-                text = _checked(bad, _decode, (head + f.read()).removeprefix(BOM), invalid_utf8, path, counts)
-                if text:
-                    yield {"text": text}
-                elif text is not None:
-                    counts["empty"] += 1
+                yield from _file_document(f, head.removeprefix(BOM), path, invalid_utf8, bad, counts)
             elif format == "text":
                 for lineno, raw in _lines(f, head.removeprefix(BOM)):
                     raw = raw.rstrip(b"\r")
@@ -98,22 +97,155 @@ def _read_text_file(path: str, format: str, filesystem, text_column: str, text_d
     reads.close((lambda: filesystem.get_file_info(path).size) if compressed else None)
 
 
+def _file_document(f, head: bytes, path: str, invalid_utf8: str, bad: BadRecords,
+                   counts: collections.Counter) -> Iterator[dict[str, Any]]:
+    """A text file that is one document, read and yielded in pieces (raytrain.data.pieces.cut), so
+    that neither this task nor the tokenizer's holds the file whole (a 10 GB file was read into
+    one 10 GB row, then the packer's task held its ids). A file of one piece is one row, as any
+    document; a longer one is a row per piece, each row saying whether the document starts or ends
+    with it and carrying the document's key for the eval split (its first piece's), which the
+    packer (raytrain.data.packing) reads (a whole document's key is b"": the packer hashes its text).
+    `head`: what was read of the file already."""
+    rows = pieces.cut(_decoded(f, head, path, invalid_utf8, counts), pieces.PIECE_CHARS)
+    try:
+        piece = next(rows, None)
+        if piece is None:
+            counts["empty"] += 1
+            return
+        after = next(rows, None)
+        # Every row of a file-per-document source has these columns, whole documents too: a batch of
+        # two files' blocks would otherwise hold nulls where one file's rows lack them.
+        key, starts = (pieces.key(piece.encode("utf-8")) if after is not None else b""), True
+        while piece is not None:
+            yield {"text": piece, "starts": starts, "ends": after is None, "key": key}
+            piece, starts = after, False
+            after = next(rows, None) if piece is not None else None
+    except BadRecord as record:  # invalid UTF-8 under data.invalid_utf8=error, found as it is read
+        bad.found(record)
+
+
+def _decoded(f, head: bytes, where: str, invalid_utf8: str, counts: collections.Counter,
+             chunk_bytes: int = 1 << 20) -> Iterator[str]:
+    """The text of a UTF-8 stream, decoded a chunk at a time (a character cut by a read is carried
+    to the next), under data.invalid_utf8 as `_decode` (bad bytes counted once per file)."""
+    offset, carried, replaced, chunk = 0, b"", False, head
+    while chunk:
+        raw = carried + chunk
+        chunk = f.read(chunk_bytes)
+        whole = _whole_characters(raw) if chunk else len(raw)
+        raw, carried = raw[:whole], raw[whole:]
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            if invalid_utf8 == "error":
+                raise BadRecord(where, f"invalid UTF-8 at byte {offset + e.start}", _INVALID_UTF8_FIX) from None
+            replaced = True
+            text = raw.decode("utf-8", errors="replace")
+        offset += len(raw)
+        yield text
+    if replaced:
+        counts["invalid_utf8"] += 1
+
+
+def _whole_characters(raw: bytes) -> int:
+    """How many of `raw`'s bytes end at a character boundary: all but a multi-byte character's
+    beginning at its end (at most 3 bytes)."""
+    for back in range(1, min(4, len(raw)) + 1):
+        byte = raw[-back]
+        if byte & 0xC0 != 0x80:  # not a continuation byte: the last character's first byte
+            need = 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else 4 if byte >> 3 == 0b11110 else 1
+            return len(raw) - back if need > back else len(raw)
+    return len(raw)
+
+
 def _json_records(f, head: bytes, path: str, invalid_utf8: str, bad: BadRecords,
                   counts: collections.Counter) -> Iterator[tuple[str, Any]]:
     """(where, record) of a JSON-lines file, or of a file holding one JSON array (`head`: what was
     read of it already); bad lines are handed to `bad` and left out."""
     head = head.removeprefix(BOM)
-    if head.lstrip().startswith(b"["):  # one JSON array: the whole file is one value
-        records = _checked(bad, lambda: _parse_json(_decode(head + f.read(), invalid_utf8, path, counts), path))
-        for i, record in enumerate(records or ()):
-            yield f"{path} record {i + 1}", record
+    if head.lstrip().startswith(b"["):  # one JSON array: parsed a record at a time as it is read
+        try:
+            yield from _array_records(_decoded(f, head, path, invalid_utf8, counts), path)
+        except BadRecord as record:  # the rest of the array cannot be parsed: nothing more is read
+            bad.found(record)
         return
     for n, raw in _lines(f, head):
         if raw.strip():
             where = f"{path} line {n}"
-            record = _checked(bad, lambda: _parse_json(_decode(raw, invalid_utf8, where, counts), where, line=True))
+            record = _checked(bad, lambda: _parse_json(_decode(raw, invalid_utf8, where, counts), where))
             if record is not None:
                 yield where, record
+
+
+_JSON_SPACE = " \t\n\r"
+_NEAR_END = 16  # chars: a value cut by the end of what was read fails within this of it (a literal, \uXXXX)
+
+
+def _array_records(chunks: Iterator[str], path: str) -> Iterator[tuple[str, Any]]:
+    """(where, record) of a text holding one JSON array, given as `chunks`, parsed a record at a
+    time: a file of one array of GBs is never held whole, nor all its records at once (json.loads
+    of the whole file built them all). Raises a BadRecord naming the record where the array stops
+    parsing."""
+    decoder = json.JSONDecoder()
+    text, pos, n, ended = "", 0, 0, False
+
+    def more(grow: bool = False) -> bool:
+        """Read a chunk on (grow: until the unparsed text has doubled, so that a record of many
+        chunks is parsed again a few times, not once a chunk); what was parsed is let go."""
+        nonlocal text, pos, ended
+        parts, size, want = [text[pos:]], 0, max(1, len(text) - pos) if grow else 1
+        while size < want and not ended:
+            chunk = next(chunks, None)
+            ended = chunk is None
+            if chunk:
+                parts.append(chunk)
+                size += len(chunk)
+        text, pos = "".join(parts), 0
+        return size > 0
+
+    def skip_space() -> str | None:  # the next non-space character, or None at the end
+        nonlocal pos
+        while True:
+            while pos < len(text) and text[pos] in _JSON_SPACE:
+                pos += 1
+            if pos < len(text):
+                return text[pos]
+            if not more():
+                return None
+
+    def fail(what: str, record: int) -> BadRecord:
+        return BadRecord(f"{path} record {record}", f"not valid JSON ({what})", "fix or remove it")
+
+    more()
+    skip_space()
+    pos += 1  # the "[" (`_json_records` looked)
+    if skip_space() == "]":
+        pos += 1
+    else:
+        while True:
+            if skip_space() is None:
+                raise fail("the file ends inside the array", n + 1)
+            try:
+                record, end = decoder.raw_decode(text, pos)
+            except json.JSONDecodeError as e:
+                at = e.pos - pos + 1  # (more() moves the text)
+                # A record cut by the end of what was read fails near it, or inside a string: read on.
+                if (e.pos >= len(text) - _NEAR_END or e.msg.startswith("Unterminated string")) and more(grow=True):
+                    continue
+                raise fail(_at(e.msg, f"character {at} of the record"), n + 1) from None
+            if end == len(text) and more(grow=True):  # a number may go on in the next chunk
+                continue
+            pos = end
+            yield f"{path} record {n + 1}", record
+            n += 1
+            after = skip_space()
+            pos += 1
+            if after == "]":
+                break
+            if after != ",":
+                raise fail(f"',' or ']' expected after it, not {after!r}" if after else "the file ends inside the array", n)
+    if skip_space() is not None:
+        raise BadRecord(path, "holds more after its JSON array's closing ']'", "give one array, or JSON lines")
 
 
 def _checked(bad: BadRecords, fn, *args):
@@ -139,29 +271,31 @@ def _lines(f, head: bytes = b"", chunk_bytes: int = 1 << 24) -> Iterator[tuple[i
         yield lineno + 1, rest
 
 
+_INVALID_UTF8_FIX = ("fix the file, or set data.invalid_utf8=replace to decode such bytes as U+FFFD "
+                     "(counted and reported)")
+
+
 def _decode(raw: bytes, invalid_utf8: str, where: str, counts: collections.Counter) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         if invalid_utf8 == "error":
-            raise BadRecord(where, f"invalid UTF-8 at byte {e.start}",
-                            "fix the file, or set data.invalid_utf8=replace to decode such bytes as U+FFFD "
-                            "(counted and reported)") from None
+            raise BadRecord(where, f"invalid UTF-8 at byte {e.start}", _INVALID_UTF8_FIX) from None
         counts["invalid_utf8"] += 1
         return raw.decode("utf-8", errors="replace")
 
 
-def _parse_json(text: str, where: str, line: bool = False) -> Any:
-    """One JSON line (line=True) or a whole file holding one array."""
+def _parse_json(text: str, where: str) -> Any:
+    """One JSON line."""
     try:
-        value = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as e:
-        # json's messages that name a position end in " at" ("Unterminated string starting at")
-        detail = f"{e.msg} column {e.colno}" if e.msg.endswith(" at") else f"{e.msg} at column {e.colno}"
-        raise BadRecord(where, f"not valid JSON ({detail})", "fix or remove it") from None
-    if not line and not isinstance(value, list):
-        raise BadRecord(where, "starts with '[' but is not a JSON array", "give JSON lines or one array")
-    return value
+        raise BadRecord(where, f"not valid JSON ({_at(e.msg, f'column {e.colno}')})", "fix or remove it") from None
+
+
+def _at(msg: str, where: str) -> str:
+    # json's messages that name a position end in " at" ("Unterminated string starting at")
+    return f"{msg} {where}" if msg.endswith(" at") else f"{msg} at {where}"
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -18,9 +18,12 @@ training source (the same files, or the same hub id and split) is refused.
 
 Documents, by source:
 - text files (.txt, .text, .md): `data.text_document="file"` (default) makes each file one
-  document, as for books; "line" makes each non-blank line one (blank lines are not documents).
+  document, as for books (read in pieces of ~64k characters, so a file of any size streams through
+  bounded memory; raytrain.data.readers); "line" makes each non-blank line one (blank lines are
+  not documents).
 - JSON lines (.jsonl, .ndjson, .json): each line is one record; `data.text_column` of it is the
-  document. A .json file that starts with "[" is read as one array of records.
+  document. A .json file that starts with "[" is read as one array of records (parsed a record at
+  a time).
 - parquet / a `datasets` save_to_disk directory / a hub dataset: each row's `data.text_column`.
 - pre-tokenized parquet (`data.format=tokenized`, or auto when a parquet file has `input_ids` and
   no text column): each row's `input_ids` is one document, packed as-is (EOS appended unless the

@@ -114,6 +114,23 @@ def test_text_files_are_documents_or_lines_are(tmp_path, model):
     np.testing.assert_array_equal(build(model, path=str(tmp_path), text_document="line"), expected_blocks(DOCS, 16))
 
 
+def test_a_text_file_read_in_pieces_trains_as_the_whole_document(tmp_path, model):
+    """A file longer than a piece (64k characters) is rows of pieces (raytrain.data.readers): packed
+    back to the whole document's tokens, with per-document positions that do not restart at a piece."""
+    from raytrain.data.packing import document_positions
+
+    book = "".join(f"Chapter line {i}: caf\u00e9, \u65e5\u672c {'word ' * (i % 9)}\n" for i in range(8000))
+    (tmp_path / "a.txt.gz").write_bytes(gzip.compress(book.encode()))
+    (tmp_path / "b.txt").write_text(DOCS[0])
+    ds = datasets(DataConfig(path=str(tmp_path), seq_len=64, position_ids="per_document"), model)["train"]
+    out = ds.take_all()
+    expected = expected_blocks([book, DOCS[0]], 64)
+    np.testing.assert_array_equal(np.array([r["input_ids"] for r in out]), expected)
+    lengths = np.array([len(book.encode()) + 1, len(DOCS[0].encode()) + 1])
+    np.testing.assert_array_equal(np.array([r["position_ids"] for r in out]),
+                                  document_positions(lengths, expected.size, 64))
+
+
 def test_hf_save_to_disk_directory(tmp_path, model):
     import datasets
 

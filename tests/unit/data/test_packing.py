@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from raytrain.config import ConfigError, ModelConfig
+from raytrain.data import packing, pieces
 from raytrain.data.packing import block_arrays, document_positions, tokenize_and_pack
 from raytrain.model import document_start_ids, load_tokenizer
 
@@ -132,7 +133,6 @@ def test_text_that_spells_a_special_token_stays_text():
 
 
 def test_each_batchs_dropped_tail_is_counted_for_the_run(monkeypatch):
-    from raytrain.data import packing
 
     told = []
     monkeypatch.setattr(packing, "skipped", lambda counter, **counts: told.append((counter, counts)))
@@ -200,16 +200,76 @@ LONG = "".join(f"Line {i}: the quick brown fox, {i * 7} caf\u00e9s!\n" + ("  ind
 
 def test_a_long_document_is_tokenized_in_pieces_with_the_whole_documents_ids(monkeypatch, llama_style):
     """A text file is one document: tokenized whole it held ~200 bytes per character (2 GB for 10 MB)."""
-    from raytrain.data import packing
 
     calls = []
     tokenize = packing._tokenize
     monkeypatch.setattr(packing, "_tokenize", lambda tok, texts: calls.append(sum(map(len, texts))) or tokenize(tok, texts))
-    monkeypatch.setattr(packing, "PIECE_CHARS", 4000)
+    monkeypatch.setattr(pieces, "PIECE_CHARS", 4000)
     monkeypatch.setattr(packing, "CALL_CHARS", 20000)
     for tok in (TOK, gpt2_style()):
         calls.clear()
-        pieces = packing._encode(tok, [LONG, "short"])
-        assert [p.tolist() for p in pieces] == tok([LONG, "short"], add_special_tokens=False)["input_ids"]
+        encoded = packing._encode(tok, [LONG, "short"])
+        assert [p.tolist() for p in encoded] == tok([LONG, "short"], add_special_tokens=False)["input_ids"]
         assert len(calls) > 1 and max(calls) <= 20000  # the probe's calls included
     assert not packing._can_cut(load_tokenizer(llama_style))  # it puts a prefix space before every call: never cut
+
+
+def rows_in_pieces(text, size=4000):
+    """A text file's rows as the reader yields them for a file that is one document (test_readers
+    checks that it does), with a whole short document before and after it."""
+    parts = list(pieces.cut([text], size))
+    n = len(parts)
+    return {"text": np.array(["before", *parts, "after"], dtype=object),
+            "starts": np.array([True] + [i == 0 for i in range(n)] + [True]),
+            "ends": np.array([True] + [i == n - 1 for i in range(n)] + [True]),
+            "key": np.array([b""] + [pieces.key(parts[0].encode())] * n + [b""], dtype=object)}
+
+
+def pack_rows(rows, seq_len=16, model=None, **kwargs):
+    return block_arrays(tokenize_and_pack(rows, seq_len=seq_len, model=model or ModelConfig(), text_column="text",
+                                          pretokenized=False, **kwargs))
+
+
+def test_a_document_read_in_pieces_packs_as_the_whole_document(llama_style):
+    rows = rows_in_pieces(LONG)
+    assert len(rows["text"]) > 20
+    whole = pack(["before", LONG, "after"], position_ids="per_document")
+    in_pieces = pack_rows(rows, position_ids="per_document")
+    np.testing.assert_array_equal(in_pieces["input_ids"], whole["input_ids"])
+    np.testing.assert_array_equal(in_pieces["position_ids"], whole["position_ids"])  # one document, not 40
+    # a tokenizer with a BOS: one before the document, one EOS after it, none between its pieces
+    letters = " ".join("abcdefghij"[i % 10] * (1 + i % 7) for i in range(3000))
+    tok = load_tokenizer(llama_style)
+    out = pack_rows(rows_in_pieces(letters), seq_len=1, model=llama_style)["input_ids"].flatten().tolist()
+    assert out.count(tok.bos_token_id) == 3 and out.count(tok.eos_token_id) == 3  # before, the document, after
+    # a row whose source has no such columns, in a batch with one that has (nulls): a whole document
+    nulls = {"text": np.array(["abc", "de"], dtype=object), "starts": np.array([None, True], dtype=object),
+             "ends": np.array([None, True], dtype=object), "key": np.array([None, b""], dtype=object)}
+    assert pack_rows(nulls, seq_len=1)["input_ids"].flatten().tolist() == ids("abc") + [EOS] + ids("de") + [EOS]
+
+
+def test_a_document_whose_pieces_fall_in_two_batches_continues_in_the_second():
+    rows = rows_in_pieces(LONG)
+    k = len(rows["text"]) // 2
+    first, second = ({name: column[part] for name, column in rows.items()} for part in (slice(0, k), slice(k, None)))
+    out1, out2 = pack_rows(first, position_ids="per_document"), pack_rows(second, position_ids="per_document")
+    stream1 = ids("before") + [EOS] + ids("".join(first["text"][1:]))  # no EOS: the document goes on
+    stream2 = ids("".join(second["text"][:-1])) + [EOS] + ids("after") + [EOS]
+    for out, stream in ((out1, stream1), (out2, stream2)):
+        n = len(stream) // 16
+        assert out["input_ids"].flatten().tolist() == stream[: n * 16]  # each batch's own tail dropped
+    assert out2["position_ids"][0].tolist() == list(range(16))  # a block start, not a document start
+
+
+def test_every_piece_of_a_document_falls_on_its_side_of_the_eval_split():
+    rows = rows_in_pieces(LONG)
+    docs = [f"document number {i}" for i in range(200)]
+    batch = {"text": np.array([*docs, *rows["text"]], dtype=object),
+             "starts": np.array([True] * 200 + rows["starts"].tolist()),
+             "ends": np.array([True] * 200 + rows["ends"].tolist()),
+             "key": np.array([b""] * 200 + rows["key"].tolist(), dtype=object)}
+    sides = {split: TOK.decode(pack_rows(batch, seq_len=1, split=split, eval_fraction=0.5)["input_ids"].flatten()
+                               .tolist()) for split in ("train", "eval")}
+    held_out = bool(packing._eval_side([pieces.key(rows["text"][1].encode())], 0.5)[0])
+    assert (LONG in sides["eval"]) == held_out and (LONG in sides["train"]) != held_out  # whole, on one side
+    assert 60 < sum(d + TOK.eos_token in sides["eval"] for d in docs) < 140

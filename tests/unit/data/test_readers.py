@@ -3,6 +3,7 @@
 import gzip
 import json
 import logging
+import re
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -224,3 +225,84 @@ def test_a_worker_that_finds_no_step_or_no_eval_row_waits_for_the_abort_instead_
                                                                   "the training data yields no step"]
     with pytest.raises(ConfigError, match="^the eval data yields not one row"):  # outside a run: raised at once
         no_eval_rows(None)
+
+
+def rows_of(path, **kwargs):
+    options = {"text_column": "text", "text_document": "file", "invalid_utf8": "replace", **kwargs}
+    return list(read_documents({"path": str(path)}, format="text", filesystem=pafs.LocalFileSystem(), **options))
+
+
+def test_a_text_file_longer_than_a_piece_is_read_in_pieces_that_join_to_it(tmp_path, monkeypatch):
+    """A file that is one document never sits in the task's memory whole: a 10 GB file was one row."""
+    from raytrain.data import pieces
+
+    monkeypatch.setattr(pieces, "PIECE_CHARS", 4000)
+    text = "".join(f"Line {i}: caf\u00e9 \u65e5\u672c {'x' * (i % 50)}\n" for i in range(30_000))  # ~1.3 MB
+    f = tmp_path / "book.txt.gz"
+    f.write_bytes(gzip.compress(b"\xef\xbb\xbf" + text.encode()))
+    rows = rows_of(f)
+    assert "".join(r["text"] for r in rows) == text and len(rows) > 300
+    assert [r["starts"] for r in rows] == [True] + [False] * (len(rows) - 1)
+    assert [r["ends"] for r in rows] == [False] * (len(rows) - 1) + [True]
+    assert {r["key"] for r in rows} == {pieces.key(rows[0]["text"].encode())}
+    assert [r["text"] for r in rows] == list(pieces.cut([text], 4000))
+    (tmp_path / "short.txt").write_text("one piece")
+    assert rows_of(tmp_path / "short.txt") == [{"text": "one piece", "starts": True, "ends": True, "key": b""}]
+
+
+def test_a_file_is_decoded_in_chunks_as_it_would_be_whole(tmp_path):
+    """Characters cut by a read are carried over; invalid bytes are replaced as whole-file decoding
+    replaces them, or an error naming the byte of the file."""
+    import collections
+    import io
+
+    from raytrain.data.readers import _decoded
+
+    raw = "a\u00e9\u65e5\U0001f600".encode() * 50 + b"bad \xff\xfe \xe6\x97 end" + "\u00e9".encode() * 20
+    for chunk in range(1, 12):
+        counts = collections.Counter()
+        stream = io.BytesIO(raw[chunk:])
+        assert "".join(_decoded(stream, raw[:chunk], "f", "replace", counts, chunk)) == raw.decode(errors="replace")
+        assert counts["invalid_utf8"] == 1
+    f = tmp_path / "big.txt"
+    f.write_bytes(b"word " * 400_000 + b"\xff")  # past the first 1 MiB read
+    with pytest.raises(ConfigError, match=f"{f}: invalid UTF-8 at byte 2000000: fix the file"):
+        rows_of(f, invalid_utf8="error")
+
+
+def test_a_json_array_is_parsed_a_record_at_a_time_as_json_loads_parses_it_whole(tmp_path):
+    """However the file's reads cut it (a character, a string, a number, an escape), the records are
+    json.loads' own; a malformed array is a bad record naming the record, the same at every cut."""
+    import collections
+    import io
+    import random
+
+    from raytrain.data.bad_records import BadRecord
+    from raytrain.data.readers import _array_records, _decoded
+
+    def parse(raw, chunk):
+        stream = io.BytesIO(raw[chunk:])
+        return [r for _, r in _array_records(_decoded(stream, raw[:chunk], "f", "replace", collections.Counter(),
+                                                      chunk), "f")]
+
+    rng = random.Random(0)
+    records = [{"text": "x" * rng.randint(0, 300) + "\u00e9\U0001f600 \"q\" \\ \n", "n": rng.random() * 1e6,
+                "i": 12345678901, "t": True, "none": None, "l": [1, -2.5e-3, "\\u00e9"]} for _ in range(100)]
+    records += [{"text": "y" * 100_000}, {"text": "\ud83d\ude00 pair"}]
+    raw = ("\n  " + json.dumps(records, indent=1) + " \n").encode()
+    for chunk in (1, 2, 3, 7, 100, 4096, 1 << 20):
+        assert parse(raw, chunk) == json.loads(raw)
+    cases = {b'[{"a": 1} {"b": 2}]': "record 1: not valid JSON (',' or ']' expected after it, not '{')",
+             b'[{"a": 1}, ': "record 2: not valid JSON (the file ends inside the array)",
+             b'[{"a": tru}]': "record 1: not valid JSON (Expecting value at character 7 of the record)",
+             b'[{"a": "cut}]': "record 1: not valid JSON (Unterminated string starting at character 7 of the record)",
+             b'[1, 2] x': "f: holds more after its JSON array's closing ']'"}
+    for raw, message in cases.items():
+        for chunk in (1, 3, 100):
+            with pytest.raises(BadRecord, match=re.escape(message)):
+                parse(raw, chunk)
+    assert parse(b"[ ]", 1) == [] and parse(b"[1,2]", 1) == [1, 2]
+    f = tmp_path / "a.json"
+    f.write_text(json.dumps([{"text": "one"}, {"text": "two"}, {"text": 3}]))
+    with pytest.raises(ConfigError, match=f"{f} record 3: data.text_column='text' holds a int"):
+        read(f, "json")
