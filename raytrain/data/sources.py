@@ -64,7 +64,6 @@ from typing import Any
 
 from raytrain.config import ConfigError, DataConfig
 from raytrain.config_files import first_line
-from raytrain.console import say
 from raytrain.run_spec import DataFacts
 
 FORMATS = ("text", "json", "parquet", "hf", "tokenized")
@@ -108,12 +107,13 @@ class Sources:
     eval: Source | None
     """None: no held-out data. With data.eval_fraction this is the training source again, split by hash."""
     notes: tuple[str, ...] = ()
-    """Settings and files that have no effect on this run, one line each (printed by inspect_sources)."""
+    """Settings and files that have no effect on this run, one line each: the caller prints them,
+    once every check before training has passed (a note above an error line is noise)."""
 
 
 def inspect_sources(data: DataConfig) -> Sources:
     """Check `data.path` and `data.eval_path` before any worker starts (one-line ConfigErrors), and
-    print a `raytrain: note:` line (stderr) for each setting or file the sources leave unused."""
+    say in `Sources.notes` what setting or file the sources leave unused."""
     notes: list[str] = []
     train = inspect_source(data, data.path, "data.path", notes)
     held_out = None
@@ -121,8 +121,6 @@ def inspect_sources(data: DataConfig) -> Sources:
         held_out = inspect_source(data, data.eval_path, "data.eval_path", notes)
         _refuse_eval_in_train(train, held_out)
     notes.extend(_idle_settings(data, train, held_out))
-    for note in notes:
-        say(f"raytrain: note: {note}", err=True)
     if held_out is not None:
         return Sources(train, held_out, tuple(notes))
     return Sources(train, train if data.eval_fraction else None, tuple(notes))

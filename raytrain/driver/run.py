@@ -81,7 +81,10 @@ def fit(cfg: RunConfig, fresh: bool = False, argv: Sequence[str] | None = None) 
     early = resolve_before_ray(cfg, sources)  # a bad config stops here, before ray.init
     if early is not None:  # so does a checkpoint this run cannot resume (again in _place, for the live shape)
         _check_resume_before_ray(early, fresh)
-    for note in check_tracking(cfg, fresh):  # the MLflow store, before ray.init: seconds, not a retried worker failure
+    tracking = check_tracking(cfg, fresh)  # the MLflow store, before ray.init: seconds, not a retried worker failure
+    for note in sources.notes:  # only now: above an error line they would be noise
+        say(f"raytrain: note: {note}", err=True)
+    for note in tracking:
         say(f"raytrain: note: {note}")
     connect(cfg.cluster, cfg.scaling)
     check_live_placement(cfg)  # a worker group this cluster can never hold: one line, not Ray Train's endless wait
@@ -199,8 +202,8 @@ def _check_model_moved(cfg: RunConfig, fresh: bool) -> None:
 def dry_run(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_memory_gib: float | None = None,
             gpus_per_node: int | None = None, fresh: bool = False) -> tuple[ResolvedRun, list[str]]:
     """Every check of a real run that needs no Ray, for the requested shape: the run resolved ("auto"
-    settings chosen for the target), and notes for stderr (the plan's lines, advice, then the memory
-    planner's verdict). Writes nothing. The checkpoint a real run would resume (`fresh` as for `fit`)
+    settings chosen for the target), and notes for stderr (the data sources' notes, the plan's lines,
+    advice, then the memory planner's verdict), which the caller prints once every check has passed. Writes nothing. The checkpoint a real run would resume (`fresh` as for `fit`)
     is checked as a real run checks it: it reads raytrain.json and Ray Train's record, which for a
     cloud storage path needs its credentials.
 
@@ -209,11 +212,13 @@ def dry_run(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_memory_
     _check_paths(cfg, fresh)
     cfg, shape, target = dry_run_target(cfg, gpu_memory_gib=gpu_memory_gib, host_memory_gib=host_memory_gib,
                                         gpus_per_node=gpus_per_node)
-    resolved = resolve_run(cfg, shape, target=target)
+    sources = inspect_sources(cfg.data)
+    resolved = resolve_run(cfg, shape, sources, target)
     check_dry_run_placement(cfg, gpu_memory_gib, host_memory_gib, gpus_per_node)  # the real run's local cluster
     resuming = _check_resume_before_ray(resolved, fresh)
     tracking = check_tracking(cfg, fresh)
-    notes = [f"plan: {line}" for line in resolved.plan] + [f"note: {note}" for note in advice(resolved)]
+    notes = [f"note: {note}" for note in sources.notes]
+    notes += [f"plan: {line}" for line in resolved.plan] + [f"note: {note}" for note in advice(resolved)]
     notes.extend(f"note: {note}" for note in idle_settings(cfg, shape.use_gpu, shape.num_workers))
     notes.extend(resuming)
     notes.extend(f"note: {note}" for note in tracking)
