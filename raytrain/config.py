@@ -142,7 +142,8 @@ class DataConfig:
     eval_hf_split=test. The training split itself (same source, same split) is refused."""
     eval_fraction: Annotated[Float, Field(ge=0, lt=1)] = 0.0
     """Hold out this fraction of `path`'s documents (chosen by a hash of each document, so train and
-    eval never share one and the split is the same in every run). 0: no split."""
+    eval never share one and the split is the same in every run). 0: no split. A single text file
+    under text_document="file" is one document, so it is refused: split it by line, or use eval_path."""
     eval_every_n_steps: Annotated[Int, Field(ge=0)] = 0
     """Evaluate every N optimizer steps and after the last one (0: only after the last one).
     Ignored without eval_path or eval_fraction."""

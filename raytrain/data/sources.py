@@ -123,6 +123,12 @@ def inspect_sources(data: DataConfig) -> Sources:
     notes.extend(_idle_settings(data, train, held_out))
     if held_out is not None:
         return Sources(train, held_out, tuple(notes))
+    if data.eval_fraction and train.format == "text" and data.text_document == "file" and len(train.files) == 1:
+        # One document: all trained on, or all held out (the run then stopped once tokenized: no eval row).
+        raise ConfigError(f"data.eval_fraction={data.eval_fraction:g} holds out whole documents, and data.path is "
+                          f"one text file, {train.files[0]}, read as one document (data.text_document=file): "
+                          f"set data.text_document=line (each line a document), or give held-out text in "
+                          f"data.eval_path")
     return Sources(train, train if data.eval_fraction else None, tuple(notes))
 
 

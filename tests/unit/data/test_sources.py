@@ -277,6 +277,21 @@ def test_eval_files_that_are_training_files_are_refused(tmp_path):
     assert apart.eval.files == [str(tmp_path / "val.jsonl")]
 
 
+def test_an_eval_fraction_of_one_text_file_read_as_one_document_is_refused(tmp_path):
+    """One document is all trained on or all held out: the run stopped only once it was tokenized."""
+    from raytrain.data.sources import inspect_sources
+
+    (tmp_path / "corpus.txt").write_text("line one\nline two\n")
+    with pytest.raises(ConfigError, match=f"^data.eval_fraction=0.05 holds out whole documents, and data.path is "
+                                          f"one text file, {tmp_path / 'corpus.txt'}, read as one document "
+                                          f"\\(data.text_document=file\\): set data.text_document=line"):
+        inspect_sources(DataConfig(path=str(tmp_path / "corpus.txt"), eval_fraction=0.05))
+    lines = inspect_sources(DataConfig(path=str(tmp_path / "corpus.txt"), eval_fraction=0.05, text_document="line"))
+    assert lines.eval is lines.train
+    (tmp_path / "more.txt").write_text("another document")
+    assert inspect_sources(DataConfig(path=str(tmp_path), eval_fraction=0.5)).eval is not None  # two documents
+
+
 def test_a_dangling_link_in_a_directory_is_refused_naming_it(tmp_path):
     """pyarrow's listing leaves links to nothing out (an unfetched git-annex or DVC file)."""
     (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
