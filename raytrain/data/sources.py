@@ -478,6 +478,14 @@ def _format_of_files(files: list[tuple[str, int]], paths: list[str], key: str) -
     formats = {_format_of(f) for f, _ in files}
     if None in formats:
         unknown = next(f for f, _ in files if _format_of(f) is None)
+        extension = os.path.splitext(unknown.lower().removesuffix(".gz"))[1]
+        if extension in (".csv", ".tsv"):
+            # Hugging Face's load_dataset reads CSV; raytrain does not: say how to get a format it reads.
+            sep = ", sep='\\t'" if extension == ".tsv" else ""
+            raise ConfigError(f"{key}: {unknown} is {extension[1:].upper()}, which raytrain does not read: convert "
+                              f"it to parquet (python -c \"import pandas; pandas.read_csv('{unknown}'{sep})"
+                              f".to_parquet('data.parquet')\"), point {key} at that, and set data.text_column to "
+                              f"its text column")
         raise ConfigError(f"{key}: cannot tell the format of {unknown}: set data.format to one of {', '.join(FORMATS)}")
     if len(formats) > 1:
         raise ConfigError(_mixed_formats(files, paths, key))

@@ -2,6 +2,8 @@
 directories, and the one-line errors naming the key."""
 
 
+import re
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -22,6 +24,11 @@ def test_format_detection(tmp_path):
     with pytest.raises(ConfigError, match="cannot tell the format"):
         resolve_format(DataConfig(path=str(tmp_path / "b.bin")))
     assert resolve_format(DataConfig(path=str(tmp_path / "b.bin"), format="text")) == "text"
+    (tmp_path / "d.tsv.gz").write_bytes(b"")  # Hugging Face reads CSV and TSV; raytrain says how to convert
+    with pytest.raises(ConfigError, match=re.escape(
+            f"d.tsv.gz is TSV, which raytrain does not read: convert it to parquet (python -c \"import pandas; "
+            f"pandas.read_csv('{tmp_path / 'd.tsv.gz'}', sep='\\t').to_parquet('data.parquet')\"), point data.path")):
+        resolve_format(DataConfig(path=str(tmp_path / "d.tsv.gz")))
     with pytest.raises(ConfigError, match="data.format must be"):
         DataConfig(format="csv")
     (tmp_path / "c.txt").write_text("x")
