@@ -1,5 +1,5 @@
 """One long text document through raytrain.data.packing.tokenize_and_pack: tokenized in pieces (the
-default since session 42) against whole (PIECE_CHARS raised past the document), each in a fresh
+default since session 42) against whole (pieces.PIECE_CHARS raised past the document), each in a fresh
 process: seconds and the process's peak RSS, and whether both give the same ids. The document is a
 seeded random text of short words and lines (what a text file under data.text_document="file" is),
 the tokenizer raytrain's default (model.tokenizer unset: the built-in byte-level one).
@@ -25,7 +25,7 @@ def child(mib: float, whole: bool) -> None:
     import numpy as np
 
     from raytrain.config import ModelConfig
-    from raytrain.data import packing
+    from raytrain.data import packing, pieces
 
     words = "the quick brown fox jumps over a lazy dog and cat".split()
     rng = random.Random(0)
@@ -36,7 +36,7 @@ def child(mib: float, whole: bool) -> None:
         size += len(line) + 1
     text = "\n".join(lines)
     if whole:
-        packing.PIECE_CHARS = len(text) + 1
+        pieces.PIECE_CHARS = len(text) + 1
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.perf_counter()
     out = packing.block_arrays(packing.tokenize_and_pack({"text": np.array([text], dtype=object)}, seq_len=128,

@@ -84,11 +84,12 @@ class DataConfig:
     path: NonEmptyStr | Annotated[list[NonEmptyStr], Field(min_length=1)] | None = None
     """Files or directories (local, s3://, gs://, hdfs://, abfs://), or a hub id with format "hf".
     None: the built-in generated corpus."""
-    format: Literal["auto", "text", "json", "parquet", "hf", "tokenized"] = "auto"
+    format: Literal["auto", "text", "json", "csv", "parquet", "hf", "tokenized"] = "auto"
     """"auto" (by extension; parquet with an input_ids column and no text column is "tokenized"),
-    "text", "json", "parquet", "hf" (save_to_disk directory or hub id) or "tokenized"."""
+    "text", "json", "csv" (a header line; .tsv files tab-separated), "parquet", "hf" (save_to_disk
+    directory or hub id) or "tokenized"."""
     text_column: NonEmptyStr = "text"
-    """Column holding the documents (json, parquet, hf)."""
+    """Column holding the documents (json, csv, parquet, hf)."""
     text_document: Literal["file", "line"] = "file"
     """What one document is in a text file: "file" (the whole file: books, articles) or "line"
     (each non-blank line)."""

@@ -20,7 +20,7 @@ whose successor falls in the next batch ends this batch (the tail dropped as any
 next batch goes on with the same document. Any other long document (a JSON value, a parquet cell)
 is cut into such pieces here. Either way the pieces' ids joined are the whole document's (checked
 once per tokenizer on a probe text: byte-level and GPT-2/tiktoken-style pre-tokenizers split there
-anyway). A tokenizer that adds a prefix space to every call, as SentencePiece's legacy Llama
+anyway), except at a hard cut (no place to cut in 1M characters, raytrain.data.pieces). A tokenizer that adds a prefix space to every call, as SentencePiece's legacy Llama
 tokenizers do, is not cut here; a text file's pieces it tokenizes one by one, so such a document
 gets one extra prefix-space token per piece (~1 in 16k tokens): the price of not holding the file.
 Whole, the tokenizer held ~200 bytes per input character (its encodings' offsets and strings):

@@ -38,7 +38,8 @@ def cut(chunks: Iterable[str], size: int) -> Iterator[str]:
         while len(buffer) - start > size:
             at = _last_cut(buffer, start + size // 2, start + size) or _next_cut(buffer, start + size,
                                                                               start + HARD_CUT * size)
-            if at is None and len(buffer) - start >= HARD_CUT * size:
+            # `>`, not `>=`: a cut just before the hard one is seen only with the character after it
+            if at is None and len(buffer) - start > HARD_CUT * size:
                 at = start + HARD_CUT * size
             if at is None:
                 break  # read on: the next cut may lie in the next chunk
@@ -60,8 +61,11 @@ def _last_cut(text: str, lo: int, hi: int) -> int | None:
 
 
 def _next_cut(text: str, pos: int, end: int) -> int | None:
-    cuts = [found.start() for found in (p.search(text, pos, end + 1) for p in (LINE_CUT, SPACE_CUT)) if found]
-    return min(cuts) if cuts else None
+    """The first place to cut from `pos` to `end`; the space search stops at the first line cut (a
+    text with a newline every 70k characters searched 1M for a space each time: 9x slower)."""
+    line = LINE_CUT.search(text, pos, end + 1)
+    space = SPACE_CUT.search(text, pos, line.start() if line else end + 1)
+    return space.start() if space else line.start() if line else None
 
 
 def key(data: bytes) -> bytes:

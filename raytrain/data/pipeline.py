@@ -51,7 +51,7 @@ def _build(data: DataConfig, model: ModelConfig, seed: int, source: Source, spli
            progress: str | None, counter: str | None):
     if source.format == "builtin":
         ds = ray.data.from_items([{"text": t} for t in builtin_corpus(data.num_builtin_documents, seed)])
-    elif source.format in ("text", "json", "hf") and source.hub_id is None:
+    elif source.format in ("text", "json", "csv", "hf") and source.hub_id is None:
         # One task per file: flat_map (unlike map_batches) is not fused into the tokenizer's
         # batches, which would otherwise pull tokenize_batch_size *files* into one task.
         ds = ray.data.from_items([{"path": f} for f in source.files], override_num_blocks=len(source.files))

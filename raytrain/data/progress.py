@@ -378,7 +378,7 @@ class DataProgress:
             unit, total = input_total(self._source, self._num_builtin_documents)
         except Exception as e:  # a listing or footer that cannot be read: still show counts and rate
             say(f"raytrain: data: the size of the training data is unknown ({e}): no percent or ETA", err=True)
-            unit, total = ("B" if self._source.format in ("text", "json", "hf") else "rows"), None
+            unit, total = ("B" if self._source.format in ("text", "json", "csv", "hf") else "rows"), None
         before = None
         while not self._stop.wait(self.every_s):
             try:

@@ -20,8 +20,8 @@ from raytrain.config_files import first_line
 from raytrain.data import pieces
 from raytrain.data.bad_records import BadRecord, BadRecords
 from raytrain.data.progress import FileReads, skipped
-from raytrain.data.sources import (BOM, READ_ERRORS, compression_of, open_text, unreadable_fix, wide_encoding,
-                                   wide_encoding_fix)
+from raytrain.data.sources import (BOM, READ_ERRORS, compression_of, csv_delimiter, open_text, unreadable_fix,
+                                   wide_encoding, wide_encoding_fix)
 
 logger = logging.getLogger("raytrain.data")
 
@@ -40,6 +40,8 @@ def read_documents(row: dict[str, Any], *, format: str, filesystem, text_column:
     counts: collections.Counter = collections.Counter()
     if format == "hf":
         documents = _read_arrow_file(row["path"], filesystem, text_column, reads, bad, counts)
+    elif format == "csv":
+        documents = _read_csv_file(row["path"], filesystem, text_column, invalid_utf8, reads, bad, counts)
     else:
         documents = _read_text_file(row["path"], format, filesystem, text_column, text_document, invalid_utf8,
                                     reads, bad, counts)
@@ -95,6 +97,44 @@ def _read_text_file(path: str, format: str, filesystem, text_column: str, text_d
         # the same file every retry, so a bad record of the file, not a task failure.
         bad.found(BadRecord(path, f"cannot be read ({first_line(e)})", unreadable_fix(path)))
     reads.close((lambda: filesystem.get_file_info(path).size) if compressed else None)
+
+
+def _read_csv_file(path: str, filesystem, text_column: str, invalid_utf8: str, reads: FileReads, bad: BadRecords,
+                   counts: collections.Counter) -> Iterator[dict[str, str]]:
+    """A CSV file (tab-separated for .tsv), a block at a time by pyarrow's reader, only the text
+    column, as bytes: decoded here under data.invalid_utf8 (pyarrow's own decoding only refuses).
+    Quoted values may hold newlines (newlines_in_values: pyarrow then parses a block serially)."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    row = 0
+    try:
+        with open_text(filesystem, path) as stream:  # decompresses by suffix, as for text and JSON
+            if not isinstance(stream, pa.NativeFile):  # .xz: python's lzma
+                stream = pa.PythonFile(stream, mode="r")
+            batches = pacsv.open_csv(
+                stream, read_options=pacsv.ReadOptions(block_size=1 << 22),
+                parse_options=pacsv.ParseOptions(delimiter=csv_delimiter(path), newlines_in_values=True),
+                convert_options=pacsv.ConvertOptions(include_columns=[text_column],
+                                                     column_types={text_column: pa.binary()}))
+            for batch in batches:
+                for raw in batch.column(0).to_pylist():
+                    row += 1
+                    if not raw:  # an empty value
+                        counts["empty"] += 1
+                        continue
+                    text = _checked(bad, _decode, raw, invalid_utf8, f"{path} row {row}", counts)
+                    if text is not None and not bad.found_any:
+                        yield {"text": text}
+    except KeyError:  # pyarrow's "Column 'text' in include_columns does not exist": the driver reads local headers
+        bad.found(BadRecord(path, f"has no column data.text_column={text_column!r} in its header",
+                            "set data.text_column, or leave the file out of the data"))
+    except pa.ArrowInvalid as e:  # "CSV parse error: Expected 2 columns, got 3: ..."
+        # (pyarrow parses a block at a time and quotes the row, not its number)
+        bad.found(BadRecord(path, f"is not valid CSV ({first_line(e)})", "fix or remove it"))
+    except READ_ERRORS as e:
+        bad.found(BadRecord(path, f"cannot be read ({first_line(e)})", unreadable_fix(path)))
+    reads.close(lambda: filesystem.get_file_info(path).size)
 
 
 def _file_document(f, head: bytes, path: str, invalid_utf8: str, bad: BadRecords,
@@ -163,7 +203,7 @@ def _json_records(f, head: bytes, path: str, invalid_utf8: str, bad: BadRecords,
     """(where, record) of a JSON-lines file, or of a file holding one JSON array (`head`: what was
     read of it already); bad lines are handed to `bad` and left out."""
     head = head.removeprefix(BOM)
-    if head.lstrip().startswith(b"["):  # one JSON array: parsed a record at a time as it is read
+    if head.lstrip(_JSON_SPACE.encode()).startswith(b"["):  # one JSON array: parsed a record at a time as it is read
         try:
             yield from _array_records(_decoded(f, head, path, invalid_utf8, counts), path)
         except BadRecord as record:  # the rest of the array cannot be parsed: nothing more is read
@@ -200,7 +240,8 @@ def _array_records(chunks: Iterator[str], path: str) -> Iterator[tuple[str, Any]
             if chunk:
                 parts.append(chunk)
                 size += len(chunk)
-        text, pos = "".join(parts), 0
+        if size:  # (nothing read: positions into the text stay valid)
+            text, pos = "".join(parts), 0
         return size > 0
 
     def skip_space() -> str | None:  # the next non-space character, or None at the end
@@ -233,7 +274,9 @@ def _array_records(chunks: Iterator[str], path: str) -> Iterator[tuple[str, Any]
                 if (e.pos >= len(text) - _NEAR_END or e.msg.startswith("Unterminated string")) and more(grow=True):
                     continue
                 raise fail(_at(e.msg, f"character {at} of the record"), n + 1) from None
-            if end == len(text) and more(grow=True):  # a number may go on in the next chunk
+            except (RecursionError, ValueError) as e:
+                raise _beyond_python(f"{path} record {n + 1}", e) from None
+            if len(text) - end < _NEAR_END and more(grow=True):  # a number may go on ("1." is 1, then ".")
                 continue
             pos = end
             yield f"{path} record {n + 1}", record
@@ -291,6 +334,13 @@ def _parse_json(text: str, where: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise BadRecord(where, f"not valid JSON ({_at(e.msg, f'column {e.colno}')})", "fix or remove it") from None
+    except (RecursionError, ValueError) as e:
+        raise _beyond_python(where, e) from None
+
+
+def _beyond_python(where: str, e: Exception) -> BadRecord:
+    # Valid JSON past Python's limits (nesting ~1000 deep, an integer of over 4300 digits) crashed the task.
+    return BadRecord(where, f"cannot be parsed by Python's json ({first_line(e)})", "fix or remove it")
 
 
 def _at(msg: str, where: str) -> str:

@@ -4,11 +4,12 @@ Everything that can be known cheaply about a source (the path exists, it holds f
 format, no file is reached twice and no link leads nowhere, the text column is there, it is not
 empty, no eval file is a training file) is checked here with listings, a stat per local file,
 parquet footers, the first record of every local JSON file (a JSON line or an array's first object
-and its text value; remote: of the first file with one), the first bytes of every local text file
+and its text value; remote: of the first file with one), the header line of every local CSV file
+(remote: the first), the first bytes of every local text file
 (a UTF-16/32 byte order mark) and the first MiB of the first one under data.invalid_utf8=error, and
 raises a one-line `ConfigError` naming the key. `--dry-run` and a real run both run these checks.
 What a source leaves unread (files of other splits or with other extensions, a labels column) and
-data settings that have no effect get one `raytrain: note:` line each (stderr).
+data settings that have no effect get one note each (`Sources.notes`, printed by the caller).
 The `Source` it returns tells raytrain.data.pipeline how to read it.
 
 Splits: data.hf_split of data.path and data.eval_hf_split ("validation") of data.eval_path, read
@@ -24,11 +25,14 @@ Documents, by source:
 - JSON lines (.jsonl, .ndjson, .json): each line is one record; `data.text_column` of it is the
   document. A .json file that starts with "[" is read as one array of records (parsed a record at
   a time).
+- CSV (.csv; .tsv tab-separated), as Hugging Face's `load_dataset("csv")` reads it: a header
+  line, then a row per record (quoted values may hold commas and newlines); `data.text_column` of
+  each row is the document. Read a block at a time by pyarrow's CSV reader.
 - parquet / a `datasets` save_to_disk directory / a hub dataset: each row's `data.text_column`.
 - pre-tokenized parquet (`data.format=tokenized`, or auto when a parquet file has `input_ids` and
   no text column): each row's `input_ids` is one document, packed as-is (EOS appended unless the
   row already ends with it). Token ids outside the model's embedding table stop the run.
-Text and JSON files may be compressed (.gz, .bz2, .zst, .lz4, .br, .xz, by suffix in any case);
+Text, JSON and CSV files may be compressed (.gz, .bz2, .zst, .lz4, .br, .xz, by suffix in any case);
 archives (.zip, .tar, .tar.gz, ...) are refused: they hold many files, read as text they are noise.
 Paths may be local or on any filesystem pyarrow understands (s3://, gs://, hdfs://, abfs://);
 directories are read recursively, skipping names that start with "." or "_": with data.format
@@ -38,7 +42,7 @@ parquet, is refused). A save_to_disk directory of input_ids is refused (export i
 As with Ray Data's own readers, a local path must be visible on every node that runs tasks (a shared filesystem).
 
 Bad input, at run time (things only reading all the data can tell):
-- invalid UTF-8 in text/JSON files: `data.invalid_utf8="replace"` (default) decodes the bad bytes
+- invalid UTF-8 in text/JSON/CSV files: `data.invalid_utf8="replace"` (default) decodes the bad bytes
   as U+FFFD; "error" makes each such line (or file) a bad record, naming the file and line. JSON's
   lone surrogate escapes ("\\ud83d" without its pair: no character) follow the same policy.
 - a file that cannot be read whole (permissions, a corrupt or truncated compressed file, a damaged
@@ -49,7 +53,7 @@ Bad input, at run time (things only reading all the data can tell):
 - empty documents (null, missing key, "", an empty file or an empty id list) are skipped.
   What both policies skip or change is counted by the run's counter and reported in one line at
   the end of the run (raytrain.data.progress); read outside a run, each task logs it instead.
-- malformed JSON, a text value that is not a string, token ids beyond the embedding table: bad
+- malformed JSON or CSV (a row with another number of fields), a text value that is not a string, token ids beyond the embedding table: bad
   records (raytrain.data.bad_records). The first stops the run, never retried: one line naming the
   file and line or the value, how many more were found, and the key to change; exit code 2.
 """
@@ -66,8 +70,8 @@ from raytrain.config import ConfigError, DataConfig
 from raytrain.config_files import first_line
 from raytrain.run_spec import DataFacts
 
-FORMATS = ("text", "json", "parquet", "hf", "tokenized")
-_EXTENSIONS = {".txt": "text", ".text": "text", ".md": "text", ".json": "json", ".jsonl": "json",
+FORMATS = ("text", "json", "csv", "parquet", "hf", "tokenized")
+_EXTENSIONS = {".txt": "text", ".text": "text", ".md": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".tsv": "csv",
                ".ndjson": "json", ".parquet": "parquet"}
 # What open_text decompresses, by lower-case suffix -> pyarrow codec ("xz": python's lzma, which
 # pyarrow lacks). Named, not pyarrow's "detect": that misses upper-case suffixes and .xz.
@@ -238,6 +242,9 @@ def inspect_source(data: DataConfig, path, key: str = "data.path", notes: list[s
             if found_record and not local:
                 break
             found_record = _check_json_column(source, f, data, key) or found_record
+    elif fmt == "csv":
+        for f in nonempty if local else nonempty[:1]:
+            _check_csv_header(source, f, data, key)
     elif fmt == "text":
         _check_text_head(source, nonempty[0], data, key)
         for f in nonempty[1:] if local else ():
@@ -478,14 +485,6 @@ def _format_of_files(files: list[tuple[str, int]], paths: list[str], key: str) -
     formats = {_format_of(f) for f, _ in files}
     if None in formats:
         unknown = next(f for f, _ in files if _format_of(f) is None)
-        extension = os.path.splitext(unknown.lower().removesuffix(".gz"))[1]
-        if extension in (".csv", ".tsv"):
-            # Hugging Face's load_dataset reads CSV; raytrain does not: say how to get a format it reads.
-            sep = ", sep='\\t'" if extension == ".tsv" else ""
-            raise ConfigError(f"{key}: {unknown} is {extension[1:].upper()}, which raytrain does not read: convert "
-                              f"it to parquet (python -c \"import pandas; pandas.read_csv('{unknown}'{sep})"
-                              f".to_parquet('data.parquet')\"), point {key} at that, and set data.text_column to "
-                              f"its text column")
         raise ConfigError(f"{key}: cannot tell the format of {unknown}: set data.format to one of {', '.join(FORMATS)}")
     if len(formats) > 1:
         raise ConfigError(_mixed_formats(files, paths, key))
@@ -644,6 +643,10 @@ class _XzStream:
         except lzma.LZMAError as e:  # a plain Exception: made the OSError of any other codec
             raise OSError(f"xz: {e}") from None
 
+    @property
+    def closed(self) -> bool:  # pyarrow.PythonFile (the CSV reader's stream) asks
+        return self._xz.closed
+
     def __enter__(self):
         return self
 
@@ -694,6 +697,27 @@ def _check_json_column(source: Source, path: str, data: DataConfig, key: str) ->
         raise ConfigError(f"data.text_column={column!r} holds {type(record[column]).__name__} values in {where}, "
                           f"not text: set data.text_column to the text key")
     return True
+
+
+def csv_delimiter(path: str) -> str:
+    """A tab for a .tsv file (compressed or not), else a comma."""
+    base = path.lower()
+    codec_suffix = next((suffix for suffix in _COMPRESSED if base.endswith(suffix)), "")
+    return "\t" if base[: len(base) - len(codec_suffix)].endswith(".tsv") else ","
+
+
+def _check_csv_header(source: Source, path: str, data: DataConfig, key: str) -> None:
+    """The header line of a CSV file names data.text_column (one read of its first line)."""
+    import csv
+
+    head = _read_head(source, path, key, enough=lambda h: b"\n" in h)
+    _refuse_wide_encoding(head, path, key)
+    line = head.removeprefix(BOM).partition(b"\n")[0].decode("utf-8", errors="replace").rstrip("\r")
+    columns = next(csv.reader([line], delimiter=csv_delimiter(path)), [])
+    if data.text_column not in columns:
+        tsv = " (tab-separated: the file's name ends in .tsv)" if csv_delimiter(path) == "\t" else ""
+        raise ConfigError(f"data.text_column={data.text_column!r} is not a column of {path}{tsv} (its header: "
+                          f"{', '.join(columns) or 'empty'}): set data.text_column")
 
 
 def _check_text_head(source: Source, path: str, data: DataConfig, key: str) -> None:

@@ -131,6 +131,13 @@ def test_a_text_file_read_in_pieces_trains_as_the_whole_document(tmp_path, model
                                   document_positions(lengths, expected.size, 64))
 
 
+def test_csv_and_tsv_files_as_hugging_face_reads_them(tmp_path, model):
+    (tmp_path / "a.csv").write_text('id,text\n1,"' + DOCS[0] + '"\n2,"' + DOCS[1].replace(",", ",\n") + '"\n')
+    (tmp_path / "b.tsv.gz").write_bytes(gzip.compress(f"text\tid\n{DOCS[2]}\t3\n{DOCS[3]}\t4\n".encode()))
+    expected = expected_blocks([DOCS[0], DOCS[1].replace(",", ",\n"), DOCS[2], DOCS[3]], 16)
+    np.testing.assert_array_equal(build(model, path=str(tmp_path)), expected)
+
+
 def test_hf_save_to_disk_directory(tmp_path, model):
     import datasets
 

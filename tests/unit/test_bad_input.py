@@ -103,7 +103,7 @@ CLASSES: dict[str, list[tuple[list[str], str]]] = {
         (["training.max_steps=2.5"], "training.max_steps must be an integer >= 1, got 2.5"),
         (["training.precision=bf32"], "training.precision must be fp32, bf16 or fp16 or null, got str 'bf32'"),
         (["data.eval_fraction=1.0"], "data.eval_fraction must be a number in [0, 1), got 1.0"),
-        (["data.format=csv"], "data.format must be auto, text, json, parquet, hf or tokenized"),
+        (["data.format=xml"], "data.format must be auto, text, json, csv, parquet, hf or tokenized"),
         (["data.seq_len=0"], "data.seq_len must be an integer >= 1, got 0"),
         (["data.eval_fraction=0.1", "data.eval_path=x"], "data.eval_path and data.eval_fraction are both set"),
         (["tracking.tensorboard=2"], "tracking.tensorboard must be true or false, got 2"),

@@ -81,7 +81,7 @@ def test_user_errors_are_one_line_without_traceback(args, needle, run_main):
 def test_a_data_note_is_printed_only_when_every_check_passes(tmp_path, run_main):
     """A note on the data (a file left out) above a later error line was noise: the error is alone."""
     (tmp_path / "a.txt").write_text("some text")
-    (tmp_path / "b.tsv").write_text("left out")
+    (tmp_path / "b.dat").write_text("left out")
     p = run_main("--dry-run", f"data.path={tmp_path}", "data.seq_len=4096")  # over the model's 1024 positions
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert "max_position_embeddings=1024" in p.stderr

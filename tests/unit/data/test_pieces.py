@@ -38,6 +38,14 @@ def test_a_text_with_no_place_to_cut_is_cut_at_hard_cut_pieces_length():
     assert all(SIZE // 2 <= s for s in sizes[:-1])
 
 
+def test_a_cut_just_before_the_hard_cut_is_found_whatever_chunk_ends_there():
+    """A chunk that ended exactly at the hard cut hid the space before it (it needs the character after)."""
+    hard = pieces.HARD_CUT * 4
+    text = "a" * (hard - 1) + " " + "b" * 10
+    assert [len(p) for p in pieces.cut([text], 4)] == [hard - 1, 11]
+    assert list(pieces.cut([text[:hard], text[hard:]], 4)) == list(pieces.cut([text], 4))
+
+
 def test_a_short_text_is_one_piece():
     assert list(pieces.cut(["short ", "text"], SIZE)) == ["short text"]
     assert list(pieces.cut([], SIZE)) == []

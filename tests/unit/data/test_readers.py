@@ -302,7 +302,34 @@ def test_a_json_array_is_parsed_a_record_at_a_time_as_json_loads_parses_it_whole
             with pytest.raises(BadRecord, match=re.escape(message)):
                 parse(raw, chunk)
     assert parse(b"[ ]", 1) == [] and parse(b"[1,2]", 1) == [1, 2]
+    numbers = b"[1.5, 2e3, -7, 0.25E-2, 12345678901234567890]"  # "1." parses as 1: a number cut by a read
+    assert all(parse(numbers, chunk) == json.loads(numbers) for chunk in range(1, len(numbers) + 1))
+    for raw in (b"[" + b"[" * 100_000, b'[{"n": ' + b"9" * 5000 + b'}]'):  # Python's limits: not a crashed task
+        with pytest.raises(BadRecord, match="record 1: cannot be parsed by Python's json"):
+            parse(raw, 1 << 20)
     f = tmp_path / "a.json"
     f.write_text(json.dumps([{"text": "one"}, {"text": "two"}, {"text": 3}]))
     with pytest.raises(ConfigError, match=f"{f} record 3: data.text_column='text' holds a int"):
         read(f, "json")
+
+
+def test_csv_rows_as_hugging_face_reads_them_and_bad_rows_are_bad_records(tmp_path, caplog):
+    import lzma
+
+    f = tmp_path / "a.csv"
+    f.write_bytes(b'\xef\xbb\xbfid,text\r\n1,"hello, ""world""\nsecond line"\r\n2,\r\n3,plain \xff bad\r\n4,x\r\n')
+    with caplog.at_level(logging.WARNING, logger="raytrain.data"):
+        assert read(f, "csv") == ['hello, "world"\nsecond line', "plain \ufffd bad", "x"]
+    assert "1 documents had invalid UTF-8" in caplog.text and "skipped 1 empty documents" in caplog.text
+    with pytest.raises(ConfigError, match=f"{f} row 3: invalid UTF-8 at byte 6"):
+        read(f, "csv", invalid_utf8="error")
+    with pytest.raises(ConfigError, match=f"{f}: has no column data.text_column='body' in its header"):
+        read(f, "csv", text_column="body")
+    tsv = tmp_path / "b.tsv.xz"
+    tsv.write_bytes(lzma.compress(b"text\tid\na, b\t1\n"))
+    assert read(tsv, "csv") == ["a, b"]
+    bad = tmp_path / "c.csv"
+    bad.write_text("id,text\n1,a\n2,b,c\n")
+    with pytest.raises(ConfigError, match=f"{bad}: is not valid CSV \\(CSV parse error: (Row #3: )?Expected 2 "
+                                          f"columns, got 3: 2,b,c\\): fix or remove it"):
+        read(bad, "csv")

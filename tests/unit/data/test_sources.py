@@ -2,6 +2,7 @@
 directories, and the one-line errors naming the key."""
 
 
+import gzip
 import re
 
 import pyarrow as pa
@@ -24,13 +25,12 @@ def test_format_detection(tmp_path):
     with pytest.raises(ConfigError, match="cannot tell the format"):
         resolve_format(DataConfig(path=str(tmp_path / "b.bin")))
     assert resolve_format(DataConfig(path=str(tmp_path / "b.bin"), format="text")) == "text"
-    (tmp_path / "d.tsv.gz").write_bytes(b"")  # Hugging Face reads CSV and TSV; raytrain says how to convert
-    with pytest.raises(ConfigError, match=re.escape(
-            f"d.tsv.gz is TSV, which raytrain does not read: convert it to parquet (python -c \"import pandas; "
-            f"pandas.read_csv('{tmp_path / 'd.tsv.gz'}', sep='\\t').to_parquet('data.parquet')\"), point data.path")):
-        resolve_format(DataConfig(path=str(tmp_path / "d.tsv.gz")))
+    (tmp_path / "_csv").mkdir()  # "_": not listed with tmp_path below
+    for name in ("d.csv", "e.TSV.gz"):  # as Hugging Face's load_dataset("csv") reads them
+        (tmp_path / "_csv" / name).write_bytes(gzip.compress(b"text\tx\n") if name.endswith(".gz") else b"text,x\n")
+        assert resolve_format(DataConfig(path=str(tmp_path / "_csv" / name))) == "csv"
     with pytest.raises(ConfigError, match="data.format must be"):
-        DataConfig(format="csv")
+        DataConfig(format="xml")
     (tmp_path / "c.txt").write_text("x")
     with pytest.raises(ConfigError, match="mixes formats: 1 json file \\(.*a.jsonl\\) and 1 text file "
                                           "\\(.*c.txt\\): give one format per path list"):
@@ -282,6 +282,20 @@ def test_eval_files_that_are_training_files_are_refused(tmp_path):
         inspect_sources(DataConfig(path=str(tmp_path / "train.jsonl"), eval_path=str(tmp_path / "link.jsonl")))
     apart = inspect_sources(DataConfig(path=str(tmp_path / "train.jsonl"), eval_path=str(tmp_path / "val.jsonl")))
     assert apart.eval.files == [str(tmp_path / "val.jsonl")]
+
+
+def test_a_csv_files_header_must_name_the_text_column(tmp_path):
+    from raytrain.data.sources import csv_delimiter
+
+    (tmp_path / "a.csv").write_bytes(b"\xef\xbb\xbfid,body\r\n1,x\r\n")
+    with pytest.raises(ConfigError, match=re.escape(f"data.text_column='text' is not a column of {tmp_path / 'a.csv'} "
+                                                    f"(its header: id, body): set data.text_column")):
+        inspect_source(DataConfig(), str(tmp_path / "a.csv"))
+    assert inspect_source(DataConfig(text_column="body"), str(tmp_path / "a.csv")).format == "csv"
+    (tmp_path / "b.tsv").write_text("id,text\n")  # commas in a .tsv: one column named "id,text"
+    with pytest.raises(ConfigError, match="b.tsv \\(tab-separated: the file's name ends in .tsv\\) \\(its header: id,text\\)"):
+        inspect_source(DataConfig(), str(tmp_path / "b.tsv"))
+    assert [csv_delimiter(p) for p in ("a.csv", "a.TSV", "a.tsv.zst", "a.txt")] == [",", "\t", "\t", ","]
 
 
 def test_an_eval_fraction_of_one_text_file_read_as_one_document_is_refused(tmp_path):
