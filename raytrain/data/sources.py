@@ -71,8 +71,8 @@ from raytrain.config_files import first_line
 from raytrain.run_spec import DataFacts
 
 FORMATS = ("text", "json", "csv", "parquet", "hf", "tokenized")
-_EXTENSIONS = {".txt": "text", ".text": "text", ".md": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".tsv": "csv",
-               ".ndjson": "json", ".parquet": "parquet"}
+_EXTENSIONS = {".txt": "text", ".text": "text", ".md": "text", ".json": "json", ".jsonl": "json",
+               ".ndjson": "json", ".csv": "csv", ".tsv": "csv", ".parquet": "parquet"}
 # What open_text decompresses, by lower-case suffix -> pyarrow codec ("xz": python's lzma, which
 # pyarrow lacks). Named, not pyarrow's "detect": that misses upper-case suffixes and .xz.
 _COMPRESSED = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".lz4": "lz4", ".br": "brotli", ".xz": "xz"}
@@ -363,7 +363,7 @@ def _list_files(paths: list[str], fmt: str, key: str, split: tuple[str, str], no
             first = sorted(other_extensions)[0]
             notes.append(f"{key}: reading {_files(len(found))} of {path}; left out "
                          f"{len(other_extensions)} with other extensions (first: {first}): set data.format to read "
-                         f"every file, or rename them (.jsonl, .txt, .parquet, compressed .gz/.zst/...)")
+                         f"every file, or rename them (.jsonl, .txt, .csv, .parquet, compressed .gz/.zst/...)")
         found, split_read = _of_split(sorted(found), path, key, split, notes, split_read)
         files.extend(found)
     archive = next((f for f, _ in files if _is_archive(f)), None)

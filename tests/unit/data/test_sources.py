@@ -398,7 +398,7 @@ def test_files_left_out_of_a_directory_and_settings_without_effect_get_a_note(tm
     assert sources.train.files == [str(tmp_path / "a.jsonl")]
     assert sources.notes == (f"data.path: reading 1 file of {tmp_path}; left out 2 with other extensions (first: "
                              f"{tmp_path / 'b.jsonlines'}): set data.format to read every file, or rename them "
-                             f"(.jsonl, .txt, .parquet, compressed .gz/.zst/...)",)
+                             f"(.jsonl, .txt, .csv, .parquet, compressed .gz/.zst/...)",)
     pq.write_table(pa.table({"input_ids": [[1, 2]], "labels": [[-100, 2]]}), tmp_path / "t.parquet")
     notes = inspect_sources(DataConfig(path=str(tmp_path / "t.parquet"), hf_split="test", text_document="line")).notes
     assert [n.split(" has no effect")[0].split(" is not read")[0] for n in notes] == [
