@@ -99,6 +99,11 @@ def _read_text_file(path: str, format: str, filesystem, text_column: str, text_d
     reads.close((lambda: filesystem.get_file_info(path).size) if compressed else None)
 
 
+_CSV_BLOCK = 1 << 26
+"""pyarrow's CSV block (64 MiB, its memory per task): a value of over two blocks cannot be read (at
+4 MiB, a document of 8 MiB stopped the run)."""
+
+
 def _read_csv_file(path: str, filesystem, text_column: str, invalid_utf8: str, reads: FileReads, bad: BadRecords,
                    counts: collections.Counter) -> Iterator[dict[str, str]]:
     """A CSV file (tab-separated for .tsv), a block at a time by pyarrow's reader, only the text
@@ -113,7 +118,7 @@ def _read_csv_file(path: str, filesystem, text_column: str, invalid_utf8: str, r
             if not isinstance(stream, pa.NativeFile):  # .xz: python's lzma
                 stream = pa.PythonFile(stream, mode="r")
             batches = pacsv.open_csv(
-                stream, read_options=pacsv.ReadOptions(block_size=1 << 22),
+                stream, read_options=pacsv.ReadOptions(block_size=_CSV_BLOCK),
                 parse_options=pacsv.ParseOptions(delimiter=csv_delimiter(path), newlines_in_values=True),
                 convert_options=pacsv.ConvertOptions(include_columns=[text_column],
                                                      column_types={text_column: pa.binary()}))
@@ -130,8 +135,13 @@ def _read_csv_file(path: str, filesystem, text_column: str, invalid_utf8: str, r
         bad.found(BadRecord(path, f"has no column data.text_column={text_column!r} in its header",
                             "set data.text_column, or leave the file out of the data"))
     except pa.ArrowInvalid as e:  # "CSV parse error: Expected 2 columns, got 3: ..."
-        # (pyarrow parses a block at a time and quotes the row, not its number)
-        bad.found(BadRecord(path, f"is not valid CSV ({first_line(e)})", "fix or remove it"))
+        if str(e).startswith("Empty CSV file"):  # as an empty text or JSON file: nothing to read
+            counts["empty"] += 1
+        elif "straddl" in str(e):  # a value over two blocks: valid CSV that pyarrow cannot read
+            bad.found(BadRecord(path, f"holds a value of over {_CSV_BLOCK * 2 / 2**20:g} MiB after row {row}, more "
+                                      f"than the CSV reader takes", "split that document, or give JSON lines or parquet"))
+        else:  # (pyarrow parses a block at a time and quotes the row, not its number)
+            bad.found(BadRecord(path, f"is not valid CSV ({first_line(e)})", "fix or remove it"))
     except READ_ERRORS as e:
         bad.found(BadRecord(path, f"cannot be read ({first_line(e)})", unreadable_fix(path)))
     reads.close(lambda: filesystem.get_file_info(path).size)

@@ -25,9 +25,11 @@ Documents, by source:
 - JSON lines (.jsonl, .ndjson, .json): each line is one record; `data.text_column` of it is the
   document. A .json file that starts with "[" is read as one array of records (parsed a record at
   a time).
-- CSV (.csv; .tsv tab-separated), as Hugging Face's `load_dataset("csv")` reads it: a header
+- CSV (.csv; .tsv tab-separated), as Hugging Face's `load_dataset("csv")` takes it: a header
   line, then a row per record (quoted values may hold commas and newlines); `data.text_column` of
-  each row is the document. Read a block at a time by pyarrow's CSV reader.
+  each row is the document. Read a block at a time by pyarrow's CSV reader. Unlike pandas (under
+  load_dataset) every value stays text ("NA" and "123" are documents, not dropped or numbers), and a
+  row with another number of fields stops the run (a bad record) rather than being padded.
 - parquet / a `datasets` save_to_disk directory / a hub dataset: each row's `data.text_column`.
 - pre-tokenized parquet (`data.format=tokenized`, or auto when a parquet file has `input_ids` and
   no text column): each row's `input_ids` is one document, packed as-is (EOS appended unless the
@@ -127,12 +129,6 @@ def inspect_sources(data: DataConfig) -> Sources:
     notes.extend(_idle_settings(data, train, held_out))
     if held_out is not None:
         return Sources(train, held_out, tuple(notes))
-    if data.eval_fraction and train.format == "text" and data.text_document == "file" and len(train.files) == 1:
-        # One document: all trained on, or all held out (the run then stopped once tokenized: no eval row).
-        raise ConfigError(f"data.eval_fraction={data.eval_fraction:g} holds out whole documents, and data.path is "
-                          f"one text file, {train.files[0]}, read as one document (data.text_document=file): "
-                          f"set data.text_document=line (each line a document), or give held-out text in "
-                          f"data.eval_path")
     return Sources(train, train if data.eval_fraction else None, tuple(notes))
 
 
@@ -228,6 +224,13 @@ def inspect_source(data: DataConfig, path, key: str = "data.path", notes: list[s
     if all(size == 0 for _, size in files):
         raise ConfigError(f"{key}: every file of {', '.join(paths)} is empty: give files with documents in them")
     nonempty = [f for f, size in files if size]
+    if key == "data.path" and data.eval_fraction and fmt == "text" and data.text_document == "file" \
+            and len(nonempty) == 1 and data.eval_path is None:
+        # One document: all trained on, or all held out (the run then stopped once tokenized: no eval row).
+        raise ConfigError(f"data.eval_fraction={data.eval_fraction:g} holds out whole documents, and data.path "
+                          f"holds one text file, {nonempty[0]}, read as one document (data.text_document=file): "
+                          f"set data.text_document=line (each line a document), or give held-out text in "
+                          f"data.eval_path")
     # Every local file's head, as every local parquet footer is read: a file whose records use
     # another key (or that is UTF-16) would otherwise train as nothing but "empty documents" (or as
     # noise). One open and one small read per file: a JSON line's first record (64 KiB unless it is
@@ -707,17 +710,27 @@ def csv_delimiter(path: str) -> str:
 
 
 def _check_csv_header(source: Source, path: str, data: DataConfig, key: str) -> None:
-    """The header line of a CSV file names data.text_column (one read of its first line)."""
+    """The header of a CSV file names data.text_column: its first record, parsed by Python's csv
+    module from the file's first 64 KiB (more, up to 1 MiB, until a line ends). Any line ending
+    (\\r alone too, as Excel for Mac writes), a quoted newline in a name, blank lines before it: as
+    pyarrow's reader takes them. A header over 1 MiB is left to the reader."""
     import csv
+    import io
 
-    head = _read_head(source, path, key, enough=lambda h: b"\n" in h)
+    head = _read_head(source, path, key, enough=lambda h: b"\n" in h or b"\r" in h)
     _refuse_wide_encoding(head, path, key)
-    line = head.removeprefix(BOM).partition(b"\n")[0].decode("utf-8", errors="replace").rstrip("\r")
-    columns = next(csv.reader([line], delimiter=csv_delimiter(path)), [])
+    if len(head) == 1 << 20 and b"\n" not in head and b"\r" not in head:
+        return
+    text = head.removeprefix(BOM).decode("utf-8", errors="replace")
+    try:
+        columns = next((r for r in csv.reader(io.StringIO(text, newline=""), delimiter=csv_delimiter(path)) if r), [])
+    except csv.Error as e:
+        raise ConfigError(f"{key}: the header of {path} is not valid CSV ({e}): fix it") from None
     if data.text_column not in columns:
         tsv = " (tab-separated: the file's name ends in .tsv)" if csv_delimiter(path) == "\t" else ""
+        names = ", ".join(map(repr, columns[:20])) + (f" and {len(columns) - 20} more" if len(columns) > 20 else "")
         raise ConfigError(f"data.text_column={data.text_column!r} is not a column of {path}{tsv} (its header: "
-                          f"{', '.join(columns) or 'empty'}): set data.text_column")
+                          f"{names or 'empty'}): set data.text_column")
 
 
 def _check_text_head(source: Source, path: str, data: DataConfig, key: str) -> None:

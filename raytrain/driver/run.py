@@ -81,10 +81,7 @@ def fit(cfg: RunConfig, fresh: bool = False, argv: Sequence[str] | None = None) 
     early = resolve_before_ray(cfg, sources)  # a bad config stops here, before ray.init
     if early is not None:  # so does a checkpoint this run cannot resume (again in _place, for the live shape)
         _check_resume_before_ray(early, fresh)
-    tracking = check_tracking(cfg, fresh)  # the MLflow store, before ray.init: seconds, not a retried worker failure
-    for note in sources.notes:  # only now: above an error line they would be noise
-        say(f"raytrain: note: {note}", err=True)
-    for note in tracking:
+    for note in check_tracking(cfg, fresh):  # the MLflow store, before ray.init: seconds, not a retried worker failure
         say(f"raytrain: note: {note}")
     connect(cfg.cluster, cfg.scaling)
     check_live_placement(cfg)  # a worker group this cluster can never hold: one line, not Ray Train's endless wait
@@ -103,6 +100,8 @@ def fit(cfg: RunConfig, fresh: bool = False, argv: Sequence[str] | None = None) 
     if cfg.network.preflight:
         check_preflight(cfg)
     spec, progress, restored = _place(resolved, fresh)
+    for note in sources.notes:  # only once every check has passed: above an error line they are noise
+        say(f"raytrain: note: {note}", err=True)
     command = continue_command(argv, spec.run_name, spec.resume_from)
     say(f"raytrain: model: {model_source(cfg.model, restored)}")
     if cfg.checkpoint.name is None:  # a generated name: the same command again starts another run
@@ -247,13 +246,16 @@ def plan_memory(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_mem
     else:
         cfg, shape, target = dry_run_target(cfg, gpu_memory_gib=gpu_memory_gib, host_memory_gib=host_memory_gib,
                                             gpus_per_node=gpus_per_node)
-    resolved = resolve_run(cfg, shape, target=target)
+    sources = inspect_sources(cfg.data)
+    resolved = resolve_run(cfg, shape, sources, target)
     plan = estimate_memory(tightest(resolved), target or hardware.Target())
     plan.notes.extend(resolved.plan)
     check_fits(plan)
     # The table is the minimum's (ZeRO-3's states per GPU largest); host RAM per node grows with
     # the workers on it, so an elastic range is also checked at each of its other sizes.
     check_memory(resolved, target or hardware.Target())
+    for note in sources.notes:  # once the checks have passed, as a run prints them
+        say(f"raytrain: note: {note}", err=True)
     return plan
 
 

@@ -24,6 +24,8 @@ from transformers import AutoModelForCausalLM
 import raytrain
 from raytrain import compat, hardware
 from raytrain.config import RunConfig, load_config
+from raytrain.console import say
+from raytrain.data.sources import inspect_sources
 from raytrain.deepspeed_config import DeepSpeedFacts
 from raytrain.model import config_from_facts
 from raytrain.planning.estimate import estimate
@@ -50,7 +52,11 @@ def resolve(overrides: list[str], num_gpus: int, use_gpu: bool, target: hardware
     chooses them on a one-node cluster of it). `target`: another machine (predictions made elsewhere)."""
     cfg = load_config(None, overrides)
     shape = ClusterShape(num_workers=num_gpus, use_gpu=use_gpu, gpus_per_node=num_gpus if use_gpu else None)
-    return resolve_run(cfg, shape, target=target or this_target(num_gpus, use_gpu))
+    sources = inspect_sources(cfg.data)
+    resolved = resolve_run(cfg, shape, sources, target=target or this_target(num_gpus, use_gpu))
+    for note in sources.notes:  # as a run prints them (data.path given with --set)
+        say(f"raytrain: note: {note}", err=True)
+    return resolved
 
 
 def predicted(resolved: ResolvedRun, param_groups: int | None = None,

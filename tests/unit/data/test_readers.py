@@ -313,7 +313,7 @@ def test_a_json_array_is_parsed_a_record_at_a_time_as_json_loads_parses_it_whole
         read(f, "json")
 
 
-def test_csv_rows_as_hugging_face_reads_them_and_bad_rows_are_bad_records(tmp_path, caplog):
+def test_csv_rows_as_hugging_face_reads_them_and_bad_rows_are_bad_records(tmp_path, caplog, monkeypatch):
     import lzma
 
     f = tmp_path / "a.csv"
@@ -328,8 +328,17 @@ def test_csv_rows_as_hugging_face_reads_them_and_bad_rows_are_bad_records(tmp_pa
     tsv = tmp_path / "b.tsv.xz"
     tsv.write_bytes(lzma.compress(b"text\tid\na, b\t1\n"))
     assert read(tsv, "csv") == ["a, b"]
+    (tmp_path / "empty.csv").write_text("")  # as an empty text file: nothing, counted, not an error
+    assert read(tmp_path / "empty.csv", "csv") == []
     bad = tmp_path / "c.csv"
     bad.write_text("id,text\n1,a\n2,b,c\n")
     with pytest.raises(ConfigError, match=f"{bad}: is not valid CSV \\(CSV parse error: (Row #3: )?Expected 2 "
                                           f"columns, got 3: 2,b,c\\): fix or remove it"):
         read(bad, "csv")
+    from raytrain.data import readers
+
+    monkeypatch.setattr(readers, "_CSV_BLOCK", 1 << 16)  # a value over two blocks: valid CSV pyarrow cannot take
+    (tmp_path / "long.csv").write_text("id,text\n1,short\n2," + "word " * 40_000 + "\n")
+    with pytest.raises(ConfigError, match="long.csv: holds a value of over 0.125 MiB after row 1, more than the "
+                                          "CSV reader takes: split that document, or give JSON lines or parquet"):
+        read(tmp_path / "long.csv", "csv")

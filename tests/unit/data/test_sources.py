@@ -289,12 +289,21 @@ def test_a_csv_files_header_must_name_the_text_column(tmp_path):
 
     (tmp_path / "a.csv").write_bytes(b"\xef\xbb\xbfid,body\r\n1,x\r\n")
     with pytest.raises(ConfigError, match=re.escape(f"data.text_column='text' is not a column of {tmp_path / 'a.csv'} "
-                                                    f"(its header: id, body): set data.text_column")):
+                                                    f"(its header: 'id', 'body'): set data.text_column")):
         inspect_source(DataConfig(), str(tmp_path / "a.csv"))
     assert inspect_source(DataConfig(text_column="body"), str(tmp_path / "a.csv")).format == "csv"
     (tmp_path / "b.tsv").write_text("id,text\n")  # commas in a .tsv: one column named "id,text"
-    with pytest.raises(ConfigError, match="b.tsv \\(tab-separated: the file's name ends in .tsv\\) \\(its header: id,text\\)"):
+    with pytest.raises(ConfigError, match="b.tsv \\(tab-separated: the file's name ends in .tsv\\) \\(its header: 'id,text'\\)"):
         inspect_source(DataConfig(), str(tmp_path / "b.tsv"))
+    # headers pyarrow reads: \r alone (Excel for Mac), a quoted newline in a name, a blank line first
+    for i, raw in enumerate((b"id,text\r1,hello\r", b'"a\nb",text\n1,x\n', b"\nid,text\n1,x\n")):
+        (tmp_path / f"h{i}.csv").write_bytes(raw)
+        assert inspect_source(DataConfig(), str(tmp_path / f"h{i}.csv")).format == "csv"
+    (tmp_path / "wide.csv").write_text(",".join(f"c{i}" for i in range(200_000)) + ",text\nx\n")  # 1.5 MB: the reader's
+    assert inspect_source(DataConfig(), str(tmp_path / "wide.csv")).format == "csv"
+    (tmp_path / "many.csv").write_text(",".join(f"c{i}" for i in range(30)) + "\n")
+    with pytest.raises(ConfigError, match="'c18', 'c19' and 10 more\\): set data.text_column$"):
+        inspect_source(DataConfig(), str(tmp_path / "many.csv"))
     assert [csv_delimiter(p) for p in ("a.csv", "a.TSV", "a.tsv.zst", "a.txt")] == [",", "\t", "\t", ","]
 
 
@@ -303,12 +312,15 @@ def test_an_eval_fraction_of_one_text_file_read_as_one_document_is_refused(tmp_p
     from raytrain.data.sources import inspect_sources
 
     (tmp_path / "corpus.txt").write_text("line one\nline two\n")
-    with pytest.raises(ConfigError, match=f"^data.eval_fraction=0.05 holds out whole documents, and data.path is "
-                                          f"one text file, {tmp_path / 'corpus.txt'}, read as one document "
+    with pytest.raises(ConfigError, match=f"^data.eval_fraction=0.05 holds out whole documents, and data.path "
+                                          f"holds one text file, {tmp_path / 'corpus.txt'}, read as one document "
                                           f"\\(data.text_document=file\\): set data.text_document=line"):
         inspect_sources(DataConfig(path=str(tmp_path / "corpus.txt"), eval_fraction=0.05))
     lines = inspect_sources(DataConfig(path=str(tmp_path / "corpus.txt"), eval_fraction=0.05, text_document="line"))
     assert lines.eval is lines.train
+    (tmp_path / "empty.txt").write_text("")  # an empty file is no second document
+    with pytest.raises(ConfigError, match="holds one text file"):
+        inspect_sources(DataConfig(path=str(tmp_path), eval_fraction=0.05))
     (tmp_path / "more.txt").write_text("another document")
     assert inspect_sources(DataConfig(path=str(tmp_path), eval_fraction=0.5)).eval is not None  # two documents
 

@@ -194,6 +194,16 @@ def test_cli_exit_codes_for_too_big_and_for_config_errors():
     assert bad.returncode == 2 and "did you mean training.max_steps" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_cli_prints_the_data_sources_notes_once_the_plan_fits(tmp_path):
+    """The notes are the sources' (Sources.notes), printed by each caller; this one printed none."""
+    (tmp_path / "a.txt").write_text("a document")
+    (tmp_path / "c.dat").write_text("left out")
+    p = run_plan("--gpu-memory-gib", "80", "--host-memory-gib", "512", "--gpus-per-node", "1", "scaling.num_workers=1",
+                 f"data.path={tmp_path}")
+    assert p.returncode == 0, p.stderr
+    assert f"raytrain: note: data.path: reading 1 file of {tmp_path}; left out 1 with other extensions" in p.stderr
+
+
 def test_nvme_offload_holds_swap_buffers_in_host_ram_not_the_states(llama7b_stats):
     n = 6_738_415_616 // 8
     cpu = plan_7b(llama7b_stats, zero={"offload_optimizer": {"device": "cpu"}})
