@@ -116,9 +116,9 @@ def tokenize_and_pack(batch: dict[str, np.ndarray], *, seq_len: int, model: Mode
     # document starts (BOS) or ends (EOS) there, each with the document's key; any other row is a
     # whole document. Order is kept (ShardedIngest's preserve_order), so a piece follows the one
     # before it, in this batch or at the end of the one before.
-    starts, ends, given = (_column(batch, name, kept, default) for name, default in
-                           (("starts", True), ("ends", True), ("key", b"")))
+    starts, ends = _column(batch, "starts", kept, True), _column(batch, "ends", kept, True)
     if split:
+        given = _column(batch, "key", kept, b"")
         keys = [k or pieces.key(d.tobytes() if pretokenized else d.encode("utf-8", errors="surrogatepass"))
                 for d, k in zip(docs, given)]
         keep = _eval_side(keys, eval_fraction) == (split == "eval")

@@ -70,6 +70,7 @@ from typing import Any
 
 from raytrain.config import ConfigError, DataConfig
 from raytrain.config_files import first_line
+from raytrain.console import say
 from raytrain.run_spec import DataFacts
 
 FORMATS = ("text", "json", "csv", "parquet", "hf", "tokenized")
@@ -113,8 +114,12 @@ class Sources:
     eval: Source | None
     """None: no held-out data. With data.eval_fraction this is the training source again, split by hash."""
     notes: tuple[str, ...] = ()
-    """Settings and files that have no effect on this run, one line each: the caller prints them,
-    once every check before training has passed (a note above an error line is noise)."""
+    """Settings and files that have no effect on this run, one line each: the caller prints them
+    (`say_notes`) once every check before training has passed (a note above an error line is noise)."""
+
+    def say_notes(self) -> None:
+        for note in self.notes:
+            say(f"raytrain: note: {note}", err=True)
 
 
 def inspect_sources(data: DataConfig) -> Sources:
@@ -476,12 +481,16 @@ def _is_archive(name: str) -> bool:
 
 
 def _format_of(name: str) -> str | None:
+    base, codec = _without_codec(name)
+    fmt = _EXTENSIONS.get(os.path.splitext(base)[1])
+    return None if codec and fmt == "parquet" else fmt  # parquet compresses inside the file
+
+
+def _without_codec(name: str) -> tuple[str, bool]:
+    """The lower-case name without its compression suffix (.gz, .zst, ...), and whether it had one."""
     base = name.lower()
-    for suffix in _COMPRESSED:
-        if base.endswith(suffix):
-            fmt = _EXTENSIONS.get(os.path.splitext(base[: -len(suffix)])[1])
-            return None if fmt == "parquet" else fmt  # parquet compresses inside the file
-    return _EXTENSIONS.get(os.path.splitext(base)[1])
+    suffix = next((s for s in _COMPRESSED if base.endswith(s)), "")
+    return base[: len(base) - len(suffix)], bool(suffix)
 
 
 def _format_of_files(files: list[tuple[str, int]], paths: list[str], key: str) -> str:
@@ -704,9 +713,7 @@ def _check_json_column(source: Source, path: str, data: DataConfig, key: str) ->
 
 def csv_delimiter(path: str) -> str:
     """A tab for a .tsv file (compressed or not), else a comma."""
-    base = path.lower()
-    codec_suffix = next((suffix for suffix in _COMPRESSED if base.endswith(suffix)), "")
-    return "\t" if base[: len(base) - len(codec_suffix)].endswith(".tsv") else ","
+    return "\t" if _without_codec(path)[0].endswith(".tsv") else ","
 
 
 def _check_csv_header(source: Source, path: str, data: DataConfig, key: str) -> None:

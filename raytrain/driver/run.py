@@ -100,8 +100,7 @@ def fit(cfg: RunConfig, fresh: bool = False, argv: Sequence[str] | None = None) 
     if cfg.network.preflight:
         check_preflight(cfg)
     spec, progress, restored = _place(resolved, fresh)
-    for note in sources.notes:  # only once every check has passed: above an error line they are noise
-        say(f"raytrain: note: {note}", err=True)
+    sources.say_notes()  # only once every check has passed: above an error line they are noise
     command = continue_command(argv, spec.run_name, spec.resume_from)
     say(f"raytrain: model: {model_source(cfg.model, restored)}")
     if cfg.checkpoint.name is None:  # a generated name: the same command again starts another run
@@ -202,7 +201,8 @@ def dry_run(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_memory_
             gpus_per_node: int | None = None, fresh: bool = False) -> tuple[ResolvedRun, list[str]]:
     """Every check of a real run that needs no Ray, for the requested shape: the run resolved ("auto"
     settings chosen for the target), and notes for stderr (the data sources' notes, the plan's lines,
-    advice, then the memory planner's verdict), which the caller prints once every check has passed. Writes nothing. The checkpoint a real run would resume (`fresh` as for `fit`)
+    advice, then the memory planner's verdict), which the caller prints once every check has passed.
+    Writes nothing. The checkpoint a real run would resume (`fresh` as for `fit`)
     is checked as a real run checks it: it reads raytrain.json and Ray Train's record, which for a
     cloud storage path needs its credentials.
 
@@ -254,8 +254,7 @@ def plan_memory(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_mem
     # The table is the minimum's (ZeRO-3's states per GPU largest); host RAM per node grows with
     # the workers on it, so an elastic range is also checked at each of its other sizes.
     check_memory(resolved, target or hardware.Target())
-    for note in sources.notes:  # once the checks have passed, as a run prints them
-        say(f"raytrain: note: {note}", err=True)
+    sources.say_notes()  # once the checks have passed, as a run prints them
     return plan
 
 

@@ -33,7 +33,7 @@ import time
 import numpy as np
 
 from raytrain.config import DataConfig, ModelConfig
-from raytrain.console import ArgumentParser, say
+from raytrain.console import ArgumentParser
 from raytrain.data.ingest import MicroBatches, ShardGroup
 from raytrain.data.packing import tokenize_and_pack
 from raytrain.data.pipeline import build_datasets
@@ -107,8 +107,7 @@ def time_pipeline(data, model, repeats: int = 2) -> dict[str, float]:
 def _train_dataset(data, model):
     """The packed training dataset exactly as a run builds it (sources checked first)."""
     sources = inspect_sources(data)
-    for note in sources.notes:
-        say(f"raytrain: note: {note}", err=True)
+    sources.say_notes()
     return build_datasets(data, model, 0, sources, load_model_config(model).vocab_size)["train"]
 
 

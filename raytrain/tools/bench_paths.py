@@ -24,7 +24,6 @@ from transformers import AutoModelForCausalLM
 import raytrain
 from raytrain import compat, hardware
 from raytrain.config import RunConfig, load_config
-from raytrain.console import say
 from raytrain.data.sources import inspect_sources
 from raytrain.deepspeed_config import DeepSpeedFacts
 from raytrain.model import config_from_facts
@@ -54,8 +53,7 @@ def resolve(overrides: list[str], num_gpus: int, use_gpu: bool, target: hardware
     shape = ClusterShape(num_workers=num_gpus, use_gpu=use_gpu, gpus_per_node=num_gpus if use_gpu else None)
     sources = inspect_sources(cfg.data)
     resolved = resolve_run(cfg, shape, sources, target=target or this_target(num_gpus, use_gpu))
-    for note in sources.notes:  # as a run prints them (data.path given with --set)
-        say(f"raytrain: note: {note}", err=True)
+    sources.say_notes()  # as a run prints them (data.path given with --set)
     return resolved
 
 
