@@ -18,6 +18,7 @@
 #            DeepSpeed at the same planner-chosen settings if the budget is left (~4 min more).
 # plan13b-twin: the same 13B settings on the bench's plain-DeepSpeed and raytrain paths (~8 min).
 # main1b:    configs/llama-1b-1gpu.yaml through raytrain.main for 16 steps (~3 min).
+# files1b:   the same on a user's files (JSONL, CSV, one large text file) and BPE tokenizer, beside the built-in corpus.
 # twin1b:    the shipped 1.1B setting on the bench's plain-DeepSpeed and raytrain paths (fused layers), then
 #            plain DeepSpeed with transformers' layers (~4 min).
 # convert1b: a 4-step 1.1B run's checkpoint through DeepSpeed's ds_to_universal, timed (elastic resizes run it).
@@ -50,7 +51,7 @@
 # Every bench record carries the planner's prediction ("predicted"), the GPU peak (max_memory_allocated)
 # and the host's used memory sampled every 2 s; host_used_mib.txt samples the whole part the same way.
 set -u
-part=${1:?reader, offload, alloc1b, compile, compile-noliger, checks, zeropp, superoffload, offload-max, plan13b, plan13b-twin, plan13b-nooff, plan7b, plan1b, caps1b, eta1b, eta2, fp16, mfu62, fp8, fp8main, fp8-13b, fp8-13b-twin, main1b, twin1b, convert1b, profile or layers}
+part=${1:?reader, offload, alloc1b, compile, compile-noliger, checks, zeropp, superoffload, offload-max, plan13b, plan13b-twin, plan13b-nooff, plan7b, plan1b, caps1b, eta1b, eta2, fp16, mfu62, fp8, fp8main, fp8-13b, fp8-13b-twin, main1b, files1b, twin1b, convert1b, profile or layers}
 OUT=${OUT:-/tmp/out}; W=/tmp/bench_$part; mkdir -p "$OUT" "$W"
 END=$(( $(date +%s) + ${BUDGET_S:-560} ))
 export TORCH_EXTENSIONS_DIR=/tmp/torch_ext
@@ -75,7 +76,7 @@ CAP20=0.1425; CAP24=0.171; CAP70=0.4986; CAP84=0.598
 AUTO24=(--paths deepspeed "${AUTO[@]}" --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" --gpu-memory-fraction $CAP24 --no-profile)
 RUNNERUP24=(--paths deepspeed --micro-batch 55 --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" --offload
   --set model.gradient_checkpointing=true --set scaling.cpus_per_worker=14 --gpu-memory-fraction $CAP24 --no-profile)
-case $part in plan*|caps1b|alloc1b|eta*|fp16|fp8*|mfu62|main1b|twin1b|convert1b|profile|layers|superoffload)
+case $part in plan*|caps1b|alloc1b|eta*|fp16|fp8*|mfu62|main1b|files1b|twin1b|convert1b|profile|layers|superoffload)
   (while true; do free -m | awk 'NR==2{print $3}'; sleep 2; done) > "$W/host_used_mib.txt" & hostmem=$!
   # The GPU's SM clock, power and why its clock is held down, every second: the same step made 58.3-62.1%
   # MFU on different H200s of one power limit and max clock, so what each one ran at under load is recorded
@@ -255,6 +256,23 @@ main1b)  # the shipped 1.1B config through python -m raytrain.main, as a user ru
     > "$W/1b-main.log" 2>&1; echo "1b raytrain.main rc=$? in $(( $(date +%s) - t0 ))s, $(wc -l < "$W/1b-main.log") lines" >> "$W/status.txt"
   grep -E "raytrain:|step [0-9]+/16 " "$W/1b-main.log" | tail -16 >> "$W/status.txt"
   grep -c "falling back to serialize as pickled" "$W/1b-main.log" | sed 's/^/pickled-fallback lines: /' >> "$W/status.txt"
+  ;;
+files1b)  # the shipped 1.1B config through raytrain.main on a user's own files and BPE tokenizer (benchmarks/user_files.py:
+  # the same documents as JSONL, CSV and one large text file read in pieces), beside the built-in corpus in the same
+  # call; FILES1B="builtin jsonl" (the default) or "csv text": each run ~3.3 min, so two per call
+  python benchmarks/user_files.py /tmp/files1b --mib 64 >> "$W/status.txt" 2>&1
+  for v in ${FILES1B:-builtin jsonl}; do
+    case $v in builtin) d=(); ;; jsonl) d=(data.path=/tmp/files1b/jsonl); ;; csv) d=(data.path=/tmp/files1b/csv); ;;
+      text) d=(data.path=/tmp/files1b/one.txt); ;; esac
+    [[ $v == builtin ]] || d+=(model.tokenizer=/tmp/files1b/tokenizer)
+    left=$(( END - $(date +%s) - 10 )); (( left < 60 )) && { echo "$v: skipped, budget spent" >> "$W/status.txt"; continue; }
+    t0=$(date +%s)
+    timeout $left python -m raytrain.main --config configs/llama-1b-1gpu.yaml training.max_steps=16 \
+      training.log_every_n_steps=2 checkpoint.every_n_steps=1000 checkpoint.storage_path=/tmp/runs1b-$v \
+      data.progress_every_s=0 "${d[@]}" > "$W/1b-$v.log" 2>&1
+    echo "1b $v (${d[*]}): rc=$? in $(( $(date +%s) - t0 ))s, $(wc -l < "$W/1b-$v.log") lines" >> "$W/status.txt"
+    grep -E "raytrain:|step [0-9]+/16 |Error|error" "$W/1b-$v.log" | grep -v "DeepSpeed config (resolved" | tail -24 >> "$W/status.txt"
+  done
   ;;
 convert1b)  # DeepSpeed's universal conversion (what an elastic resize runs) of a real 1.1B checkpoint on the GPU host
   timeout $(( END - $(date +%s) - 200 )) python -m raytrain.main --config configs/llama-1b-1gpu.yaml training.max_steps=4 \
