@@ -65,7 +65,7 @@ def _read_text_file(path: str, format: str, filesystem, text_column: str, text_d
                 bad.found(BadRecord(path, f"is {encoding} text (it starts with a {encoding} byte order mark), "
                                           f"not UTF-8", wide_encoding_fix(encoding)))
             elif format == "text" and text_document == "file":
-                yield from _file_document(f, head.removeprefix(BOM), path, invalid_utf8, bad, counts)
+                yield from _file_document(f, head, path, invalid_utf8, bad, counts)
             elif format == "text":
                 for lineno, raw in _lines(f, head.removeprefix(BOM)):
                     raw = raw.rstrip(b"\r")
@@ -155,7 +155,7 @@ def _file_document(f, head: bytes, path: str, invalid_utf8: str, bad: BadRecords
     document; a longer one is a row per piece, each row saying whether the document starts or ends
     with it and carrying the document's key for the eval split (its first piece's), which the
     packer (raytrain.data.packing) reads (a whole document's key is b"": the packer hashes its text).
-    `head`: what was read of the file already."""
+    `head`: what was read of the file already, a byte order mark included."""
     rows = pieces.cut(_decoded(f, head, path, invalid_utf8, counts), pieces.PIECE_CHARS)
     try:
         piece = next(rows, None)
@@ -177,8 +177,11 @@ def _file_document(f, head: bytes, path: str, invalid_utf8: str, bad: BadRecords
 def _decoded(f, head: bytes, where: str, invalid_utf8: str, counts: collections.Counter,
              chunk_bytes: int = 1 << 20) -> Iterator[str]:
     """The text of a UTF-8 stream, decoded a chunk at a time (a character cut by a read is carried
-    to the next), under data.invalid_utf8 as `_decode` (bad bytes counted once per file)."""
-    offset, carried, replaced, chunk = 0, b"", False, head
+    to the next), under data.invalid_utf8 as `_decode` (bad bytes counted once per file). `head`: its
+    first bytes, a byte order mark (left out of the text) included, so that an error's byte offset is
+    the file's; `where`: the file's path (a compressed file's offset counts decompressed bytes)."""
+    offset = len(BOM) if head.startswith(BOM) else 0
+    carried, replaced, chunk = b"", False, head[offset:]
     while chunk:
         raw = carried + chunk
         chunk = f.read(chunk_bytes)
@@ -188,7 +191,8 @@ def _decoded(f, head: bytes, where: str, invalid_utf8: str, counts: collections.
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
             if invalid_utf8 == "error":
-                raise BadRecord(where, f"invalid UTF-8 at byte {offset + e.start}", _INVALID_UTF8_FIX) from None
+                of = " of the decompressed text" if compression_of(where) is not None else ""
+                raise BadRecord(where, f"invalid UTF-8 at byte {offset + e.start}{of}", _INVALID_UTF8_FIX) from None
             replaced = True
             text = raw.decode("utf-8", errors="replace")
         offset += len(raw)
@@ -212,14 +216,13 @@ def _json_records(f, head: bytes, path: str, invalid_utf8: str, bad: BadRecords,
                   counts: collections.Counter) -> Iterator[tuple[str, Any]]:
     """(where, record) of a JSON-lines file, or of a file holding one JSON array (`head`: what was
     read of it already); bad lines are handed to `bad` and left out."""
-    head = head.removeprefix(BOM)
-    if head.lstrip(_JSON_SPACE.encode()).startswith(b"["):  # one JSON array: parsed a record at a time as it is read
+    if head.removeprefix(BOM).lstrip(_JSON_SPACE.encode()).startswith(b"["):  # one JSON array: parsed a record at a time
         try:
             yield from _array_records(_decoded(f, head, path, invalid_utf8, counts), path)
         except BadRecord as record:  # the rest of the array cannot be parsed: nothing more is read
             bad.found(record)
         return
-    for n, raw in _lines(f, head):
+    for n, raw in _lines(f, head.removeprefix(BOM)):
         if raw.strip():
             where = f"{path} line {n}"
             record = _checked(bad, lambda: _parse_json(_decode(raw, invalid_utf8, where, counts), where))

@@ -268,6 +268,15 @@ def test_a_file_is_decoded_in_chunks_as_it_would_be_whole(tmp_path):
     f.write_bytes(b"word " * 400_000 + b"\xff")  # past the first 1 MiB read
     with pytest.raises(ConfigError, match=f"{f}: invalid UTF-8 at byte 2000000: fix the file"):
         rows_of(f, invalid_utf8="error")
+    # the offset is the file's: a byte order mark counts; a compressed file's says it counts decompressed bytes
+    f.write_bytes(b"\xef\xbb\xbf" + b"word " * 400_000 + b"\xff")
+    with pytest.raises(ConfigError, match=f"{f}: invalid UTF-8 at byte 2000003: fix the file"):
+        rows_of(f, invalid_utf8="error")
+    import gzip
+    g = tmp_path / "big.txt.gz"
+    g.write_bytes(gzip.compress(b"word " * 400_000 + b"\xff"))
+    with pytest.raises(ConfigError, match=f"{g}: invalid UTF-8 at byte 2000000 of the decompressed text: fix"):
+        rows_of(g, invalid_utf8="error")
 
 
 def test_a_json_array_is_parsed_a_record_at_a_time_as_json_loads_parses_it_whole(tmp_path):
