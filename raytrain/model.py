@@ -339,6 +339,16 @@ def _cached_tokenizer(spec: str | None, trust_remote_code: bool, key: str = "mod
     if not tok.is_fast:
         raise ConfigError(f"{key}={spec!r} has a slow tokenizer: raytrain needs a fast (Rust) tokenizer"
                           + ("" if key == "model.tokenizer" else "; set model.tokenizer to one"))
+    special = set(tok.all_special_tokens)
+    if all(token in special for token in tok.get_vocab()):
+        # transformers 5 builds a Qwen2/GPT-2/GPT-NeoX/Gemma tokenizer from a directory that holds only the
+        # model's config.json: no error, every text encodes to nothing (or <unk>), and the run would train on
+        # EOS tokens alone
+        raise ConfigError(f"{key}={spec!r}: its tokenizer has no vocabulary ({len(tok)} token{'' if len(tok) == 1 else 's'}, all special: "
+                          f"{', '.join(sorted(special))}): no tokenizer files (tokenizer.json, tokenizer.model, or "
+                          f"vocab.json and merges.txt) where it was loaded from; "
+                          + ("give a directory or hub id that holds them" if key == "model.tokenizer"
+                             else "set model.tokenizer to a directory or hub id that holds them"))
     if tok.eos_token_id is None:
         raise ConfigError(f"{key}={spec!r}: its tokenizer has no eos_token: documents are separated by EOS; "
                           + ("use a tokenizer with one" if key == "model.tokenizer"

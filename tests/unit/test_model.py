@@ -52,6 +52,21 @@ def test_tokenizer_errors_name_the_key_that_was_set(tmp_path):
     assert load_tokenizer(ModelConfig(tokenizer=str(_saved(tmp_path)))).eos_token_id is not None
 
 
+@pytest.mark.parametrize("model_type", ["qwen2", "gpt2", "gpt_neox", "gemma"])
+def test_a_model_directory_without_tokenizer_files_is_refused_not_read_as_an_empty_tokenizer(tmp_path, model_type):
+    """transformers 5 builds these families' tokenizers from a config.json alone, with special tokens only: every
+    text encoded to nothing (Gemma's to <unk>) and a run would have trained on EOS tokens alone."""
+    from transformers import AutoConfig
+
+    AutoConfig.for_model(model_type).save_pretrained(tmp_path / "model")
+    with pytest.raises(ConfigError, match=r"^model.name_or_path=.*model': its tokenizer has no vocabulary \(\d tokens?, "
+                                          r"all special: .*\): no tokenizer files \(tokenizer.json, .*; set "
+                                          r"model.tokenizer to a directory or hub id that holds them$"):
+        load_tokenizer(ModelConfig(name_or_path=str(tmp_path / "model")))
+    with pytest.raises(ConfigError, match="^model.tokenizer=.* has no vocabulary .*; give a directory or hub id"):
+        load_tokenizer(ModelConfig(tokenizer=str(tmp_path / "model")))
+
+
 def _saved(tmp_path):
     byte_tokenizer().save_pretrained(tmp_path / "tok")
     return tmp_path / "tok"
