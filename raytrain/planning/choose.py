@@ -413,10 +413,24 @@ def _nothing_fits(fs: tuple[MemoryFacts, ...], *, cfg, autos, base, grad_accum, 
     if len(fs) > 1:
         closest = f"at {at} workers (scaling.num_workers=[{fs[0].world_size}, {f.world_size}]) {closest}"
     if f.use_gpu:
+        gpu_usable, host_usable = (gpu_mem or 0) * (1 - GPU_RESERVE_FRACTION), (host_mem or 0) * (1 - HOST_RESERVE_FRACTION)
         need = (f"{closest}{gib(smallest.worker_bytes)} per GPU and {gib(smallest.host_bytes_per_node)} host RAM per "
-                f"node ({gib((gpu_mem or 0) * (1 - GPU_RESERVE_FRACTION))} and "
-                f"{gib((host_mem or 0) * (1 - HOST_RESERVE_FRACTION))} usable)")
-        hint = "add GPUs with scaling.num_workers, or lower data.seq_len"
+                f"node ({gib(gpu_usable)} and {gib(host_usable)} usable)")
+        # What more GPUs change: ZeRO-3 divides the model states (on the GPU, and on each node's host); the
+        # activations, a gathered layer and the step's transients stay whole on every GPU.
+        undivided = smallest.worker_bytes - smallest.resident_bytes
+        if gpu_mem and smallest.worker_bytes > gpu_usable and undivided > gpu_usable:
+            hint = (f"more GPUs would not help: what ZeRO-3 does not divide among them needs {gib(undivided)} per GPU "
+                    f"alone ({gib(dict(smallest.breakdown)['activations'])} of activations at micro-batch "
+                    f"{smallest.setting.micro_batch} x data.seq_len {f.seq_len}); lower data.seq_len")
+        elif gpu_mem and smallest.worker_bytes > gpu_usable:
+            hint = "add GPUs with scaling.num_workers (ZeRO-3 divides the model states among them), or lower data.seq_len"
+        elif smallest.offload != "none":  # the host RAM: each node holds its workers' share of the offloaded states
+            hint = ("add nodes with scaling.num_workers (each node's RAM holds its workers' share of the offloaded "
+                    "states), or use nodes with more RAM")
+        else:
+            hint = (f"use nodes with more RAM (a GPU worker's process needs "
+                    f"{gib(smallest.host_bytes_per_node / f.workers_per_node)} of it without offload)")
     else:
         per_node = next(g.workers_per_node for g in fs if g.world_size == at)
         need = (f"{closest}{gib(smallest.host_bytes_per_node)} host RAM per node ({per_node} workers x "

@@ -310,3 +310,25 @@ def test_a_model_that_is_not_a_dense_llama_is_planned_with_a_caveat(tmp_path, ca
     assert code == 0, out
     caveats = [line for line in out.splitlines() if "mixture of 4 experts" in line]
     assert len(caveats) == 1 and caveats[0].startswith("raytrain: plan: model_type mixtral"), out
+
+
+def test_when_nothing_fits_the_hint_names_what_would_help():
+    """More GPUs divide the model states (ZeRO-3), not the activations; a shorter sequence does not shrink what
+    the host needs."""
+    def refusal(*overrides, **kw):
+        with pytest.raises(ConfigError) as e:
+            resolve("training.gradient_accumulation_steps=1", *overrides, **kw)
+        return str(e.value)
+
+    states = refusal(shape=SHAPE_13B, gpu_gib=20, host_gib=600)  # full offload, checkpointing: 28.5 of 18 GiB usable
+    assert states.endswith("; add GPUs with scaling.num_workers (ZeRO-3 divides the model states among them), "
+                           "or lower data.seq_len")
+    host = refusal(gpu_gib=139, host_gib=4)  # the GPU holds everything; the worker's process does not fit the RAM
+    assert host.endswith("; use nodes with more RAM (a GPU worker's process needs 4.7 GiB of it without offload)")
+    # a 256k vocabulary's logits at seq 8192 (no fused loss) are ~24 GiB per sequence: no number of GPUs holds them
+    big_vocab = {**SHAPE_7B, "vocab_size": 256000, "max_position_embeddings": 8192}
+    eight = ClusterShape(num_workers=64, use_gpu=True, gpus_per_node=8)
+    logits = refusal("model.liger_kernel=none", "model.fused_layers=false", "data.seq_len=8192", shape=big_vocab,
+                     gpu_gib=24, cluster=eight)
+    assert "; more GPUs would not help: what ZeRO-3 does not divide among them needs " in logits
+    assert logits.endswith("of activations at micro-batch 1 x data.seq_len 8192); lower data.seq_len")
