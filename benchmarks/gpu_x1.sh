@@ -19,6 +19,7 @@
 # plan13b-twin: the same 13B settings on the bench's plain-DeepSpeed and raytrain paths (~8 min).
 # main1b:    configs/llama-1b-1gpu.yaml through raytrain.main for 16 steps (~3 min).
 # files1b:   the same on a user's files (JSONL, CSV, one large text file) and BPE tokenizer, beside the built-in corpus.
+# moe:       a Mixtral-shaped 4.8B MoE (transformers' experts) at micro-batch 4 and at the planner's pick: peak and tokens/s vs predicted.
 # twin1b:    the shipped 1.1B setting on the bench's plain-DeepSpeed and raytrain paths (fused layers), then
 #            plain DeepSpeed with transformers' layers (~4 min).
 # convert1b: a 4-step 1.1B run's checkpoint through DeepSpeed's ds_to_universal, timed (elastic resizes run it).
@@ -51,7 +52,7 @@
 # Every bench record carries the planner's prediction ("predicted"), the GPU peak (max_memory_allocated)
 # and the host's used memory sampled every 2 s; host_used_mib.txt samples the whole part the same way.
 set -u
-part=${1:?reader, offload, alloc1b, compile, compile-noliger, checks, zeropp, superoffload, offload-max, plan13b, plan13b-twin, plan13b-nooff, plan7b, plan1b, caps1b, eta1b, eta2, fp16, mfu62, fp8, fp8main, fp8-13b, fp8-13b-twin, main1b, files1b, twin1b, convert1b, profile or layers}
+part=${1:?reader, offload, alloc1b, compile, compile-noliger, checks, zeropp, superoffload, offload-max, plan13b, plan13b-twin, plan13b-nooff, plan7b, plan1b, caps1b, eta1b, eta2, fp16, mfu62, fp8, fp8main, fp8-13b, fp8-13b-twin, main1b, files1b, moe, twin1b, convert1b, profile or layers}
 OUT=${OUT:-/tmp/out}; W=/tmp/bench_$part; mkdir -p "$OUT" "$W"
 END=$(( $(date +%s) + ${BUDGET_S:-560} ))
 export TORCH_EXTENSIONS_DIR=/tmp/torch_ext
@@ -76,7 +77,7 @@ CAP20=0.1425; CAP24=0.171; CAP70=0.4986; CAP84=0.598
 AUTO24=(--paths deepspeed "${AUTO[@]}" --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" --gpu-memory-fraction $CAP24 --no-profile)
 RUNNERUP24=(--paths deepspeed --micro-batch 55 --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" --offload
   --set model.gradient_checkpointing=true --set scaling.cpus_per_worker=14 --gpu-memory-fraction $CAP24 --no-profile)
-case $part in plan*|caps1b|alloc1b|eta*|fp16|fp8*|mfu62|main1b|files1b|twin1b|convert1b|profile|layers|superoffload)
+case $part in plan*|caps1b|alloc1b|eta*|fp16|fp8*|mfu62|main1b|files1b|moe|twin1b|convert1b|profile|layers|superoffload)
   (while true; do free -m | awk 'NR==2{print $3}'; sleep 2; done) > "$W/host_used_mib.txt" & hostmem=$!
   # The GPU's SM clock, power and why its clock is held down, every second: the same step made 58.3-62.1%
   # MFU on different H200s of one power limit and max clock, so what each one ran at under load is recorded
@@ -273,6 +274,18 @@ files1b)  # the shipped 1.1B config through raytrain.main on a user's own files 
     echo "1b $v (${d[*]}): rc=$? in $(( $(date +%s) - t0 ))s, $(wc -l < "$W/1b-$v.log") lines" >> "$W/status.txt"
     grep -E "raytrain:|step [0-9]+/16 |Error|error" "$W/1b-$v.log" | grep -v "DeepSpeed config (resolved" | tail -24 >> "$W/status.txt"
   done
+  ;;
+moe)  # a user's own mixture-of-experts model: Mixtral-shaped (8 experts, top-2, 4.8B parameters, 1.4B active per token,
+  # transformers' own experts code), on the bench's plain-DeepSpeed path: the planner's MoE activations and active-parameter
+  # FLOPs against the measured GPU peak and tokens/s, at a fixed micro-batch and at the planner's "auto" pick (~5 min)
+  # the built-in corpus and byte tokenizer, as the Llama rows (a model directory needs a tokenizer of its own)
+  python -c 'from transformers import AutoConfig; from raytrain.model import byte_tokenizer
+AutoConfig.for_model("mixtral", num_local_experts=8, num_experts_per_tok=2).save_pretrained("/tmp/moe")
+byte_tokenizer().save_pretrained("/tmp/moe")'
+  MOE=(--paths deepspeed "${Z[@]}" --liger none --hidden-size 2048 --num-layers 16 --num-heads 16 --num-kv-heads 8
+       --intermediate-size 5632 --set model.name_or_path=/tmp/moe --steps 3 --warmup-steps 2 --window 3 --no-profile)
+  variant moe-mb4 220 "${MOE[@]}" --micro-batch 4 --grad-accum 1
+  variant moe-auto 280 "${MOE[@]}" "${AUTO[@]}" --grad-accum 4
   ;;
 convert1b)  # DeepSpeed's universal conversion (what an elastic resize runs) of a real 1.1B checkpoint on the GPU host
   timeout $(( END - $(date +%s) - 200 )) python -m raytrain.main --config configs/llama-1b-1gpu.yaml training.max_steps=4 \
