@@ -63,6 +63,14 @@ class ModelFacts:
     document_start_ids: tuple[int, ...] = ()
     """What packing puts before each document (the tokenizer's BOS, or nothing: raytrain.model.document_start_ids).
     Recorded so that a continued run can tell rows cut another way (raytrain before 2026-12-04 put none)."""
+    num_active_parameters: int | None = None
+    """The parameters a token runs (raytrain.planning.activations.active_parameters): fewer than num_parameters
+    for a mixture of experts. None in records written before it was added: read `active_parameters`."""
+
+    @property
+    def active_parameters(self) -> int:
+        """What a token's FLOPs (MFU) count: num_active_parameters, or every parameter where it is not recorded."""
+        return self.num_parameters if self.num_active_parameters is None else self.num_active_parameters
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,6 @@
-"""Activation memory of a Llama-style decoder at the start of backward (its peak), per worker."""
+"""Activation memory of a Llama-style decoder at the start of backward (its peak), per worker, and the shapes
+the planner reads from a Hugging Face config: the dense widths (`decoder_dims`) and a mixture of experts'
+(`moe_dims`, with the parameters a token runs: `active_parameters`)."""
 
 from __future__ import annotations
 
@@ -25,6 +27,56 @@ def decoder_dims(hf_config) -> DecoderDims:
     return DecoderDims(h, hf_config.num_hidden_layers, heads, heads * head_dim, kv_heads * head_dim, inter)
 
 
+# Decoders that normalise q and k per head before the rotary embedding (Qwen3Attention's q_norm, k_norm).
+QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")
+
+
+# What autograd keeps per token and routed expert besides activations: transformers' grouped_mm path keeps three
+# int64 indices (the sort's permutation for the gathered input and for the weights, and its inverse), top-k's
+# int64 expert index, and the fp32 routing weight and top-k value (Mixtral; Qwen's weights are cast to e bytes).
+ROUTED_INDEX_BYTES = 3 * 8 + 8 + 4 + 4
+
+
+class MoeDims(NamedTuple):
+    """A mixture-of-experts decoder's sparse MLPs (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek spellings)."""
+    experts: int
+    per_token: int        # num_experts_per_tok: the experts each token runs
+    intermediate: int     # one routed expert's width (moe_intermediate_size, else intermediate_size)
+    shared: int           # the shared experts' width, all together (0: none)
+    shared_gate: bool     # Qwen2-MoE's sigmoid gate on the shared expert's output
+    sparse_layers: int    # layers whose MLP is the experts; the others are dense (intermediate_size)
+
+
+def moe_dims(hf_config) -> MoeDims | None:
+    """The config's experts, or None for a dense model. A layer is sparse unless mlp_only_layers lists it, it is
+    below first_k_dense_replace (DeepSeek) or (index + 1) is not a multiple of decoder_sparse_step (Qwen2/3-MoE)."""
+    def get(key: str, default=None):
+        return getattr(hf_config, key, None) or default  # configs write None (or 0) for "none"
+
+    experts = next((get(k) for k in ("num_local_experts", "num_experts", "n_routed_experts")
+                    if isinstance(get(k), int) and get(k) > 1), None)
+    if experts is None:
+        return None
+    dense_inter = get("intermediate_size", 4 * hf_config.hidden_size)
+    inter = get("moe_intermediate_size", dense_inter)
+    shared = get("shared_expert_intermediate_size", get("n_shared_experts", 0) * inter)
+    step, dense_only = get("decoder_sparse_step", 1), set(get("mlp_only_layers", ()))
+    sparse = sum(1 for i in range(hf_config.num_hidden_layers)
+                 if i not in dense_only and i >= get("first_k_dense_replace", 0) and (i + 1) % step == 0)
+    return MoeDims(experts, get("num_experts_per_tok", 1), inter, shared,
+                   get("shared_expert_intermediate_size") is not None, sparse)
+
+
+def active_parameters(hf_config, num_params: int) -> int:
+    """The parameters a token runs, the count its FLOPs scale with: all of a dense model's; a mixture of experts'
+    less its routed experts that do not run (each a SwiGLU MLP: 3 x hidden x width, no biases)."""
+    moe = moe_dims(hf_config)
+    if moe is None:
+        return num_params
+    idle = moe.sparse_layers * (moe.experts - moe.per_token) * 3 * hf_config.hidden_size * moe.intermediate
+    return num_params - idle
+
+
 def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value: int, *,
                      checkpointing: bool, attn_implementation: str = "sdpa", liger_kernel: str = "none",
                      sdpa_out_copies: int = 2, fp8: bool = False) -> int:
@@ -47,6 +99,17 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
     the logits coexist: 12*vocab bytes per token, often more than a whole layer.
     With checkpointing each layer keeps only its input (e*h per token) and one layer at a time is
     recomputed with its full activations.
+    Mixture of experts (`moe_dims`): a sparse layer's MLP keeps, per token, for each of its k =
+    num_experts_per_tok experts the gathered input and the expert's output (kept by the routing weight's
+    multiply) besides the SwiGLU's four values at the expert's width i_e: k*(e*(2h + 4*i_e) + 40), the 40
+    bytes the routing's indices and weights (ROUTED_INDEX_BYTES); the router's fp32 softmax (4 x experts); a shared
+    expert is a dense MLP (4*e*i_s), gated (Qwen2-MoE) by a sigmoid that keeps it and its output (e*h + e).
+    That is what transformers 5's experts keep, the default grouped_mm path and the reference loop alike
+    (measured on Mixtral, Qwen2-MoE and Qwen3-MoE: tests/unit/planning/test_moe.py); fused MoE kernels keep
+    less. With checkpointing the recomputed layer is the larger kind.
+    Qwen3's per-head RMSNorms of q and k (`QK_NORM_MODEL_TYPES`) keep what a norm keeps: (4 + e)(q + kv).
+    Gemma2's soft-capping: final_logit_softcapping keeps tanh's output, one more e-byte copy of the logits
+    (unless Liger's loss makes none); attn_logit_softcapping, with eager attention, one more score matrix.
     Liger kernels (model.liger_kernel): "loss" computes the loss in chunks without materialising
     the logits (12*vocab -> 0); "all" also keeps only the input and output of each RMSNorm (2*e*h)
     and gate, up and their product in the MLP (3*e*i), recomputing silu in backward.
@@ -54,6 +117,7 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
     the e-byte value: both norms' outputs and the down_proj input shrink to 1 byte, and o_proj adds a
     1-byte copy of SDPA's output (which SDPA keeps anyway): (e - 1)(2h + i) - q bytes less.
     Measured at 1.1B (mb 24): 71.1 GiB against 78.6 (this term: 7.7 GiB less).
+    (Liger and FP8 patch Llama layers only, never a mixture of experts: raytrain.planning.resolve.)
     """
     h, num_layers, heads, q, kv, inter = decoder_dims(hf_config)
     vocab = hf_config.vocab_size
@@ -62,13 +126,30 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
     fused = liger_kernel == "all"
     norm = (e * h if fused else 4 * h + e * h) + e * h
     attention = e * (q + 2 * kv) + sdpa_out_copies * e * q + 4 * heads
+    if getattr(hf_config, "model_type", None) in QK_NORM_MODEL_TYPES:
+        attention += (4 + e) * (q + kv)
     if attn_implementation == "eager":
         attention += heads * seq_len * (4 + (e if e < 4 else 0))
+        if getattr(hf_config, "attn_logit_softcapping", None):
+            attention += e * heads * seq_len
     mlp = (3 if fused else 4) * e * inter
     layer = 2 * norm + attention + mlp
     if fp8:
         layer -= (e - 1) * (2 * h + inter) - q
-    layers = num_layers * e * h + layer if checkpointing else num_layers * layer
-    logits = 0 if liger_kernel in ("loss", "all") else 12 * vocab
+    moe = moe_dims(hf_config)
+    sparse_layers = moe.sparse_layers if moe else 0
+    sparse_layer = layer
+    if moe:
+        experts_mlp = moe.per_token * (e * (2 * h + 4 * moe.intermediate) + ROUTED_INDEX_BYTES) + 4 * moe.experts
+        shared_mlp = 4 * e * moe.shared + ((e * h + e) if moe.shared_gate else 0)
+        sparse_layer = layer - mlp + experts_mlp + shared_mlp
+    if checkpointing:
+        layers = num_layers * e * h + (max(layer, sparse_layer) if sparse_layers < num_layers else sparse_layer)
+    else:
+        layers = (num_layers - sparse_layers) * layer + sparse_layers * sparse_layer
+    no_logits = liger_kernel in ("loss", "all")
+    logits = 0 if no_logits else 12 * vocab
+    if getattr(hf_config, "final_logit_softcapping", None) and not no_logits:
+        logits += e * vocab
     per_token = layers + norm + logits
     return micro_batch * seq_len * per_token

@@ -30,7 +30,8 @@ two Adam moments per parameter (4 / 8, or 2 / 4 with `bf16.bf16_master_weights_a
   (stage3.py:888-909). The gradient accumulation buffer stays in host RAM.
 - On one GPU ZeRO-3's gather is a view (partition_parameters.py, NoGatherHandle): no gathered-layer
   or persistent-parameter copies there.
-- Activations: `activation_bytes` (Llama-style decoders; other models are approximated).
+- Activations: `activation_bytes` (Llama-style decoders and their mixtures of experts; other models are
+  approximated).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from typing import Any
 
 from raytrain.model import ParamStats, fused_layers_enabled
 from raytrain.planning import zero_layout
-from raytrain.planning.activations import activation_bytes
+from raytrain.planning.activations import activation_bytes, moe_dims
 
 GIB = 1024**3
 
@@ -76,17 +77,22 @@ _ZERO_DEFAULTS = {"reduce_bucket_size": 500_000_000, "prefetch_bucket_size": 50_
 # Decoders whose layers are Llama's (RMSNorm, GQA attention, SwiGLU MLP): what activation_bytes and
 # the throughput model (raytrain.planning.throughput) are written and calibrated for.
 LLAMA_LIKE = ("llama", "mistral", "qwen2")
+# Mixtures of experts whose attention and norms are those (Qwen3's q/k norms included) and on whose experts
+# activation_bytes is measured (tests/unit/planning/test_moe.py); other families' are planned the same way.
+MOE_LLAMA_LIKE = ("mixtral", "qwen2_moe", "qwen3_moe")
 
 
 def model_caveat(hf_config) -> str | None:
     """A line saying how the planner approximates a model that is not a dense Llama-style decoder, else None."""
     model_type = getattr(hf_config, "model_type", "?")
-    experts = next((getattr(hf_config, k) for k in ("num_local_experts", "num_experts", "n_routed_experts")
-                    if isinstance(getattr(hf_config, k, None), int) and getattr(hf_config, k) > 1), None)
-    if experts:
-        return (f"model_type {model_type} is a mixture of {experts} experts, planned as a dense Llama-style decoder: "
-                f"FLOPs (tokens/s, MFU) count every expert's parameters though a token runs only some, and the "
-                f"activations are a dense layer's; treat tokens/s as a floor and activation memory as approximate")
+    moe = moe_dims(hf_config)
+    if moe:
+        return (f"model_type {model_type} is a mixture of {moe.experts} experts ({moe.per_token} per token): its "
+                f"activations are modelled on what transformers' experts keep (grouped_mm or the reference loop; "
+                f"fused MoE kernels keep less); tokens/s and MFU count the flops of the experts a token runs, at the "
+                f"GPU efficiency measured on dense layers (expert GEMMs are smaller: not measured): treat tokens/s "
+                f"as approximate" + ("" if model_type in MOE_LLAMA_LIKE else
+                                     "; its attention and norms are planned as Llama's, approximately"))
     if model_type not in LLAMA_LIKE:
         return (f"model_type {model_type} is planned as a Llama-style decoder (activations and tokens/s are modelled "
                 f"and calibrated on Llama layers): treat activation memory and tokens/s as approximate")

@@ -21,6 +21,7 @@ from raytrain.deepspeed_config import AUTO, DeepSpeedFacts, load_deepspeed, reso
 from raytrain.hardware import Target
 from raytrain.model import (attention_backends, causal_lm_class, document_start_ids, fused_layers_enabled,
                             load_model_config, load_tokenizer, param_stats, token_ids_from_tokenizer)
+from raytrain.planning.activations import active_parameters
 from raytrain.planning.choose import resolve_auto
 from raytrain.planning.deepspeed_check import check_deepspeed
 from raytrain.run_spec import ClusterShape, ModelFacts, ResolvedRun, WorldSizePlan
@@ -115,10 +116,11 @@ def resolve_run(cfg: RunConfig, shape: ClusterShape, sources: Sources | None = N
         raise ConfigError("deepspeed.compile.deepcompile=true takes effect only when the model is compiled: "
                           "set model.compile=true (or drop deepcompile)")
     sources = sources or inspect_sources(cfg.data)
+    num_params = param_stats(hf_config, cfg.model.trust_remote_code).num_params
     model = ModelFacts(config_class=type(hf_config).__name__, model_type=hf_config.model_type, hidden_size=hidden,
                        num_hidden_layers=hf_config.num_hidden_layers, vocab_size=hf_config.vocab_size,
                        tokenizer_size=len(tokenizer), document_start_ids=document_start_ids(tokenizer),
-                       num_parameters=param_stats(hf_config, cfg.model.trust_remote_code).num_params,
+                       num_parameters=num_params, num_active_parameters=active_parameters(hf_config, num_params),
                        hf_config=json.loads(hf_config.to_json_string(use_diff=False)))
     return ResolvedRun(config=cfg.with_deepspeed(ds), cluster=shape, model=model, deepspeed=facts,
                        data=data_facts(cfg.data, sources), world_sizes=world_sizes,

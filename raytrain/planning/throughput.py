@@ -3,6 +3,8 @@
     t_step = GA * t_micro(mb) + T_STEP_FIXED + t_optimizer
     t_micro = (t_gpu^P + t_host^P)^(1/P)          the larger of the two, blended where they are close
     t_gpu = F * mb * S * c_ckpt / (peak * eta(x) * k_liger * k_fused)     F = 6N + 12 L H S (flops per token)
+      N: the parameters a token runs (raytrain.planning.activations.active_parameters: a mixture of experts'
+         routed experts count num_experts_per_tok times, not num_experts)
       x (1 - g + g / FP8_GEMM_SPEEDUP) with model.fp8, g the projections' share of the flops
       eta(x): the GPU's efficiency on forward + backward, ETA_PLATEAU from x = 1 down to ETA_PLATEAU * (1 -
               ETA_SLOPE) at x = 0, x = mb * S * H^2 / (24 * 2048 * 2048^2) (smaller GEMMs)
@@ -33,7 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from raytrain.planning.activations import decoder_dims
+from raytrain.planning.activations import active_parameters, decoder_dims, moe_dims
 from raytrain.planning.estimate import Estimate, MemoryFacts
 
 # The GPU's efficiency at x >= 1: row 1b-mb24-ga4 (forward + backward time per micro-batch = the row's step time
@@ -101,7 +103,8 @@ def flops_per_token(num_params: int, num_layers: int, hidden: int, seq_len: int)
 
 def recompute_flops_per_token(hf_config, num_params: int, seq_len: int) -> float:
     """The decoder layers' forward, which activation checkpointing runs again: 2 flops per parameter outside the
-    embedding, the LM head (unless tied) and the final norm, plus the attention's forward."""
+    embedding, the LM head (unless tied) and the final norm, plus the attention's forward. `num_params`: those
+    a token runs (`active_parameters`)."""
     hidden, layers = hf_config.hidden_size, hf_config.num_hidden_layers
     embedding = getattr(hf_config, "vocab_size", 0) * hidden
     untied_head = 0 if getattr(hf_config, "tie_word_embeddings", False) else embedding
@@ -109,9 +112,14 @@ def recompute_flops_per_token(hf_config, num_params: int, seq_len: int) -> float
 
 
 def projection_flops_per_token(hf_config) -> float:
-    """Forward + backward flops per token of the decoder layers' projections (q, k, v, o, gate, up, down)."""
+    """Forward + backward flops per token of the decoder layers' projections (q, k, v, o, gate, up, down): a
+    sparse layer's MLP is as wide as the experts a token runs plus the shared expert."""
     h, layers, _, q, kv, inter = decoder_dims(hf_config)
-    return 6 * layers * (h * (q + 2 * kv) + q * h + 3 * h * inter)
+    moe = moe_dims(hf_config)
+    mlp_widths = layers * inter
+    if moe:
+        mlp_widths += moe.sparse_layers * (moe.per_token * moe.intermediate + moe.shared - inter)
+    return 6 * (layers * (h * (q + 2 * kv) + q * h) + 3 * h * mlp_widths)
 
 
 def eta(hidden: int, micro_batch: int, seq_len: int) -> float:
@@ -147,12 +155,13 @@ def predict(f: MemoryFacts, e: Estimate, *, grad_accum: int, cpus_per_worker: fl
             peak_flops: float = 989e12) -> Prediction:
     """Predicted step time, tokens/s and MFU of one worker for an Estimate (its Setting) of a run."""
     s, cfg = e.setting, f.hf_config
-    n = f.stats.num_params
-    fpt = flops_per_token(n, cfg.num_hidden_layers, cfg.hidden_size, f.seq_len)
+    n = f.stats.num_params  # all of them: what the optimizer steps and offload moves
+    active = active_parameters(cfg, n)  # what a token runs: the flops
+    fpt = flops_per_token(active, cfg.num_hidden_layers, cfg.hidden_size, f.seq_len)
     tokens = s.micro_batch * f.seq_len
     ckpt = 1.0
     if s.gradient_checkpointing:
-        ckpt = 1 + RECOMPUTE_COST * recompute_flops_per_token(cfg, n, f.seq_len) / fpt
+        ckpt = 1 + RECOMPUTE_COST * recompute_flops_per_token(cfg, active, f.seq_len) / fpt
     efficiency = eta(cfg.hidden_size, s.micro_batch, f.seq_len) * LIGER_FACTOR.get(f.liger_kernel, 1.0)
     if f.fused_layers:
         efficiency *= FUSED_LAYERS_FACTOR

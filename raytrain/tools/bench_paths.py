@@ -273,7 +273,7 @@ def synthetic_batches(vocab_size: int, micro_batch: int, seq_len: int, device, n
 
 def _flops_per_token(resolved: ResolvedRun) -> float:
     m = resolved.model
-    return flops_per_token(m.num_parameters, m.num_hidden_layers, m.hidden_size, resolved.config.data.seq_len)
+    return flops_per_token(m.active_parameters, m.num_hidden_layers, m.hidden_size, resolved.config.data.seq_len)
 
 
 def _memory(device) -> dict[str, float | None]:

@@ -109,7 +109,9 @@ def train_loop_per_worker(spec_dict: dict[str, Any]) -> None:
     facts = spec.deepspeed
     if rank.world == 0:
         written = f" (a checkpoint written by {resume.written_by} workers)" if resume and resume.universal else ""
-        emit(f"raytrain: {spec.model.num_parameters:,} parameters, world size {rank.world_size}, "
+        m = spec.model
+        active = f" ({m.active_parameters:,} run per token)" if m.active_parameters != m.num_parameters else ""
+        emit(f"raytrain: {m.num_parameters:,} parameters{active}, world size {rank.world_size}, "
              f"batch {facts.train_batch_size} = {facts.micro_batch_per_gpu} x {facts.gradient_accumulation_steps} x "
              f"{rank.world_size}, seq_len {cfg.data.seq_len}, device {device.type}, starting at step {start_step}"
              f"{written}")
@@ -117,7 +119,7 @@ def train_loop_per_worker(spec_dict: dict[str, Any]) -> None:
              + json.dumps(ds_config, sort_keys=True))
     meter = StepMeter(
         max_steps=cfg.training.max_steps, tokens_per_step=spec.tokens_per_step,
-        flops_per_token=flops_per_token(spec.model.num_parameters, spec.model.num_hidden_layers,
+        flops_per_token=flops_per_token(spec.model.active_parameters, spec.model.num_hidden_layers,
                                         spec.model.hidden_size, cfg.data.seq_len),
         peak_flops_total=cfg.training.peak_tflops_per_gpu * 1e12 * rank.world_size if device.type == "cuda" else None)
     # Rows each shard gives per optimizer step: the same at every world size (raytrain.data.ingest).

@@ -48,6 +48,15 @@ def test_carries_every_derived_fact_by_name(spec):
     assert spec.data.has_eval and spec.run_uri == "/tmp/runs/r"
 
 
+def test_a_record_from_before_active_parameters_loads_with_every_parameter_active(spec):
+    # a checkpoint's raytrain.json written before ModelFacts.num_active_parameters: MFU counts them all (dense)
+    assert spec.model.num_active_parameters == spec.model.num_parameters  # a dense Llama runs every parameter
+    old = spec.to_dict()
+    del old["model"]["num_active_parameters"]
+    model = RunSpec.from_dict(old).model
+    assert model.num_active_parameters is None and model.active_parameters == spec.model.num_parameters
+
+
 def test_is_frozen(spec):
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.run_name = "other"
