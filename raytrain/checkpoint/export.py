@@ -6,7 +6,9 @@ fp32 copy of the weights, not one per rank. OUT_DIR gets safetensors weights (sh
 config.json, the tokenizer and the generation config: `AutoModelForCausalLM.from_pretrained(OUT_DIR)`
 loads it. The weights are the files DeepSpeed's `convert_zero_checkpoint_to_fp32_state_dict`
 writes, byte for byte, except that a tied tensor is written once, as save_pretrained writes it
-(safetensors refuses two names for one tensor; from_pretrained ties them again). raytrain runs
+(safetensors refuses two names for one tensor; from_pretrained ties them again), and that a model
+transformers 5 keeps in another layout than its checkpoints (a mixture of experts) is written back in
+the checkpoints' layout, as save_pretrained writes it (`saved_layout`). raytrain runs
 its steps itself because the library call has no progress hook (it prints tqdm bars, escape codes
 in `ray job logs`), and a 70B export takes minutes: raytrain prints bytes, rate and ETA every few
 seconds instead.
@@ -40,13 +42,14 @@ import stat
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 from raytrain.checkpoint.layout import METADATA, MODEL_DIR, check_is_checkpoint, filesystem
 from raytrain.checkpoint.model_files import local_model_files
 from raytrain.config import ConfigError
 from raytrain.config_files import first_line
 from raytrain.console import Meter, say
-from raytrain.model import causal_lm_class_name, config_from_facts, load_tokenizer
+from raytrain.model import causal_lm_class, causal_lm_class_name, config_from_facts, load_tokenizer
 from raytrain.run_spec import RunSpec
 
 PROGRESS_EVERY_S = 5.0
@@ -96,7 +99,7 @@ def _export(checkpoint_dir: str, out_dir: str, max_shard_size: str, model_dir: s
     tmp = tempfile.mkdtemp(prefix=os.path.basename(out_dir) + ".tmp-", dir=parent)
     try:
         say(f"raytrain.export: [1/3] merging ZeRO-3 shards of {checkpoint_dir}")
-        write_weights(checkpoint_dir, tmp, max_shard_size)
+        write_weights(checkpoint_dir, tmp, max_shard_size, saved_layout(spec))
         say(f"raytrain.export: [2/3] config ({time.perf_counter() - start:.1f}s)")
         write_config(spec, model_dir, tmp)
         say(f"raytrain.export: [3/3] tokenizer and generation config ({time.perf_counter() - start:.1f}s)")
@@ -204,10 +207,44 @@ def write_tokenizer(spec: RunSpec, model_dir: str | None, out_dir: str) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
+def saved_layout(spec: RunSpec) -> Callable[[dict], dict] | None:
+    """What turns the model's tensors into the layout of its checkpoints, as save_pretrained writes them, or None
+    where they are the same. transformers 5 keeps some families' weights otherwise than their checkpoints hold
+    them: a mixture of experts' per-expert matrices as one 3-D tensor per layer, under other names (Mixtral,
+    Qwen2/3-MoE, DeepSeek ...), converted as it loads. save_pretrained converts them back
+    (core_model_loading.revert_weight_conversion), and earlier transformers and other tools read only that
+    layout: transformers 4.57 loaded a Mixtral export in the fused layout with its experts and router randomly
+    initialised, and a warning. The conversion runs a shard at a time (one shard in memory): checked here on
+    the meta device to give, a tensor at a time, what it gives the whole state dict (a split of one tensor into
+    many does); a model whose conversion merges tensors is written in transformers 5's layout, and says so."""
+    if spec.config.model.trust_remote_code:
+        return None  # transformers' conversions are keyed by its own model types
+    import torch
+    from transformers.core_model_loading import revert_weight_conversion
+
+    hf_config = config_from_facts(spec.model, spec.config.model)
+    with torch.device("meta"):
+        model = causal_lm_class(hf_config)(hf_config)
+    meta = dict(model.named_parameters())  # as DeepSpeed's merge names them, each tied tensor once
+    whole = revert_weight_conversion(model, dict(meta))
+    if whole.keys() == meta.keys():
+        return None
+    each = {}
+    for name, tensor in meta.items():
+        each.update(revert_weight_conversion(model, {name: tensor}))
+    if each.keys() != whole.keys() or any(each[k].shape != whole[k].shape for k in whole):
+        say(f"raytrain.export: note: the weights are written as transformers 5 keeps them "
+            f"({type(model).__name__}'s conversion to its checkpoints' layout merges tensors, which this export "
+            f"does not do a shard at a time): transformers 5 loads them; earlier versions and other tools may not")
+        return None
+    return lambda tensors: {k: v.contiguous() for k, v in revert_weight_conversion(model, tensors).items()}
+
+
 def write_weights(checkpoint_dir: str, out_dir: str, max_shard_size: str,
-                  every_s: float = PROGRESS_EVERY_S) -> None:
+                  saved_layout: Callable[[dict], dict] | None = None, every_s: float = PROGRESS_EVERY_S) -> None:
     """fp32 safetensors of a ZeRO-3 checkpoint: DeepSpeed's convert_zero_checkpoint_to_state_dict
-    (deepspeed/utils/zero_to_fp32.py) with safe_serialization, step by step, with a progress line."""
+    (deepspeed/utils/zero_to_fp32.py) with safe_serialization, step by step, with a progress line;
+    `saved_layout` (see `saved_layout`) applied to each shard's tensors."""
     import torch
     # The merge runs on the host: DeepSpeed's CPU accelerator, without its "Setting accelerator to
     # CPU" warning or a CUDA context (where DeepSpeed is imported already, this changes nothing).
@@ -224,13 +261,17 @@ def write_weights(checkpoint_dir: str, out_dir: str, max_shard_size: str,
                                                max_shard_size=max_shard_size)
     meter = Meter(sum(t.nbytes for t in empty.values()), "B", every_s)
     shards = list(split.filename_to_tensors.items())
+    weight_map = {}
     for i, (filename, names) in enumerate(shards, 1):
         tensors = _materialise(lazy, names, meter, f"shard {i} of {len(shards)}")
+        if saved_layout is not None:
+            tensors = saved_layout(tensors)
         save_file(tensors, os.path.join(out_dir, filename), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(tensors, filename))
         del tensors  # before the next shard is read: one shard in memory at a time
     say(f"raytrain.export: [1/3] {meter.line()}, shard {len(shards)} of {len(shards)}")
     if split.is_sharded:
-        index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
+        index = {"metadata": split.metadata, "weight_map": weight_map}
         with open(os.path.join(out_dir, "model.safetensors.index.json"), "w", encoding="utf-8") as f:
             f.write(json.dumps(index, indent=2, sort_keys=True) + "\n")
 

@@ -1,6 +1,6 @@
 """The export's own steps (raytrain.checkpoint.export), and the Hugging Face directory it writes for
-models the end-to-end tests do not train: a tied-embedding model saved in bf16 and a model with its
-own code (trust_remote_code). Each is trained one step by a real ZeRO-3 engine (the worker's
+models the end-to-end tests do not train: a tied-embedding model saved in bf16, a mixture of experts and a
+model with its own code (trust_remote_code). Each is trained one step by a real ZeRO-3 engine (the worker's
 build_engine, gloo, one CPU rank, no Ray), exported after its source directory is deleted, and
 loaded with from_pretrained. A real export of a trained run, byte for byte against DeepSpeed's
 converter, is in tests/integration/test_train_e2e.py."""
@@ -113,6 +113,26 @@ def test_a_tied_bf16_model_exports_as_save_pretrained_writes_it(tmp_path):
     umask = os.umask(0o022)
     os.umask(umask)
     assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask
+
+
+def test_a_mixture_of_experts_exports_in_the_layout_save_pretrained_writes(tmp_path):
+    """transformers 5 keeps Mixtral's experts as one 3-D tensor per layer (mlp.experts.gate_up_proj); its
+    checkpoints, which transformers 4 and other tools read, hold a matrix per expert (block_sparse_moe.experts.N.w1):
+    transformers 4.57 loaded the fused names with the experts and the router randomly initialised."""
+    from transformers import AutoConfig
+
+    source = tmp_path / "mixtral"
+    config = AutoConfig.for_model("mixtral", **TINY, num_local_experts=4, num_experts_per_tok=2)
+    reference = AutoModelForCausalLM.from_config(config)
+    reference.save_pretrained(source)
+    byte_tokenizer().save_pretrained(source)
+    with safe_open(source / "model.safetensors", "pt") as f:
+        saved = set(f.keys())
+    assert "model.layers.0.block_sparse_moe.experts.3.w1.weight" in saved  # the checkpoints' layout
+    model, trained, out = _exported(tmp_path, source, [f"model.name_or_path={source}", "model.pretrained=true"])
+    with safe_open(out / "model.safetensors", "pt") as f:
+        assert set(f.keys()) == saved
+    _assert_is_the_trained_model(model, trained)  # transformers 5 loads it fused again, every weight as trained
 
 
 def test_a_model_with_its_own_code_exports_with_that_code(tmp_path):
