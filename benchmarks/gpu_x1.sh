@@ -283,7 +283,7 @@ moe)  # a user's own mixture-of-experts model: Mixtral-shaped (8 experts, top-2,
 AutoConfig.for_model("mixtral", num_local_experts=8, num_experts_per_tok=2).save_pretrained("/tmp/moe_model")
 byte_tokenizer().save_pretrained("/tmp/moe_model")'
   MOE=(--paths deepspeed "${Z[@]}" --liger none --hidden-size 2048 --num-layers 16 --num-heads 16 --num-kv-heads 8
-       --intermediate-size 5632 --set model.name_or_path=/tmp/moe_model --steps 3 --warmup-steps 2 --window 3 --no-profile)
+       --intermediate-size 5632 --set model.name_or_path=/tmp/moe_model --steps 4 --warmup-steps 2 --window 2 --no-profile)
   variant moe-mb4 220 "${MOE[@]}" --micro-batch 4 --grad-accum 1
   variant moe-auto 280 "${MOE[@]}" "${AUTO[@]}" --grad-accum 4
   ;;
