@@ -286,6 +286,9 @@ byte_tokenizer().save_pretrained("/tmp/moe_model")'
        --intermediate-size 5632 --set model.name_or_path=/tmp/moe_model --steps 4 --warmup-steps 2 --window 2 --no-profile)
   variant moe-mb4 220 "${MOE[@]}" --micro-batch 4 --grad-accum 1
   variant moe-auto 280 "${MOE[@]}" "${AUTO[@]}" --grad-accum 4
+  # the planner's runner-up at that pick (2026-12-05): checkpointing at micro-batch 45 (ONLY=runnerup: just it)
+  variant moe-runnerup 200 "${MOE[@]}" --micro-batch 45 --grad-accum 4 --set model.gradient_checkpointing=true \
+    --set scaling.cpus_per_worker=14
   ;;
 convert1b)  # DeepSpeed's universal conversion (what an elastic resize runs) of a real 1.1B checkpoint on the GPU host
   timeout $(( END - $(date +%s) - 200 )) python -m raytrain.main --config configs/llama-1b-1gpu.yaml training.max_steps=4 \
