@@ -97,7 +97,14 @@ def evaluate(engine, eval_iterable: Iterable[dict[str, Any]], device, max_batche
                     break
                 input_ids = batch["input_ids"]
                 extra = {"position_ids": batch["position_ids"]} if "position_ids" in batch else {}
-                loss = engine(input_ids=input_ids, labels=input_ids, **extra).loss
+                out = engine(input_ids=input_ids, labels=input_ids, **extra)
+                loss = out.loss
+                if getattr(out, "aux_loss", None) is not None:
+                    # A mixture of experts with config.output_router_logits adds its router's load-balancing
+                    # loss (x router_aux_loss_coef) to .loss: trained on, but no part of the next-token loss
+                    # that eval_loss and its perplexity report.
+                    model = getattr(engine, "module", engine)  # a DeepSpeed engine's model, or the model
+                    loss = loss - model.config.router_aux_loss_coef * out.aux_loss
                 # The model averages over the predicted tokens: all but the first of each row.
                 predicted = input_ids.shape[0] * (input_ids.shape[1] - 1)
                 totals[0] += loss.detach().double() * predicted

@@ -96,3 +96,36 @@ def test_the_check_before_the_first_step_refuses_eval_data_without_a_row(tmp_pat
             Evaluator(model, lambda: iter([]), torch.device("cpu"), 0, 2).check()
     finally:
         dist.destroy_process_group()
+
+
+def _moe_rank_main(rank, world, out_dir):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    init_gloo(rank, world, f"{out_dir}/rendezvous")
+    try:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(
+            "mixtral", hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=64, num_local_experts=4, num_experts_per_tok=2,
+            output_router_logits=True, router_aux_loss_coef=0.5))
+        out = evaluate(model, iter(batches(0, 2)), torch.device("cpu"), max_batches=5)
+        with torch.no_grad():
+            results = [model(input_ids=b["input_ids"], labels=b["input_ids"]) for b in batches(0, 2)]
+        # the next-token loss alone: cross-entropy of the logits, as transformers computes it without the router's
+        ce = [torch.nn.functional.cross_entropy(r.logits[:, :-1].reshape(-1, 64).float(),
+                                                b["input_ids"][:, 1:].reshape(-1)).item()
+              for r, b in zip(results, batches(0, 2))]
+        with open(f"{out_dir}/moe.json", "w") as f:
+            json.dump({"eval_loss": out["eval_loss"], "ce": sum(ce) / len(ce),
+                       "with_aux": sum(r.loss.item() for r in results) / len(results)}, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_mixture_of_experts_eval_loss_is_the_next_token_loss_without_the_router_loss(tmp_path):
+    """With output_router_logits, transformers adds router_aux_loss_coef x the load-balancing loss to .loss:
+    trained on, but eval_loss and eval_ppl report the next-token loss."""
+    mp.start_processes(_moe_rank_main, args=(1, str(tmp_path)), nprocs=1, join=True, start_method="spawn")
+    r = json.loads((tmp_path / "moe.json").read_text())
+    assert r["with_aux"] > r["ce"] + 0.1  # the aux term is there to leave out
+    assert r["eval_loss"] == pytest.approx(r["ce"], rel=1e-5)
