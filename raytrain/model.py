@@ -597,6 +597,17 @@ def build_model(cfg: ModelConfig, hf_config, ds_config: dict[str, Any], from_che
     # (kernels.py: full logits), so above the memory the planner counted on.
     model.train()
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     model.config.use_cache = False  # no KV cache in training: it only costs memory
     return model
+
+
+def enable_checkpointing(model) -> None:
+    """Activation checkpointing, non-reentrant. transformers 5.25 renamed gradient_checkpointing_enable to
+    activation_checkpointing_enable (the old name prints a two-line FutureWarning on every rank); 5.17, the GPU
+    image's, has only the old one."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -26,7 +26,7 @@ from raytrain import compat, hardware
 from raytrain.config import RunConfig, load_config
 from raytrain.data.sources import inspect_sources
 from raytrain.deepspeed_config import DeepSpeedFacts
-from raytrain.model import config_from_facts
+from raytrain.model import config_from_facts, enable_checkpointing
 from raytrain.planning.estimate import estimate
 from raytrain.planning.memory import GIB, estimate_memory, fits
 from raytrain.planning.resolve import resolve_run
@@ -145,7 +145,7 @@ def run_torch(args: argparse.Namespace, resolved: ResolvedRun) -> dict[str, Any]
     model = AutoModelForCausalLM.from_config(config_from_facts(resolved.model, cfg.model), dtype=torch.float32,
                                              attn_implementation=cfg.model.attn_implementation).to(device)
     if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     model.config.use_cache = False
     model.train()
     if cfg.model.compile:

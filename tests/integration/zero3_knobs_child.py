@@ -163,7 +163,7 @@ def observe_checkpointing(engine, cfg, work_dir):
     engine.backward(engine(input_ids=input_ids, labels=input_ids).loss)
     del mlp.forward
     engine.optimizer.zero_grad()  # drop this probe's gradients: no optimizer step follows
-    return {"is_gradient_checkpointing": engine.module.is_gradient_checkpointing, "training": engine.module.training,
+    return {"is_gradient_checkpointing": engine.module.is_activation_checkpointing, "training": engine.module.training,
             "mlp_calls_per_micro_step": len(calls)}
 
 

@@ -194,10 +194,16 @@ def test_a_pretrained_model_is_built_in_training_mode(tmp_path):
 
     LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                                  num_key_value_heads=1, vocab_size=300)).save_pretrained(tmp_path)
+    import warnings
+
     cfg = ModelConfig(name_or_path=str(tmp_path), pretrained=True, gradient_checkpointing=True)
-    model = build_model(cfg, LlamaConfig.from_pretrained(tmp_path), {"zero_optimization": {"stage": 0}})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = build_model(cfg, LlamaConfig.from_pretrained(tmp_path), {"zero_optimization": {"stage": 0}})
     assert model.training and all(m.training for m in model.modules())
-    assert model.is_gradient_checkpointing
+    assert model.is_activation_checkpointing
+    # transformers 5.25's deprecated name printed two lines per rank in every checkpointed run
+    assert not [w for w in caught if "checkpointing" in str(w.message)], [str(w.message) for w in caught]
 
 
 def _resolve(tmp_path, config, shape=None, **model):

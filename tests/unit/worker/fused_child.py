@@ -57,7 +57,7 @@ def rank_main(rank: int, world: int, port: int, out_path: str, overrides: list[s
             out[name] = {"losses": losses, "params": [n for n, _ in engine.module.named_parameters()],
                          "layer_class": type(layer).__name__, "attention_class": type(layer.self_attn).__name__,
                          "o_proj_class": type(layer.self_attn.o_proj).__name__,
-                         "checkpointing": bool(getattr(engine.module, "is_gradient_checkpointing", False)),
+                         "checkpointing": bool(getattr(engine.module, "is_activation_checkpointing", False)),
                          "partition_numel": int(layer.mlp.gate_proj.weight.ds_tensor.numel()),
                          "full_numel": int(layer.mlp.gate_proj.weight.ds_numel)}
             engine.destroy()
