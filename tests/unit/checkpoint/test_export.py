@@ -133,6 +133,11 @@ def test_a_mixture_of_experts_exports_in_the_layout_save_pretrained_writes(tmp_p
     with safe_open(out / "model.safetensors", "pt") as f:
         assert set(f.keys()) == saved
     _assert_is_the_trained_model(model, trained)  # transformers 5 loads it fused again, every weight as trained
+    # sharded: each shard's tensors converted, and the index names the converted tensors
+    export(str(tmp_path / "run" / "checkpoint_step_00000001"), str(tmp_path / "sharded"), max_shard_size="8KB")
+    index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == saved and len(set(index["weight_map"].values())) > 2
+    _assert_is_the_trained_model(AutoModelForCausalLM.from_pretrained(tmp_path / "sharded"), trained)
 
 
 def test_a_model_with_its_own_code_exports_with_that_code(tmp_path):
