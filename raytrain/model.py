@@ -344,7 +344,8 @@ def _cached_tokenizer(spec: str | None, trust_remote_code: bool, key: str = "mod
         # transformers 5 builds a Qwen2/GPT-2/GPT-NeoX/Gemma tokenizer from a directory that holds only the
         # model's config.json: no error, every text encodes to nothing (or <unk>), and the run would train on
         # EOS tokens alone
-        raise ConfigError(f"{key}={spec!r}: its tokenizer has no vocabulary ({len(tok)} token{'' if len(tok) == 1 else 's'}, all special: "
+        tokens = f"{len(tok)} token{'' if len(tok) == 1 else 's'}"
+        raise ConfigError(f"{key}={spec!r}: its tokenizer has no vocabulary ({tokens}, all special: "
                           f"{', '.join(sorted(special))}): no tokenizer files (tokenizer.json, tokenizer.model, or "
                           f"vocab.json and merges.txt) where it was loaded from; "
                           + ("give a directory or hub id that holds them" if key == "model.tokenizer"

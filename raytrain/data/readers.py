@@ -216,7 +216,8 @@ def _json_records(f, head: bytes, path: str, invalid_utf8: str, bad: BadRecords,
                   counts: collections.Counter) -> Iterator[tuple[str, Any]]:
     """(where, record) of a JSON-lines file, or of a file holding one JSON array (`head`: what was
     read of it already); bad lines are handed to `bad` and left out."""
-    if head.removeprefix(BOM).lstrip(_JSON_SPACE.encode()).startswith(b"["):  # one JSON array: parsed a record at a time
+    # one JSON array: parsed a record at a time as it is read
+    if head.removeprefix(BOM).lstrip(_JSON_SPACE.encode()).startswith(b"["):
         try:
             yield from _array_records(_decoded(f, head, path, invalid_utf8, counts), path)
         except BadRecord as record:  # the rest of the array cannot be parsed: nothing more is read

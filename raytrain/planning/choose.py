@@ -413,7 +413,8 @@ def _nothing_fits(fs: tuple[MemoryFacts, ...], *, cfg, autos, base, grad_accum, 
     if len(fs) > 1:
         closest = f"at {at} workers (scaling.num_workers=[{fs[0].world_size}, {f.world_size}]) {closest}"
     if f.use_gpu:
-        gpu_usable, host_usable = (gpu_mem or 0) * (1 - GPU_RESERVE_FRACTION), (host_mem or 0) * (1 - HOST_RESERVE_FRACTION)
+        gpu_usable = (gpu_mem or 0) * (1 - GPU_RESERVE_FRACTION)
+        host_usable = (host_mem or 0) * (1 - HOST_RESERVE_FRACTION)
         need = (f"{closest}{gib(smallest.worker_bytes)} per GPU and {gib(smallest.host_bytes_per_node)} host RAM per "
                 f"node ({gib(gpu_usable)} and {gib(host_usable)} usable)")
         # What more GPUs change: ZeRO-3 divides the model states (on the GPU, and on each node's host); the
@@ -424,7 +425,8 @@ def _nothing_fits(fs: tuple[MemoryFacts, ...], *, cfg, autos, base, grad_accum, 
                     f"alone ({gib(dict(smallest.breakdown)['activations'])} of activations at micro-batch "
                     f"{smallest.setting.micro_batch} x data.seq_len {f.seq_len}); lower data.seq_len")
         elif gpu_mem and smallest.worker_bytes > gpu_usable:
-            hint = "add GPUs with scaling.num_workers (ZeRO-3 divides the model states among them), or lower data.seq_len"
+            hint = ("add GPUs with scaling.num_workers (ZeRO-3 divides the model states among them), or lower "
+                    "data.seq_len")
         elif smallest.offload != "none":  # the host RAM: each node holds its workers' share of the offloaded states
             hint = ("add nodes with scaling.num_workers (each node's RAM holds its workers' share of the offloaded "
                     "states), or use nodes with more RAM")
