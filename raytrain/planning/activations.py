@@ -60,9 +60,9 @@ def moe_dims(hf_config) -> MoeDims | None:
     dense_inter = get("intermediate_size", 4 * hf_config.hidden_size)
     inter = get("moe_intermediate_size", dense_inter)
     shared = get("shared_expert_intermediate_size", get("n_shared_experts", 0) * inter)
-    step, dense_only = get("decoder_sparse_step", 1), set(get("mlp_only_layers", ()))
-    sparse = sum(1 for i in range(hf_config.num_hidden_layers)
-                 if i not in dense_only and i >= get("first_k_dense_replace", 0) and (i + 1) % step == 0)
+    step, first = get("decoder_sparse_step", 1), get("first_k_dense_replace", 0)
+    dense_only = set(get("mlp_only_layers", ()))
+    sparse = sum(1 for i in range(first, hf_config.num_hidden_layers) if i not in dense_only and (i + 1) % step == 0)
     return MoeDims(experts, get("num_experts_per_tok", 1), inter, shared,
                    get("shared_expert_intermediate_size") is not None, sparse)
 
