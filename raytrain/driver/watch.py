@@ -89,7 +89,7 @@ class RunWatch(ray.train.UserCallback):
 
 
 LATE_OUTPUT_S = 10.0
-"""How long the driver keeps its workers' output unprinted after a run that a bad record stopped has ended.
+"""How long the driver keeps its workers' output unprinted after a run that a bad record or Ctrl-C stopped has ended.
 Ray kills the run's Ray Data tasks as it ends, and a task killed inside a finalizer printed `Exception ignored
 in ... KeyboardInterrupt` with a traceback that reached the driver after fit() had returned, so after the
 user's one-line error (session 43's suite: printing had been put back as fit() returned). A command line has
@@ -133,6 +133,11 @@ def run_trainer(trainer, progress: DataProgress, run_uri: str, max_steps: int, c
                     # user's one line is the error. One actor call per 0.5 s until then.
                     printing_back = compat.stop_printing_worker_logs()
         except KeyboardInterrupt:
+            # Ctrl-C in a terminal signals every process of the foreground group, Ray's workers too: what they
+            # print as they die is consequence, not news (a Ray Data task's worker aborted on a corrupt absl
+            # mutex, 15 lines of stack dump before raytrain's one line, in one .ci/run under load).
+            if printing_back is None:
+                printing_back = compat.stop_printing_worker_logs()
             # Once aborted, fit() returns within seconds; without a controller yet, this process's end
             # takes the run with it (its actors are this driver's).
             thread.join(timeout=120 if _abort(progress) else 0)
