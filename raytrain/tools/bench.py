@@ -66,12 +66,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--paths", default="raytrain,deepspeed,torch",
                    help=f"comma-separated, run in this order: {', '.join(PATHS)}")
     shape = p.add_argument_group("model shape (Llama; defaults: the 1.1B of issue 8)")
-    shape.add_argument("--hidden-size", type=int, default=2048)
-    shape.add_argument("--num-layers", type=int, default=22)
-    shape.add_argument("--num-heads", type=int, default=32)
-    shape.add_argument("--num-kv-heads", type=int, default=4)
-    shape.add_argument("--intermediate-size", type=int, default=5632)
-    shape.add_argument("--vocab-size", type=int, default=32000)
+    # default None: a flag left out takes LLAMA_1B's value, or, with --model-dir, the directory's config.json
+    shape.add_argument("--hidden-size", type=int)
+    shape.add_argument("--num-layers", type=int)
+    shape.add_argument("--num-heads", type=int)
+    shape.add_argument("--num-kv-heads", type=int)
+    shape.add_argument("--intermediate-size", type=int)
+    shape.add_argument("--vocab-size", type=int)
+    shape.add_argument("--model-dir", default=None, metavar="DIR",
+                       help="a model directory (config.json and a tokenizer) of any family, built from its config "
+                            "(model.name_or_path=DIR); only the shape flags given override its config, as "
+                            "model.config.KEY (the family's own names or the ones its config maps)")
     run = p.add_argument_group("batch and steps")
     run.add_argument("--seq-len", type=int, default=2048)
     run.add_argument("--micro-batch", type=_int_or_auto, default=8,
@@ -131,6 +136,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # The run config every path shares.
 
 
+# The bench's flag -> the model config's key, and the built-in shape: the 1.1B of issue 8 (configs/llama-1b-1gpu.yaml)
+SHAPE_FLAGS = {"hidden_size": "hidden_size", "num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+               "num_kv_heads": "num_key_value_heads", "intermediate_size": "intermediate_size",
+               "vocab_size": "vocab_size"}
+LLAMA_1B = {"hidden_size": 2048, "num_hidden_layers": 22, "num_attention_heads": 32, "num_key_value_heads": 4,
+            "intermediate_size": 5632, "vocab_size": 32000}
+
+
+def model_overrides(args: argparse.Namespace) -> dict[str, int]:
+    """The model.config keys this benchmark sets: the shape flags given, over LLAMA_1B unless --model-dir."""
+    given = {key: getattr(args, flag) for flag, key in SHAPE_FLAGS.items() if getattr(args, flag) is not None}
+    if args.model_dir:  # another family's config may not know Llama's keys (GPT-2 has no num_key_value_heads)
+        return given
+    return {**LLAMA_1B, **given, "max_position_embeddings": args.seq_len}
+
+
 def overrides_for(args: argparse.Namespace, use_gpu: bool) -> list[str]:
     """raytrain KEY=VALUE overrides for this benchmark (the user's --set come last and win)."""
     max_steps = args.warmup_steps + args.steps
@@ -139,10 +160,7 @@ def overrides_for(args: argparse.Namespace, use_gpu: bool) -> list[str]:
     # The built-in documents average ~330 byte tokens; 2x margin keeps the run inside one epoch
     # (a second epoch re-runs the whole Ray Data pipeline and shows up as data wait).
     num_documents = max(4000, math.ceil(2 * tokens_needed / 330))
-    model = {"hidden_size": args.hidden_size, "num_hidden_layers": args.num_layers,
-             "num_attention_heads": args.num_heads, "num_key_value_heads": args.num_kv_heads,
-             "intermediate_size": args.intermediate_size, "vocab_size": args.vocab_size,
-             "max_position_embeddings": args.seq_len}
+    model = model_overrides(args)
     # The whole DeepSpeed mapping, written out: a dotted `deepspeed.x=y` override alone would start
     # an empty mapping instead of editing raytrain's default one. --set deepspeed.* then edits it.
     ds = copy.deepcopy(DEFAULT_DEEPSPEED)
@@ -160,6 +178,8 @@ def overrides_for(args: argparse.Namespace, use_gpu: bool) -> list[str]:
         f"model.liger_kernel={args.liger}", f"deepspeed={json.dumps(ds)}"]
     if args.gpu_memory_fraction is not None:
         items.append(f"scaling.gpu_memory_fraction={args.gpu_memory_fraction}")
+    if args.model_dir:
+        items.append(f"model.name_or_path={args.model_dir}")
     return items + list(args.overrides)
 
 
@@ -195,7 +215,7 @@ def versions() -> dict[str, Any]:
 
 
 def default_label(args: argparse.Namespace) -> str:
-    parts = [f"mb{args.micro_batch}"]
+    parts = [f"mb{args.micro_batch}"] + ([os.path.basename(os.path.normpath(args.model_dir))] if args.model_dir else [])
     if args.grad_accum != 1:
         parts.append(f"gas{args.grad_accum}")
     if args.offload:
@@ -353,7 +373,9 @@ def main(argv: list[str] | None = None) -> int:
                                               "intermediate_size", "vocab_size", "seq_len", "micro_batch",
                                               "grad_accum", "num_gpus", "offload", "liger", "overrides",
                                               "steps", "warmup_steps", "window", "peak_tflops",
-                                              "gpu_memory_fraction", "float8", "deepspeed_overflow_scan")}
+                                              "gpu_memory_fraction", "float8", "deepspeed_overflow_scan",
+                                              "model_dir")}
+    settings["model_config"] = model_overrides(args)
     info = versions()
     records = []
     stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -111,6 +111,27 @@ def test_offload_and_overrides_reach_the_resolved_deepspeed_dict():
     assert resolved.config.data.seq_len == 2048
 
 
+def test_a_model_directory_of_another_family_keeps_its_own_config(tmp_path):
+    """--model-dir: only the shape flags given reach model.config (GPT-2 has no num_key_value_heads, which the
+    Llama defaults would set and raytrain would refuse); without it the Llama 1.1B's shape is filled in."""
+    from transformers import AutoConfig
+
+    from raytrain.model import byte_tokenizer
+
+    AutoConfig.for_model("gpt2", n_positions=256, resid_pdrop=0.1).save_pretrained(tmp_path)
+    byte_tokenizer().save_pretrained(tmp_path)
+    args = bench.parse_args(["--model-dir", str(tmp_path), "--hidden-size", "128", "--num-layers", "2",
+                             "--num-heads", "4", "--seq-len", "128"])
+    assert bench.model_overrides(args) == {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
+    resolved = bench_paths.resolve(bench.overrides_for(args, use_gpu=False), args.num_gpus, use_gpu=False)
+    facts = resolved.model
+    assert (facts.model_type, facts.hidden_size, facts.num_hidden_layers) == ("gpt2", 128, 2)
+    assert facts.hf_config["resid_pdrop"] == 0.1  # the directory's own value, not a Llama default
+    assert bench.default_label(args) == f"mb8 {tmp_path.name}"
+    llama = bench.model_overrides(bench.parse_args(["--num-layers", "4"]))
+    assert llama == {**bench.LLAMA_1B, "num_hidden_layers": 4, "max_position_embeddings": 2048}
+
+
 def test_markdown_table_marks_failures():
     rows = bench.markdown_table([{"label": "x", "path": "torch", "status": "oom", "error": "CUDA out of memory",
                                   "settings": {"micro_batch": 32, "grad_accum": 1}}])
