@@ -412,6 +412,13 @@ class ParamStats:
     param group of their own (raytrain.worker.engine.build_optimizer)."""
 
 
+def flops_per_token(num_params: int, num_layers: int, hidden: int, seq_len: int) -> float:
+    """Training FLOPs per token (PaLM appendix B): 6N for the matmuls, 12 L H S for attention. N: the parameters
+    a token runs (ModelFacts.active_parameters: a mixture of experts' idle experts do no matmuls). The one
+    definition: the planner's tokens/s (raytrain.planning.throughput) and the workers' MFU both read it."""
+    return 6 * num_params + 12 * num_layers * hidden * seq_len
+
+
 def param_stats(hf_config, trust_remote_code: bool = False) -> ParamStats:
     """Parameter sizes from the config alone: the model is built on the meta device (no memory is
     allocated; shared parameters such as tied embeddings count once). Cached per config."""

@@ -2,7 +2,7 @@
 
     t_step = GA * t_micro(mb) + T_STEP_FIXED + t_optimizer
     t_micro = (t_gpu^P + t_host^P)^(1/P)          the larger of the two, blended where they are close
-    t_gpu = F * mb * S * c_ckpt / (peak * eta(x) * k_liger * k_fused)     F = 6N + 12 L H S (flops per token)
+    t_gpu = F * mb * S * c_ckpt / (peak * eta(x) * k_liger * k_fused)     F = 6N + 12 L H S (model.flops_per_token)
       N: the parameters a token runs (raytrain.planning.activations.active_parameters: a mixture of experts'
          routed experts count num_experts_per_tok times, not num_experts)
       x (1 - g + g / FP8_GEMM_SPEEDUP) with model.fp8, g the projections' share of the flops
@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from raytrain.model import flops_per_token
 from raytrain.planning.activations import active_parameters, decoder_dims, moe_dims
 from raytrain.planning.estimate import Estimate, MemoryFacts
 
@@ -94,11 +95,6 @@ CPU_ADAM_THREAD_EXPONENT = 0.529
 # (issue 14 research, cpu_microbench.py): x 0.6 assumed. NOT YET MEASURED ON THE H200
 # (benchmarks/gpu_x1.sh part plan13b measures it).
 CPU_ADAM_BF16_FACTOR = 0.6
-
-
-def flops_per_token(num_params: int, num_layers: int, hidden: int, seq_len: int) -> float:
-    """Training FLOPs per token (PaLM appendix B), as raytrain.worker.metrics.flops_per_token."""
-    return 6 * num_params + 12 * num_layers * hidden * seq_len
 
 
 def recompute_flops_per_token(hf_config, num_params: int, seq_len: int) -> float:

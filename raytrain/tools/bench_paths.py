@@ -26,7 +26,7 @@ from raytrain import compat, hardware
 from raytrain.config import RunConfig, load_config
 from raytrain.data.sources import inspect_sources
 from raytrain.deepspeed_config import DeepSpeedFacts
-from raytrain.model import config_from_facts, enable_checkpointing
+from raytrain.model import config_from_facts, enable_checkpointing, flops_per_token
 from raytrain.planning.estimate import estimate
 from raytrain.planning.memory import GIB, estimate_memory, fits
 from raytrain.planning.resolve import resolve_run
@@ -35,7 +35,7 @@ from raytrain.planning.throughput import predict
 from raytrain.run_spec import ClusterShape, ResolvedRun
 from raytrain.worker.engine import build_engine, build_optimizer, train_step
 from raytrain.worker.kernels import apply_liger
-from raytrain.worker.metrics import StepMeter, TrainMetrics, flops_per_token
+from raytrain.worker.metrics import StepMeter, TrainMetrics
 
 
 def this_target(num_gpus: int, use_gpu: bool) -> hardware.Target:

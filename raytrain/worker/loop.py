@@ -29,10 +29,11 @@ from raytrain.checkpoint.shards import Checkpointer, Rank, ResumePoint, restore,
 from raytrain.console import emit, format_progress
 from raytrain.data.ingest import MicroBatches
 from raytrain.data.progress import reached
+from raytrain.model import flops_per_token
 from raytrain.run_spec import RunSpec
 from raytrain.worker.engine import after_checkpoint_load, build_engine, import_deepspeed, train_step
 from raytrain.worker.evaluation import Evaluator, eval_batches
-from raytrain.worker.metrics import StepMeter, TrainMetrics, flops_per_token
+from raytrain.worker.metrics import StepMeter, TrainMetrics
 from raytrain.worker.samples import SampleLog
 from raytrain.worker.tracking import Tracker
 

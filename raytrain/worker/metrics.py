@@ -19,12 +19,6 @@ import torch
 from raytrain.console import emit
 
 
-def flops_per_token(num_params: int, num_layers: int, hidden: int, seq_len: int) -> float:
-    """Training FLOPs per token (PaLM appendix B): 6N for the matmuls, 12 L H S for attention. N: the parameters
-    a token runs (ModelFacts.active_parameters: a mixture of experts' idle experts do no matmuls)."""
-    return 6 * num_params + 12 * num_layers * hidden * seq_len
-
-
 @dataclass
 class StepMeter:
     max_steps: int

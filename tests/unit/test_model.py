@@ -6,13 +6,16 @@ a config takes from the tokenizer it trains with."""
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from transformers import (BambaConfig, BertConfig, BertGenerationConfig, BloomConfig, FalconH1Config, Gemma2Config,
                           GPTNeoXConfig, LlamaConfig, LlamaForCausalLM, NemotronHConfig, T5Config)
 
+import raytrain
 from raytrain.config import ConfigError, ModelConfig, RunConfig
-from raytrain.model import byte_tokenizer, config_from_facts, load_model_config, load_tokenizer, model_source
+from raytrain.model import (byte_tokenizer, config_from_facts, flops_per_token, load_model_config, load_tokenizer,
+                            model_source)
 from raytrain.planning.resolve import advice, resolve_run, shape_from_config
 from raytrain.run_spec import ClusterShape
 
@@ -306,3 +309,14 @@ def test_overrides_are_checked_by_the_config_class_and_the_model_as_a_worker_bui
     scaling = {"rope_type": "linear", "factor": 2.0}
     assert load(rope_scaling=scaling).rope_parameters == {"rope_type": "linear", "factor": 2.0, "rope_theta": 500000.0}
     assert scaling == {"rope_type": "linear", "factor": 2.0}
+
+
+def test_the_planner_and_the_workers_count_a_tokens_flops_with_one_function():
+    """The planner's tokens/s (raytrain.planning.throughput) and the workers' MFU (raytrain.worker.loop) both read
+    raytrain.model.flops_per_token: a second copy could drift, and MFU would no longer be what the planner ranked."""
+    # The 1.10B row (benchmarks/results/2026-12-01-h200): 6 x 1,100,048,384 + 12 x 22 x 2048 x 2048.
+    assert flops_per_token(1_100_048_384, 22, 2048, 2048) == 7_707_586_560
+    package = Path(raytrain.__file__).parent
+    defined = sorted(p.relative_to(package).as_posix() for p in package.rglob("*.py")
+                     if "def flops_per_token(" in p.read_text())
+    assert defined == ["model.py"]

@@ -129,9 +129,3 @@ def test_every_fitted_row_is_named_by_a_constant():
     named = {word.strip(",.():;") for word in source.split()}
     rows = {w for w in named if w.startswith(("1b-", "7b-", "8.1b-", "13b-"))}
     assert rows <= set(calibration.BY_ID), rows - set(calibration.BY_ID)  # no constant names a row that is gone
-
-
-def test_flops_per_token_is_the_workers():
-    from raytrain.worker.metrics import flops_per_token
-
-    assert throughput.flops_per_token(1_100_048_384, 22, 2048, 2048) == flops_per_token(1_100_048_384, 22, 2048, 2048)
