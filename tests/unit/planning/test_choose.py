@@ -334,3 +334,20 @@ def test_when_nothing_fits_the_hint_names_what_would_help():
                      gpu_gib=24, cluster=eight)
     assert "; more GPUs would not help: what ZeRO-3 does not divide among them needs " in logits
     assert logits.endswith("of activations at micro-batch 1 x data.seq_len 8192); lower data.seq_len")
+
+
+def test_offloaded_states_over_the_host_while_the_gpu_fits_are_told_to_add_nodes_and_more_nodes_fit():
+    """Offload written (full, ratio 1) and only the micro-batch auto: the GPU holds 1.1B's parameters with room to
+    spare, but one node's RAM cannot hold the optimizer states. ZeRO-3 divides them among the nodes' hosts."""
+    full = ['deepspeed.zero_optimization.offload_optimizer={"device": "cpu", "pin_memory": true}',
+            "training.gradient_accumulation_steps=1"]
+    auto = ["training.micro_batch_size_per_gpu=auto", "scaling.cpus_per_worker=14"]
+    with pytest.raises(ConfigError) as e:
+        resolve(*full, auto=auto, host_gib=12)
+    msg = str(e.value)
+    assert "full optimizer offload, no checkpointing, needs 7.5 GiB per GPU and 24.8 GiB host RAM per node" in msg
+    assert msg.endswith("; add nodes with scaling.num_workers (each node's RAM holds its workers' share of the "
+                        "offloaded states), or use nodes with more RAM")
+    # the hint followed: four nodes of one GPU each hold a quarter of the states each
+    r = resolve(*full, auto=auto, host_gib=12, cluster=ClusterShape(num_workers=4, use_gpu=True, gpus_per_node=1))
+    assert chosen(r)["offload"] == {"device": "cpu", "pin_memory": True} and "host 10.1 GiB of 10.8 GiB" in r.plan[0]
