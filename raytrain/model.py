@@ -13,6 +13,8 @@ import functools
 import inspect
 import json
 import os
+import re
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -536,9 +538,9 @@ FLASH_ATTENTION_PACKAGES = {2: "flash-attn", 3: "flash-attn-3", 4: "flash-attn-4
 def flash_attention_missing(version: int) -> str | None:
     """None when flash_attention_`version` can load in this environment: its package is installed, or
     the `kernels` package is, through which transformers fetches a hub build instead (on the GPU
-    nodes, at model build). Else what to install, in words. The driver's environment stands for the
-    workers' (the same image, as for DeepSpeed's own checks); the GPU itself is not looked for here:
-    the driver may run on a node without one."""
+    nodes, at model build). Else what to install, in words. Asked on the driver where its environment
+    stands for the workers' (ClusterShape.driver_on_worker_node: the same node, the same image); the GPU
+    itself is not looked for here."""
     try:
         from transformers.modeling_flash_attention_utils import FLASH_ATTENTION_COMPATIBILITY_MATRIX
         from transformers.utils import is_kernels_available
@@ -575,6 +577,11 @@ def build_model(cfg: ModelConfig, hf_config, ds_config: dict[str, Any], from_che
     # "auto" is transformers' own default (None: SDPA where the class has it, else eager); the driver has
     # already made it concrete in a run's spec (planning.resolve._resolve_attention), a direct call may not.
     attn = None if cfg.attn_implementation == "auto" else cfg.attn_implementation
+    flash = re.fullmatch(r"flash_attention_(\d)", attn or "")
+    missing = flash and flash_attention_missing(int(flash[1]))
+    if missing:  # the driver checks its own environment only where it is this node's (ClusterShape)
+        raise ImportError(f"model.attn_implementation={attn} needs {missing}, which is not installed on node "
+                          f"{socket.gethostname()}: install it on the GPU nodes, or set model.attn_implementation=sdpa")
     # transformers' DeepSpeed integration: while an HfDeepSpeedConfig with stage 3 is alive (a weak
     # global reference reads it), from_pretrained and from_config create the model under zero.Init
     # themselves (dtype from the config's bf16/fp16 section), with what zero.Init alone gets wrong:

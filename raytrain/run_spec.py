@@ -34,6 +34,10 @@ class ClusterShape:
     """Logical CPUs of the live cluster (None when planning without one)."""
     min_workers: int | None = None
     """An elastic run's minimum (scaling.num_workers=[min, max]); None: a fixed number of workers."""
+    driver_on_worker_node: bool = True
+    """Whether the driver runs on a node the workers run on (a local cluster; a GPU node of the cluster it
+    joined): its Python environment then stands for theirs, and a package they need (flash-attn) is checked
+    here. False: a CPU head node, a Ray Client, a dry run for stated sizes; the GPU nodes' image is their own."""
 
     @property
     def elastic(self) -> bool:

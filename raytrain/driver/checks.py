@@ -131,6 +131,9 @@ def resolve_before_ray(cfg: RunConfig, sources: Sources) -> ResolvedRun | None:
     target = None if joins else hardware.this_machine()
     shape = shape_from_config(cfg, 0 if joins else _local_gpus())
     local = not joins and not _ray_initialized()  # the local cluster this run starts: its CPUs are known now
+    # whether the workers' nodes include the driver's is known here only for that local cluster; otherwise once
+    # connected (raytrain.driver.cluster.live_shape)
+    shape = dataclasses.replace(shape, driver_on_worker_node=local)
     if local:
         shape = dataclasses.replace(shape, cpus_total=local_cluster_cpus(cfg.cluster, cfg.scaling))
     resolved = resolve_run(cfg, shape, sources, target)
@@ -230,10 +233,16 @@ def dry_run_target(cfg: RunConfig, *, gpu_memory_gib: float | None, host_memory_
             cfg = cfg.with_overrides(["scaling.use_gpu=true"])
         target = hardware.Target(int(gpu_memory_gib * GIB) if gpu_memory_gib else None,
                                  int(host_memory_gib * GIB) if host_memory_gib else None, gpus_per_node)
-        # the node size also sets the shape: hpZ "auto" and the workers per node are resolved from it
-        return cfg, dataclasses.replace(shape_from_config(cfg), gpus_per_node=gpus_per_node), target
+        # the node size also sets the shape: hpZ "auto" and the workers per node are resolved from it; the nodes
+        # are another cluster's, whose packages this machine's do not stand for
+        shape = shape_from_config(cfg)
+        return cfg, dataclasses.replace(shape, gpus_per_node=gpus_per_node, driver_on_worker_node=False), target
     here = hardware.this_machine()
     shape = shape_from_config(cfg, here.gpus_per_node or 0)
+    # this machine stands for the workers' nodes where the same command would start a local cluster here, with
+    # the GPUs a GPU run needs; else the dry run plans for a cluster elsewhere (a laptop, a CPU head node)
+    here_runs_workers = starts_local_cluster(cfg.cluster) and (not shape.use_gpu or bool(here.gpus_per_node))
+    shape = dataclasses.replace(shape, driver_on_worker_node=here_runs_workers)
     if plans_local_cluster(cfg.cluster):  # the real run's local cluster, of these CPUs (Ray Data's share checked)
         shape = dataclasses.replace(shape, cpus_total=local_cluster_cpus(cfg.cluster, cfg.scaling))
     if not shape.use_gpu:

@@ -7,6 +7,7 @@ local cluster sized for the workers plus Ray Data (`start_local_cluster`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import re
@@ -241,8 +242,25 @@ def _level(logger: str, level: int) -> Iterator[None]:
 
 def live_shape(cfg: RunConfig) -> ClusterShape:
     """The run's shape on the connected cluster (GPUs per node: the largest alive GPU node's)."""
-    gpus_per_node = max((int(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n.get("Alive")), default=0)
-    return shape_from_cluster(cfg, ray.cluster_resources(), gpus_per_node or None)
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    gpus_per_node = max((int(n["Resources"].get("GPU", 0)) for n in alive), default=0)
+    shape = shape_from_cluster(cfg, ray.cluster_resources(), gpus_per_node or None)
+    return dataclasses.replace(shape, driver_on_worker_node=runs_workers(alive, _driver_node_id(), shape.use_gpu))
+
+
+def runs_workers(alive: list[dict], node_id: str | None, use_gpu: bool) -> bool:
+    """Whether node `node_id` (None: none of the cluster's) is one the run's workers may run on: alive, with a GPU
+    for a GPU run (a CPU head node is not), with a CPU for a CPU run. `alive`: ray.nodes()' alive entries."""
+    need = "GPU" if use_gpu else "CPU"
+    return any(n["NodeID"] == node_id and n["Resources"].get(need, 0) > 0 for n in alive)
+
+
+def _driver_node_id() -> str | None:
+    """The node this driver runs on; None for a Ray Client session (ray://: the driver runs on a machine of its
+    own, a laptop or a notebook, and the node Ray names is the client server's)."""
+    from ray.util.client import ray as client  # ray 2.60.0: Ray Client's handle, connected only under ray://
+
+    return None if client.is_connected() else ray.get_runtime_context().get_node_id()
 
 
 def check_live_placement(cfg: RunConfig) -> None:

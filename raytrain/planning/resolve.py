@@ -13,6 +13,7 @@ import difflib
 import itertools
 import json
 import math
+import re
 from typing import Any
 
 from raytrain.config import ConfigError, RunConfig
@@ -128,7 +129,10 @@ def resolve_run(cfg: RunConfig, shape: ClusterShape, sources: Sources | None = N
 
 
 def advice(resolved: ResolvedRun) -> list[str]:
-    """Settings that run but cost throughput, each a line naming the key and what to do (not errors)."""
+    """Settings that run but cost throughput, or that only the workers' nodes can check, each a line naming the
+    key and what to do (not errors)."""
+    from raytrain.model import flash_attention_missing  # read at the call: tests replace it
+
     notes = []
     cpus = resolved.config.scaling.cpus_per_worker
     if resolved.deepspeed.offload_optimizer != "none" and cpus < 4:
@@ -149,6 +153,12 @@ def advice(resolved: ResolvedRun) -> list[str]:
                          f"model stops on the config's; use the model's own tokenizer, or set "
                          f"model.config.eos_token_id={eos}")
     shape = resolved.cluster
+    flash = re.fullmatch(r"flash_attention_(\d)", model.attn_implementation)
+    missing = flash and not shape.driver_on_worker_node and flash_attention_missing(int(flash[1]))
+    if missing:  # the GPU nodes may have it: not refused (_check_attention), but a worker without it fails
+        notes.append(f"model.attn_implementation={model.attn_implementation} needs {missing}, which this "
+                     f"driver's node lacks; the workers run on other nodes, not checked from here: it must be "
+                     f"installed on the GPU nodes, or every worker fails as it builds the model")
     if shape.elastic:
         sizes = ", ".join(f"{p.world_size} x {p.deepspeed.gradient_accumulation_steps}" for p in resolved.world_sizes)
         notes.append(f"scaling.num_workers=[{shape.min_workers}, {shape.num_workers}] is elastic (workers x gradient "
@@ -334,8 +344,6 @@ def _check_attention(cfg: RunConfig, hf_config, shape: ClusterShape) -> None:
     from_config/from_pretrained, retried as a worker failure. The facts are transformers' own, as its
     constructor checks them: the class's _supports_* flags, flash attention's packages, flex
     attention's torch (raytrain.model.attention_backends, flash_attention_missing)."""
-    import re
-
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
     from transformers.utils import is_torch_flex_attn_available
 
@@ -367,7 +375,9 @@ def _check_attention(cfg: RunConfig, hf_config, shape: ClusterShape) -> None:
     if flash and not shape.use_gpu:
         raise ConfigError(f"model.attn_implementation={name} runs on GPUs only, and this run's workers have none: "
                           f"set model.attn_implementation={fix}")
-    missing = flash_attention_missing(int(flash[1])) if flash else None
+    # Only where the driver's environment is the workers' (a local cluster, a driver on a GPU node): a CPU head
+    # node's or a laptop's says nothing of the GPU nodes' image (`advice` notes it; a worker without it fails).
+    missing = flash_attention_missing(int(flash[1])) if flash and shape.driver_on_worker_node else None
     if missing:
         raise ConfigError(f"model.attn_implementation={name} needs {missing}, which is not installed here: install "
                           f"it on the cluster's nodes, or set model.attn_implementation={fix}")

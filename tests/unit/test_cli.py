@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from raytrain import hardware
 from raytrain.main import main as train_main
 
 
@@ -38,7 +39,8 @@ def test_dry_run_plans_a_gpu_cluster_without_gpus(tmp_path, run_main):
     plan = json.loads(p.stdout)
     assert plan["config"]["deepspeed"]["train_micro_batch_size_per_gpu"] == 16
     assert plan["cluster"] == {"num_workers": 8, "use_gpu": True, "gpus_per_node": None, "cpus_total": None,
-                               "min_workers": None}
+                               "min_workers": None,  # no GPU here: the run goes to a cluster elsewhere
+                               "driver_on_worker_node": bool(hardware.gpus(use_torch=False))}
     p64 = run_main("--dry-run", "scaling.use_gpu=true", "scaling.num_workers=64")
     assert p64.returncode == 0 and json.loads(p64.stdout)["config"]["deepspeed"]["bf16"]["enabled"] is True
     # the seed's offload with the default 1 CPU per worker runs, with a note naming the key to raise

@@ -278,6 +278,30 @@ def test_flash_attention_needs_its_package_or_kernels_where_the_run_starts(tmp_p
                                           r"\(v2\), which is not installed here: install it on the cluster's nodes, or "
                                           r"set model.attn_implementation=sdpa$"):
         _resolve(tmp_path, LlamaConfig(**TINY), gpus, attn_implementation="flash_attention_2")
+    # A driver on no node of the workers (a CPU head node, a laptop): the GPU nodes' image may have it; noted
+    elsewhere = ClusterShape(num_workers=1, use_gpu=True, gpus_per_node=1, driver_on_worker_node=False)
+    run, _ = _resolve(tmp_path, LlamaConfig(**TINY), elsewhere, attn_implementation="flash_attention_2")
+    assert [n for n in advice(run) if "flash" in n] == [
+        "model.attn_implementation=flash_attention_2 needs the flash-attn package (v2), which this driver's node "
+        "lacks; the workers run on other nodes, not checked from here: it must be installed on the GPU nodes, or "
+        "every worker fails as it builds the model"]
+
+
+def test_a_worker_without_flash_attention_says_what_is_missing_on_which_node(tmp_path, monkeypatch):
+    """The driver lets a run through when it runs on no node of the workers (above); a worker whose node lacks the
+    package then fails in one line naming the key, the package, the node and the fix (retried as a worker
+    failure, as every build error is), not transformers' line, which names none of raytrain's keys."""
+    import socket
+
+    from raytrain import model
+
+    monkeypatch.setattr(model, "flash_attention_missing", lambda version: f"the flash-attn package (v{version})")
+    cfg = ModelConfig(attn_implementation="flash_attention_2")
+    with pytest.raises(ImportError) as e:
+        model.build_model(cfg, LlamaConfig(**TINY), {"zero_optimization": {"stage": 0}})
+    assert str(e.value) == (f"model.attn_implementation=flash_attention_2 needs the flash-attn package (v2), which "
+                            f"is not installed on node {socket.gethostname()}: install it on the GPU nodes, or set "
+                            f"model.attn_implementation=sdpa")
 
 
 def test_overrides_are_checked_by_the_config_class_and_the_model_as_a_worker_builds_them(tmp_path):

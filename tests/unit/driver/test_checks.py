@@ -16,7 +16,7 @@ from raytrain.config import ConfigError, load_config
 from raytrain.data.sources import inspect_sources
 from raytrain.driver.checks import (check_placement, check_writable_dir, dry_run_target, idle_settings,
                                     resolve_before_ray)
-from raytrain.driver.cluster import (_plain_worker_prefixes, check_storage_shared, probe_node, sees_file,
+from raytrain.driver.cluster import (_plain_worker_prefixes, check_storage_shared, probe_node, runs_workers, sees_file,
                                      storage_marker, with_addable_nodes)
 from raytrain.main import main
 
@@ -146,6 +146,38 @@ def test_a_cluster_whose_autoscaler_says_its_node_types_is_judged_with_the_nodes
     assert len(unbounded) == 25  # as many as a group of 24 could use; a type of max 0 adds none
     check_placement(load_config(None, ["scaling.num_workers=24"]).scaling, True, unbounded, "the cluster",
                     more_cpus="", more_nodes="")
+
+
+def test_flash_attention_the_driver_lacks_is_refused_only_where_the_driver_runs_on_a_workers_node(
+        monkeypatch, capsys, tmp_path):
+    """The driver's packages stand for the workers' only where it runs on one of their nodes (a local cluster, a GPU
+    node of the cluster it joined). A CPU head node, a laptop or a Ray Client has an environment of its own: the run
+    goes on with a note, and a worker whose node lacks the package says so (test_model)."""
+    from raytrain import model
+
+    monkeypatch.setattr(model, "flash_attention_missing", lambda version: "the flash-attn package")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    flash = ["model.attn_implementation=flash_attention_2", "scaling.use_gpu=true", "scaling.num_workers=2",
+             f"checkpoint.storage_path={tmp_path}"]
+    # on a live cluster (raytrain.driver.cluster.live_shape): the driver's node among ray.nodes()' alive ones
+    head, gpu = {"NodeID": "h", "Resources": {"CPU": 8.0}}, {"NodeID": "g", "Resources": {"CPU": 32.0, "GPU": 8.0}}
+    assert runs_workers([head, gpu], "g", use_gpu=True)  # a driver on a GPU node: its image is the workers'
+    assert not runs_workers([head, gpu], "h", use_gpu=True)  # the CPU head node
+    assert not runs_workers([head, gpu], None, use_gpu=True)  # a Ray Client: the driver is on no node
+    assert runs_workers([head, gpu], "h", use_gpu=False)  # a CPU run's workers may run on the head
+    # before ray.init: a local cluster is this machine, refused; a cluster joined is judged once connected
+    local = load_config(None, flash)
+    with pytest.raises(ConfigError, match=r"flash_attention_2 needs the flash-attn package, which is not installed "
+                                          r"here: install it on the cluster's nodes, or set model.attn_implementation"):
+        resolve_before_ray(local, inspect_sources(local.data))
+    joined = load_config(None, [*flash, "cluster.address=10.0.0.1:6379"])
+    assert resolve_before_ray(joined, inspect_sources(joined.data)).cluster.driver_on_worker_node is False
+    # a dry run for stated sizes plans another cluster's nodes: it passes, with the note
+    assert main(["--dry-run", *flash, "--gpu-memory-gib", "80", "--host-memory-gib", "64"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["cluster"]["driver_on_worker_node"] is False
+    assert ("raytrain: note: model.attn_implementation=flash_attention_2 needs the flash-attn package, which this "
+            "driver's node lacks; the workers run on other nodes") in err
 
 
 @pytest.mark.usefixtures("no_ray_driver")
