@@ -4,13 +4,16 @@ environment rank 0's tracker needs from the driver's. Start at `check_tracking`.
 Rank 0 opens its tracker at the start of every worker group (raytrain.worker.tracking): whatever fails
 there, Ray Train retries as a worker failure checkpoint.max_failures times, each after the model is
 built. So the driver asks the same MLflow store first (`fit` before ray.init, and `--dry-run`), without
-writing to it: a file store that opening would create is checked on the filesystem instead.
+writing to it: a file store or a sqlite:/// database that opening would create is checked on the filesystem
+instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import pathlib
 import urllib.parse
 
 from raytrain.checkpoint import layout
@@ -33,11 +36,11 @@ def check_tracking(cfg: RunConfig, fresh: bool = False) -> list[str]:
     """Use tracking.mlflow_tracking_uri from the driver as rank 0 will; returns the notes to print.
 
     Refused in one line each: mlflow not installed; a store MLflow cannot use (a server down, a wrong
-    URI, a file store MLflow 3 refuses without MLFLOW_ALLOW_FILE_STORE=true); a deleted
-    tracking.mlflow_experiment (MLflow keeps a deleted experiment's name, and set_experiment refuses
-    it); a run that continues (checkpoint.name exists, no --fresh) whose recorded MLflow run is
+    URI, a file store MLflow 3 refuses without MLFLOW_ALLOW_FILE_STORE=true, a sqlite:/// file that is not a
+    database); a deleted tracking.mlflow_experiment (MLflow keeps a deleted experiment's name, and
+    set_experiment refuses it); a run that continues (checkpoint.name exists, no --fresh) whose recorded MLflow run is
     deleted or not in the store; a database store without the full mlflow package. Reads the run's
-    record; writes nothing (a file store that does not exist yet is not opened: `_check_new_file_store`)."""
+    record; writes nothing (a store that does not exist yet is not opened: `_new_store_checked`)."""
     uri = cfg.tracking.mlflow_tracking_uri
     if not uri:
         return []
@@ -49,9 +52,7 @@ def check_tracking(cfg: RunConfig, fresh: bool = False) -> list[str]:
     _check_database_store(uri)
     run_uri, recorded = _recorded(cfg, fresh)
     same = same_mlflow_run(recorded, cfg.tracking)
-    root = _unopened_file_store(uri)
-    if root is not None:  # nothing in it yet: no experiment to be deleted, no run to continue
-        _check_new_file_store(uri, root)
+    if _new_store_checked(uri):  # nothing in it yet: no experiment to be deleted, no run to continue
         experiment = run = None
     else:
         with environ_defaults(QUICK_HTTP):
@@ -133,6 +134,20 @@ def _check_database_store(uri: str) -> None:
                           f"mlflow, or use a tracking server (http://HOST:5000)")
 
 
+def _new_store_checked(uri: str) -> bool:
+    """Whether `uri` is a local store that opening would create (a file store, a sqlite:/// database), checked on
+    the filesystem instead of opened; False: a store to ask."""
+    root = _unopened_file_store(uri)
+    if root is not None:
+        _check_new_file_store(uri, root)
+        return True
+    database = _unopened_sqlite_store(uri)
+    if database is not None:
+        _check_new_sqlite_store(uri, database)
+        return True
+    return False
+
+
 def _unopened_file_store(uri: str) -> str | None:
     """The directory of a file store that opening would write to, else None. MLflow's FileStore creates its root
     directory, the Default experiment (0/meta.yaml) and .trash when it is opened (mlflow/store/tracking/
@@ -154,6 +169,53 @@ def _check_new_file_store(uri: str, root: str) -> None:
     if not MLFLOW_ALLOW_FILE_STORE.get():
         raise ConfigError(_file_store_opt_in(uri))
     check_writable_dir(root, "tracking.mlflow_tracking_uri", instead="a tracking server (http://HOST:5000)")
+
+
+def _unopened_sqlite_store(uri: str) -> str | None:
+    """The database file of a sqlite:/// store that opening would write to, else None. MLflow's SqlAlchemyStore
+    creates the file's directories, the file, and its tables where the file lacks them when it opens the store
+    (mlflow/store/db/utils.py, 3.18): opening a new one is how a dry run wrote a database. One that holds MLflow's
+    tables is asked as any other store. Runs after `_check_database_store`: SQLAlchemy is there, and reads the
+    path as MLflow has it read."""
+    if urllib.parse.urlparse(uri).scheme.partition("+")[0] != "sqlite":
+        return None
+    from sqlalchemy.engine import make_url
+
+    path = make_url(uri).database
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return None  # in memory (no file), or SQLite's own URI form: asked as MLflow opens it
+    return None if os.path.isfile(path) and _holds_mlflow_tables(uri, path) else path
+
+
+def _holds_mlflow_tables(uri: str, path: str) -> bool:
+    """Whether the SQLite file `path` holds MLflow's experiments table, read through SQLite's read-only mode
+    (Python's sqlite3: no journal, no tables created)."""
+    import sqlite3
+
+    read_only = f"{pathlib.Path(path).resolve().as_uri()}?mode=ro"
+    try:
+        with contextlib.closing(sqlite3.connect(read_only, uri=True)) as db:
+            table = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'experiments'")
+            return table.fetchone() is not None
+    except sqlite3.DatabaseError as e:  # not a database, unreadable (OperationalError is one)
+        raise ConfigError(f"tracking.mlflow_tracking_uri={uri}: {path} is not an SQLite database this driver can "
+                          f"read ({e}): name a new file, or an MLflow database") from None
+
+
+def _check_new_sqlite_store(uri: str, path: str) -> None:
+    """What opening the new database `path` would fail on, asked without creating it: a directory in its place,
+    a file (empty, or another program's database, where MLflow adds its tables) that cannot be written, a
+    directory that cannot be created or written (MLflow creates the missing ones)."""
+    if os.path.isdir(path):
+        raise ConfigError(f"tracking.mlflow_tracking_uri={uri}: {path} is a directory, not a database file: name a "
+                          f"file in it (sqlite:///{os.path.join(path, 'mlflow.db')})")
+    if os.path.exists(path):
+        if not os.access(path, os.W_OK):
+            raise ConfigError(f"tracking.mlflow_tracking_uri={uri}: {path} is not writable: choose a writable file "
+                              f"or a tracking server (http://HOST:5000)")
+        return
+    check_writable_dir(os.path.dirname(os.path.abspath(path)), "tracking.mlflow_tracking_uri",
+                       instead="a tracking server (http://HOST:5000)")
 
 
 def _file_store_opt_in(uri: str) -> str:

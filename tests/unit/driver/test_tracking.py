@@ -77,6 +77,50 @@ def test_a_database_store_without_the_full_mlflow_package_names_it():
         check_tracking(config("sqlite:///m.db"))
 
 
+def test_a_new_sqlite_database_is_checked_without_being_created(tmp_path):
+    """MLflow's SqlAlchemyStore creates the database's directories, the file and its tables when it opens it: a dry
+    run (which runs this check) wrote them. A database that does not exist yet (or lacks MLflow's tables) is checked
+    on the filesystem instead; one with MLflow's tables is asked as any other store. Needs SQLAlchemy (the full
+    mlflow package); without it a database store is refused first (above)."""
+    import importlib.util
+
+    if importlib.util.find_spec("sqlalchemy") is None:
+        pytest.skip("mlflow-skinny: a database store is refused before it is looked at (above)")
+    import mlflow
+
+    assert check_tracking(config(f"sqlite:///{tmp_path}/sub/mlflow.db")) == []
+    assert os.listdir(tmp_path) == []  # neither sub/ nor the database
+    (tmp_path / "notes.db").write_text("a text file, not a database")
+    with pytest.raises(ConfigError, match=r"notes.db is not an SQLite database this driver can read \(file is not a "
+                                          r"database\): name a new file, or an MLflow database"):
+        check_tracking(config(f"sqlite:///{tmp_path}/notes.db"))
+    real = f"sqlite:///{tmp_path}/mlflow.db"  # one that exists: asked, as before
+    client = mlflow.MlflowClient(tracking_uri=real)
+    client.delete_experiment(client.create_experiment("gone"))
+    with pytest.raises(ConfigError, match=r"tracking.mlflow_experiment=gone is a deleted experiment in sqlite:///"):
+        check_tracking(config(real, "tracking.mlflow_experiment=gone"))
+
+
+def test_what_opening_a_new_sqlite_database_would_refuse_is_asked_without_writing(tmp_path):
+    """The filesystem half of the check above, which needs no SQLAlchemy: a directory where the file should be,
+    and whether a file holds MLflow's tables, read in SQLite's read-only mode (the file is left as it was)."""
+    import sqlite3
+
+    from raytrain.driver.tracking import _check_new_sqlite_store, _holds_mlflow_tables
+
+    _check_new_sqlite_store("sqlite:///x", str(tmp_path / "a" / "mlflow.db"))
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(ConfigError, match=r"is a directory, not a database file: name a file in it \(sqlite:////"):
+        _check_new_sqlite_store("sqlite:///x", str(tmp_path))
+    for name, table in (("mlflow.db", "experiments"), ("other.db", "notes")):
+        with sqlite3.connect(tmp_path / name) as db:
+            db.execute(f"CREATE TABLE {table} (id INTEGER)")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert _holds_mlflow_tables("sqlite:///x", str(tmp_path / "mlflow.db"))
+    assert not _holds_mlflow_tables("sqlite:///x", str(tmp_path / "other.db"))  # MLflow would add its tables
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
 def test_a_deleted_experiment_is_refused_with_how_to_restore_it(store):
     import mlflow
 
