@@ -7,11 +7,13 @@ under `deepspeed.zero.Init`, so each rank only ever holds its partition.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import difflib
 import functools
 import inspect
 import json
+import logging
 import os
 import re
 import socket
@@ -90,7 +92,8 @@ def load_model_config(cfg: ModelConfig):
                           f"give a directory written by save_pretrained, or drop model.pretrained to train from "
                           f"random init")
     try:
-        loaded = AutoConfig.from_pretrained(cfg.name_or_path, trust_remote_code=cfg.trust_remote_code)
+        with token_id_warning_held():  # the driver says it once, in words (raytrain.planning.resolve.advice)
+            loaded = AutoConfig.from_pretrained(cfg.name_or_path, trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError) as e:
         raise ConfigError(f"model.name_or_path={cfg.name_or_path!r}: cannot load its config ({first_line(e)}); "
                           f"{_load_fix(cfg.name_or_path, e, 'model.name_or_path')}") from None
@@ -100,15 +103,85 @@ def load_model_config(cfg: ModelConfig):
         written = type(loaded).get_config_dict(cfg.name_or_path)[0]  # config.json as written (read above: cached)
 
         def build(overrides):
-            return _with_overrides(loaded, written, overrides)
+            with token_id_warning_held():  # (model.config.vocab_size may put config.json's ids outside)
+                return _with_overrides(loaded, written, overrides)
 
         hf_config = _validated(build, cfg.config)
     _check_causal_lm(hf_config, cfg)
+    _check_token_ids_build(hf_config, cfg)
     if cfg.config:
         _check_overrides_build(hf_config, cfg, build)
         if cfg.pretrained:
             _check_same_weights(loaded, hf_config, cfg, build)
     return hf_config
+
+
+# transformers 5.25's PreTrainedConfig.validate_token_ids: a `*_token_id` outside the vocabulary is a warning, not
+# an error (hub configs carry pad_token_id=-1), logged once per process by whatever builds or loads the config first.
+_TOKEN_ID_WARNING = "_token_id must be `None` or an integer within the vocabulary"
+
+
+class _TokenIdWarningFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return _TOKEN_ID_WARNING not in record.getMessage()
+
+
+@contextlib.contextmanager
+def token_id_warning_held():
+    """Holds back transformers' warning that the config has a `*_token_id` outside the vocabulary
+    ("Model config: eos_token_id must be `None` or an integer within the vocabulary ..."), and only it,
+    while the block loads or builds a config. Otherwise every process that does prints it: every Ray Data
+    tokenize task whose tokenizer is loaded from a model directory (AutoTokenizer reads its config.json),
+    every worker, and the driver; the driver says instead, once, what such an id does to the run
+    (token_ids_outside_vocab: an error before anything starts or a note). transformers' warning_once
+    remembers the message as said, so a later build in the same process stays quiet too."""
+    logger = logging.getLogger("transformers.configuration_utils")
+    held = _TokenIdWarningFilter()
+    logger.addFilter(held)
+    try:
+        yield
+    finally:
+        logger.removeFilter(held)
+
+
+def token_ids_outside_vocab(values: dict[str, Any], vocab_size: int | None) -> dict[str, Any]:
+    """{key: value} of a config's `*_token_id` values (an id or a list of ids) that name an id outside
+    0 .. vocab_size - 1: what transformers' config validation only warns about. `values`: the config's
+    to_dict() (or a run spec's copy of it)."""
+    if not isinstance(vocab_size, int):
+        return {}
+    return {key: value for key, value in values.items() if key.endswith("_token_id") and any(
+        isinstance(i, int) and not isinstance(i, bool) and not 0 <= i < vocab_size
+        for i in (value if isinstance(value, list) else [value]))}
+
+
+def _check_token_ids_build(hf_config, cfg: ModelConfig) -> None:
+    """A token id of config.json outside the vocabulary that the model cannot be built with is a
+    mistake of the file: Llama-family models make pad_token_id their embedding's padding_idx, which
+    torch refuses past the table ("Padding_idx must be within num_embeddings"): a traceback from the
+    driver's meta build, else from every worker. One line naming the key instead. Only when there is
+    such an id: a meta-device build (cached), and one more without the ids on failure, to tell their
+    failure from any other (which is raised as it was)."""
+    vocab = getattr(hf_config, "vocab_size", None)
+    outside = token_ids_outside_vocab(hf_config.to_dict(), vocab)
+    if not outside:
+        return
+    try:
+        weight_shapes(hf_config, cfg.trust_remote_code)
+    except Exception as e:  # whatever the model's constructor raises: AssertionError, IndexError, ...
+        without = copy.deepcopy(hf_config)
+        for key in outside:
+            setattr(without, key, None)
+        try:
+            weight_shapes(without, cfg.trust_remote_code)
+        except Exception:
+            raise e from None
+        given = ", ".join(f"{key}={value!r}" for key, value in outside.items())
+        fixes = " ".join(f"model.config.{key}=null" for key in outside)
+        model_class = causal_lm_class_name(hf_config, cfg.trust_remote_code)
+        raise ConfigError(f"{cfg.name_or_path}'s config.json has {given}, outside the model's vocabulary "
+                          f"(vocab_size={vocab}): {model_class} cannot be built with it ({type(e).__name__}: "
+                          f"{first_line(e)}); set {fixes} (or an id from 0 to {vocab - 1})") from None
 
 
 def _with_overrides(loaded, written: dict[str, Any], overrides: dict[str, Any]):
@@ -327,7 +400,9 @@ def _cached_tokenizer(spec: str | None, trust_remote_code: bool, key: str = "mod
         raise ConfigError(f"{key}={spec} is a file; give its directory "
                           f"({key}={os.path.dirname(os.path.abspath(spec))})")
     try:
-        tok = AutoTokenizer.from_pretrained(spec, trust_remote_code=trust_remote_code)
+        # From a model directory AutoTokenizer reads its config.json: in every tokenize task's process
+        with token_id_warning_held():
+            tok = AutoTokenizer.from_pretrained(spec, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
         first = first_line(e)
         if "trust_remote_code" in str(e) or "custom code" in str(e) or not (
@@ -433,6 +508,12 @@ def weight_shapes(hf_config, trust_remote_code: bool = False) -> dict[str, tuple
     return dict(_meta_build(*_config_key(hf_config), trust_remote_code)[1])
 
 
+def embedding_padding_row(hf_config, trust_remote_code: bool = False) -> int | None:
+    """The row of the input embedding that the model makes its padding row (torch's padding_idx, counted
+    from 0: a pad_token_id of -1 is the last row), or None: that row gets no gradient (meta build, cached)."""
+    return _meta_build(*_config_key(hf_config), trust_remote_code)[3]
+
+
 def _config_key(hf_config) -> tuple[str, type]:
     return json.dumps(hf_config.to_dict(), sort_keys=True, default=str), type(hf_config)
 
@@ -442,7 +523,8 @@ def _meta_build(config_json: str, config_class: type, trust_remote_code: bool):
     import torch
     from transformers import AutoModelForCausalLM
 
-    hf_config = config_class.from_dict(json.loads(config_json))
+    with token_id_warning_held():
+        hf_config = config_class.from_dict(json.loads(config_json))
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config, trust_remote_code=trust_remote_code)
     numels = tuple(p.numel() for p in model.parameters())
@@ -450,7 +532,11 @@ def _meta_build(config_json: str, config_class: type, trust_remote_code: bool):
     stats = ParamStats(num_params=sum(numels), largest_layer_params=largest, param_numels=numels,
                        param_ndims=tuple(p.dim() for p in model.parameters()))
     attends_ahead = any(getattr(m, "is_causal", None) is False for m in model.modules())  # _attends_ahead
-    return stats, tuple((name, tuple(p.shape)) for name, p in model.named_parameters()), attends_ahead
+    try:  # embedding_padding_row
+        padding_row = getattr(model.get_input_embeddings(), "padding_idx", None)
+    except NotImplementedError:  # a model with its own code that does not say which module it is
+        padding_row = None
+    return stats, tuple((name, tuple(p.shape)) for name, p in model.named_parameters()), attends_ahead, padding_row
 
 
 def config_from_facts(facts, cfg: ModelConfig, code_dir: str | None = None):
@@ -465,10 +551,11 @@ def config_from_facts(facts, cfg: ModelConfig, code_dir: str | None = None):
     # classmethod of transformers 5.25's PreTrainedConfig; older versions wrote no such tags.
     decode = getattr(PretrainedConfig, "_decode_special_floats", lambda values: values)
     values = decode(facts.hf_config)
-    if cfg.trust_remote_code and values.get("auto_map"):
-        config_class = type(AutoConfig.from_pretrained(code_dir or cfg.name_or_path, trust_remote_code=True))
-        return config_class.from_dict(values)
-    return AutoConfig.for_model(facts.model_type, **{k: v for k, v in values.items() if k != "model_type"})
+    with token_id_warning_held():  # every worker builds it: the driver has said what such an id does
+        if cfg.trust_remote_code and values.get("auto_map"):
+            config_class = type(AutoConfig.from_pretrained(code_dir or cfg.name_or_path, trust_remote_code=True))
+            return config_class.from_dict(values)
+        return AutoConfig.for_model(facts.model_type, **{k: v for k, v in values.items() if k != "model_type"})
 
 
 def token_ids_from_tokenizer(hf_config, tokenizer, cfg: ModelConfig) -> None:

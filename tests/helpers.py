@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import time
 
@@ -17,6 +19,25 @@ def require(condition: bool, why: str) -> None:
     if os.environ.get("RAYTRAIN_TEST_REQUIRE_ALL") == "1":
         pytest.fail(f"missing prerequisite on CI: {why}")
     pytest.skip(why)
+
+
+@contextlib.contextmanager
+def transformers_log():
+    """The messages transformers logs while the block runs, as they would print (its loggers do not
+    propagate to the root's, so pytest's caplog sees none of them)."""
+    messages: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    handler = Keep()
+    logger = logging.getLogger("transformers")
+    logger.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
 
 
 def wait_until(predicate, timeout_s: float, what: str, alive=None, every_s: float = 0.2):

@@ -20,8 +20,9 @@ from raytrain.config import ConfigError, RunConfig
 from raytrain.data.sources import Sources, data_facts, inspect_sources
 from raytrain.deepspeed_config import AUTO, DeepSpeedFacts, load_deepspeed, resolve_deepspeed
 from raytrain.hardware import Target
-from raytrain.model import (attention_backends, causal_lm_class, document_start_ids, fused_layers_enabled,
-                            load_model_config, load_tokenizer, param_stats, token_ids_from_tokenizer)
+from raytrain.model import (attention_backends, causal_lm_class, causal_lm_class_name, config_from_facts,
+                            document_start_ids, embedding_padding_row, fused_layers_enabled, load_model_config,
+                            load_tokenizer, param_stats, token_ids_from_tokenizer, token_ids_outside_vocab)
 from raytrain.planning.activations import active_parameters
 from raytrain.planning.choose import resolve_auto
 from raytrain.planning.deepspeed_check import check_deepspeed
@@ -141,7 +142,10 @@ def advice(resolved: ResolvedRun) -> list[str]:
                      f"scaling.cpus_per_worker={cpus:g} CPU threads: at 1.1B on one H200 that halved tokens/s "
                      f"(1 CPU: 26k, 14 CPUs: 51k; docs/benchmarks.md); raise scaling.cpus_per_worker")
     model = resolved.config.model
-    if model.pretrained:
+    outside = token_ids_outside_vocab(resolved.model.hf_config, resolved.model.vocab_size)
+    if outside:
+        notes.append(_token_ids_note(resolved, outside))
+    if model.pretrained and "eos_token_id" not in outside:
         eos, ids = load_tokenizer(model).eos_token_id, resolved.model.hf_config.get("eos_token_id")
         if ids is None:  # generate() then stops only at max_new_tokens (the generation config has no EOS either)
             notes.append(f"the tokenizer's EOS is token {eos}, which packing ends every document with, but "
@@ -166,6 +170,41 @@ def advice(resolved: ResolvedRun) -> list[str]:
                      f"{resolved.config.checkpoint.max_failures} (a grow costs none): set it to the losses the run "
                      f"should survive")
     return notes
+
+
+def _token_ids_note(resolved: ResolvedRun, outside: dict[str, Any]) -> str:
+    """What the token ids of the model's config.json outside its vocabulary do to this run, in one line:
+    transformers only warns about them ("may result in unexpected behavior"), in every process that loads
+    the config, which raytrain holds back (raytrain.model.token_id_warning_held). With model.pretrained=false
+    the EOS and BOS ids are the tokenizer's already (token_ids_from_tokenizer); an id the model cannot be
+    built with is an error before this (raytrain.model._check_token_ids_build)."""
+    model, facts = resolved.config.model, resolved.model
+    tokenizer, hf_config, trust = load_tokenizer(model), config_from_facts(facts, model), model.trust_remote_code
+    said, fixes = [], []
+    for key, value in outside.items():
+        fix = None
+        if key == "eos_token_id":
+            fix = tokenizer.eos_token_id
+            what = (f"packing ends every document with the tokenizer's EOS (token {fix}), so the data is not "
+                    f"affected, but generate() with the exported model stops only at this id, which it never "
+                    f"produces")
+        elif key == "bos_token_id":
+            fix = facts.document_start_ids[-1] if facts.document_start_ids else None
+            what = (f"packing starts every document with the tokenizer's BOS (token {fix}), not this id"
+                    if fix is not None else "packing starts documents with no BOS (the tokenizer adds none)")
+        elif key == "pad_token_id" and (row := embedding_padding_row(hf_config, trust)) is not None:
+            token = (f"token {row} ({tokenizer.convert_ids_to_tokens(row)!r}) of the tokenizer"
+                     if row < len(tokenizer) else "no token of the tokenizer")
+            what = (f"{causal_lm_class_name(hf_config, trust)} makes it its embedding's padding row, row {row} "
+                    f"({token}), which gets no gradient")
+        else:
+            what = "raytrain does not use it"
+        said.append(f"{key}={value!r}: {what}")
+        fixes.append(f"model.config.{key}={'null' if fix is None else fix}")
+    ids, them = ("token ids", "them") if len(said) > 1 else ("a token id", "it")
+    return (f"{model.name_or_path}'s config.json has {ids} outside the model's vocabulary (0 to "
+            f"{facts.vocab_size - 1}), which transformers only warns about: {'; '.join(said)}; the exported "
+            f"config.json keeps {them}: set {' '.join(fixes)}")
 
 
 def check_shards(num_shards: int | None, shape: ClusterShape, train_batch_size: int | None) -> None:

@@ -15,9 +15,10 @@ from transformers import (BambaConfig, BertConfig, BertGenerationConfig, BloomCo
 import raytrain
 from raytrain.config import ConfigError, ModelConfig, RunConfig
 from raytrain.model import (byte_tokenizer, config_from_facts, flops_per_token, load_model_config, load_tokenizer,
-                            model_source)
+                            model_source, token_id_warning_held)
 from raytrain.planning.resolve import advice, resolve_run, shape_from_config
 from raytrain.run_spec import ClusterShape
+from tests.helpers import transformers_log
 
 TINY = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=320)
 
@@ -344,3 +345,79 @@ def test_the_planner_and_the_workers_count_a_tokens_flops_with_one_function():
     defined = sorted(p.relative_to(package).as_posix() for p in package.rglob("*.py")
                      if "def flops_per_token(" in p.read_text())
     assert defined == ["model.py"]
+
+
+def _with_token_ids(path, **ids):
+    """`path`'s config.json with `ids` written into it, as a hub config may carry them (transformers only warns)."""
+    file = path / "config.json"
+    file.write_text(json.dumps({**json.loads(file.read_text()), **ids}))
+    return str(path)
+
+
+def test_config_json_token_ids_outside_the_vocabulary_are_said_once_in_a_note_not_warned(tmp_path):
+    """transformers warns "Model config: eos_token_id must be `None` or an integer within the vocabulary ..." in
+    every process that loads such a config: the driver, each worker, each Ray Data tokenize task (its tokenizer
+    read DIR's config.json). The driver says once, in a note, what each id does to the run."""
+    from transformers import AutoConfig
+
+    _pretrained(tmp_path, vocab_size=333)  # a vocabulary of its own: transformers warns once per message
+    path = _with_token_ids(tmp_path / "llama", eos_token_id=4321, bos_token_id=4322, pad_token_id=-1)
+
+    def notes(**config):
+        cfg = RunConfig(model=ModelConfig(name_or_path=path, pretrained=True, config=config))
+        return [n for n in advice(resolve_run(cfg, shape_from_config(cfg))) if "vocabulary" in n or "EOS" in n]
+
+    with transformers_log() as log:
+        said = notes()
+    assert not [m for m in log if "must be `None` or an integer within the vocabulary" in m], log
+    assert said == [
+        f"{path}'s config.json has token ids outside the model's vocabulary (0 to 332), which transformers only warns "
+        f"about: bos_token_id=4322: packing starts documents with no BOS (the tokenizer adds none); eos_token_id=4321: "
+        f"packing ends every document with the tokenizer's EOS (token 256), so the data is not affected, but "
+        f"generate() with the exported model stops only at this id, which it never produces; pad_token_id=-1: "
+        f"LlamaForCausalLM makes it its embedding's padding row, row 332 (no token of the tokenizer), which gets no "
+        f"gradient; the exported config.json keeps them: set model.config.bos_token_id=null "
+        f"model.config.eos_token_id=256 model.config.pad_token_id=null"]
+    assert notes(bos_token_id=None, eos_token_id=256, pad_token_id=None) == []  # the fix the note names
+    with transformers_log() as log:  # a load outside raytrain's hold still warns: the message is transformers'
+        AutoConfig.from_pretrained(_with_token_ids(tmp_path / "llama", eos_token_id=4323))
+    assert [m for m in log if "eos_token_id must be `None` or an integer within the vocabulary" in m], log
+
+
+def test_a_pad_token_id_outside_the_vocabulary_is_an_error_or_a_frozen_row_not_a_traceback(tmp_path):
+    # 500 past a table of 320: torch's "Padding_idx must be within num_embeddings" on the driver's meta build,
+    # a traceback (and in every worker's build)
+    LlamaConfig(**TINY, pad_token_id=500).save_pretrained(tmp_path / "past")
+    with pytest.raises(ConfigError, match=r"^.*/past's config.json has pad_token_id=500, outside the model's "
+                                          r"vocabulary \(vocab_size=320\): LlamaForCausalLM cannot be built with it "
+                                          r"\(AssertionError: Padding_idx must be within num_embeddings\); set "
+                                          r"model.config.pad_token_id=null \(or an id from 0 to 319\)$"):
+        load_model_config(ModelConfig(name_or_path=str(tmp_path / "past")))
+    assert load_model_config(ModelConfig(name_or_path=str(tmp_path / "past"), config={"pad_token_id": None}))
+    # -1 builds: torch counts it from the end, and the last row, here the byte tokenizer's EOS, gets no gradient.
+    # A model built from a config takes the tokenizer's EOS and BOS: the config's 4400 is not said.
+    LlamaConfig(**{**TINY, "vocab_size": 257}, pad_token_id=-1, eos_token_id=4400).save_pretrained(tmp_path / "neg")
+    byte_tokenizer().save_pretrained(tmp_path / "neg")
+    cfg = RunConfig(model=ModelConfig(name_or_path=str(tmp_path / "neg")))
+    run = resolve_run(cfg, shape_from_config(cfg))
+    assert run.model.hf_config["eos_token_id"] == 256
+    assert [n for n in advice(run) if "vocabulary" in n] == [
+        f"{tmp_path / 'neg'}'s config.json has a token id outside the model's vocabulary (0 to 256), which "
+        f"transformers only warns about: pad_token_id=-1: LlamaForCausalLM makes it its embedding's padding row, "
+        f"row 256 (token 256 ('<|endoftext|>') of the tokenizer), which gets no gradient; the exported config.json "
+        f"keeps it: set model.config.pad_token_id=null"]
+
+
+def test_the_hold_is_only_transformers_token_id_warning_and_only_inside_the_block():
+    from transformers.utils import logging as hf_logging
+
+    logger = hf_logging.get_logger("transformers.configuration_utils")
+    with transformers_log() as log:
+        with token_id_warning_held():
+            logger.warning("Model config: pad_token_id must be `None` or an integer within the vocabulary (between 0 "
+                           "and 9), got 77. This may result in unexpected behavior.")
+            logger.warning("another warning")
+        logger.warning("Model config: pad_token_id must be `None` or an integer within the vocabulary (between 0 "
+                       "and 9), got 78. This may result in unexpected behavior.")
+    assert log == ["another warning", "Model config: pad_token_id must be `None` or an integer within the vocabulary "
+                                      "(between 0 and 9), got 78. This may result in unexpected behavior."]

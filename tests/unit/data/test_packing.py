@@ -1,6 +1,7 @@
 """tokenize_and_pack (raytrain.data.packing): EOS joins, exact blocks, per-document positions, the
 eval split, bad values. Ray Data runs the same function in tests/integration/test_data_sources.py."""
 
+import json
 import logging
 
 import numpy as np
@@ -141,6 +142,30 @@ def test_each_batchs_dropped_tail_is_counted_for_the_run(monkeypatch):
     assert pack(["abc"], seq_len=8, counter="run-counter")["input_ids"].shape == (0, 8)
     assert told == [("run-counter", {"tail_tokens": 4, "packed_tokens": 12}),
                     ("run-counter", {"tail_tokens": 4, "packed_tokens": 4})]
+
+
+def test_a_tokenize_task_whose_tokenizer_reads_a_config_with_an_eos_outside_the_vocabulary_says_nothing(tmp_path):
+    """AutoTokenizer.from_pretrained(DIR) reads DIR's config.json, and transformers warned in every tokenize task's
+    process about its eos_token_id outside the vocabulary (seen: once per MapBatches(tokenize_and_pack) process
+    of a run, and on the driver); the driver says what it means instead (raytrain.planning.resolve advice)."""
+    from transformers import AutoTokenizer
+
+    from tests.helpers import transformers_log
+
+    for name, eos in (("model", 4501), ("control", 4502)):  # a message of its own each: transformers warns once
+        TOK.save_pretrained(tmp_path / name)
+        (tmp_path / name / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 320,
+                                                                 "eos_token_id": eos}))
+    warning = "must be `None` or an integer within the vocabulary"
+    with transformers_log() as log:
+        AutoTokenizer.from_pretrained(tmp_path / "control")  # what the task called: the warning is there
+    assert [m for m in log if warning in m and "got 4502" in m], log
+    with transformers_log() as log:
+        blocks = tokenize_and_pack({"text": np.array(["hello world"] * 4, dtype=object)}, seq_len=8,
+                                   model=ModelConfig(name_or_path=str(tmp_path / "model")), text_column="text",
+                                   pretokenized=False)
+    assert not [m for m in log if warning in m], log
+    assert block_arrays(blocks)["input_ids"].flatten().tolist() == (ids("hello world") + [EOS]) * 4
 
 
 @pytest.fixture(scope="module")
