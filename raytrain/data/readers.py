@@ -108,11 +108,13 @@ def _read_csv_file(path: str, filesystem, text_column: str, invalid_utf8: str, r
                    counts: collections.Counter) -> Iterator[dict[str, str]]:
     """A CSV file (tab-separated for .tsv), a block at a time by pyarrow's reader, only the text
     column, as bytes: decoded here under data.invalid_utf8 (pyarrow's own decoding only refuses).
-    Quoted values may hold newlines (newlines_in_values: pyarrow then parses a block serially)."""
+    Quoted values may hold newlines (newlines_in_values: pyarrow then parses a block serially).
+    A bad record is named by the line of the file it starts on, as an editor numbers lines (from 1,
+    the header and blank lines counted), as JSON lines are: `_csv_line` finds it."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    row = 0
+    row = 0  # data records read (pyarrow's: the header and blank lines are none)
     try:
         with open_text(filesystem, path) as stream:  # decompresses by suffix, as for text and JSON
             if not isinstance(stream, pa.NativeFile):  # .xz: python's lzma
@@ -128,8 +130,15 @@ def _read_csv_file(path: str, filesystem, text_column: str, invalid_utf8: str, r
                     if not raw:  # an empty value
                         counts["empty"] += 1
                         continue
-                    text = _checked(bad, _decode, raw, invalid_utf8, f"{path} row {row}", counts)
-                    if text is not None and not bad.found_any:
+                    try:
+                        text = _decode(raw, invalid_utf8, path, counts)
+                    except BadRecord as record:
+                        # only the first is named (the file read again up to it); the others are counted
+                        line = None if bad.found_any else _csv_line(filesystem, path, lambda n, _: n == row)
+                        bad.found(BadRecord(_at_line(path, line), f"{record.what} of its {text_column!r} value",
+                                            record.fix))
+                        continue
+                    if not bad.found_any:
                         yield {"text": text}
     except KeyError:  # pyarrow's "Column 'text' in include_columns does not exist": the driver reads local headers
         bad.found(BadRecord(path, f"has no column data.text_column={text_column!r} in its header",
@@ -137,14 +146,80 @@ def _read_csv_file(path: str, filesystem, text_column: str, invalid_utf8: str, r
     except pa.ArrowInvalid as e:  # "CSV parse error: Expected 2 columns, got 3: ..."
         if str(e).startswith("Empty CSV file"):  # as an empty text or JSON file: nothing to read
             counts["empty"] += 1
-        elif "straddl" in str(e):  # a value over two blocks: valid CSV that pyarrow cannot read
-            bad.found(BadRecord(path, f"holds a value of over {_CSV_BLOCK * 2 / 2**20:g} MiB after row {row}, more "
-                                      f"than the CSV reader takes", "split that document, or give JSON lines or parquet"))
-        else:  # (pyarrow parses a block at a time and quotes the row, not its number)
-            bad.found(BadRecord(path, f"is not valid CSV ({first_line(e)})", "fix or remove it"))
+        elif "straddl" in str(e):  # a record over a block (two boundaries): valid CSV that pyarrow cannot read
+            line = _csv_line(filesystem, path, lambda n, fields: n > row and sum(map(len, fields)) > _CSV_BLOCK)
+            bad.found(BadRecord(_at_line(path, line), f"holds a value of over {_CSV_BLOCK / 2**20:g} MiB, more than "
+                                                      f"the CSV reader takes",
+                                "split that document, or give JSON lines or parquet"))
+        else:
+            # pyarrow quotes the record and may number it ("Row #4: "), counting records with the header, so not
+            # blank lines or the lines inside quoted values: replaced by the file's line where that is found
+            line = _csv_line(filesystem, path, _other_width())
+            what = first_line(e) if line is None else re.sub(r"^(CSV parse error: )Row #\d+: ", r"\1", first_line(e))
+            bad.found(BadRecord(_at_line(path, line), f"not valid CSV ({what})", "fix or remove it"))
     except READ_ERRORS as e:
         bad.found(BadRecord(path, f"cannot be read ({first_line(e)})", unreadable_fix(path)))
     reads.close(lambda: filesystem.get_file_info(path).size)
+
+
+def _other_width():
+    """A `_csv_line` match: the first data record with another number of fields than the header (pyarrow's
+    "Expected 2 columns, got 3")."""
+    width = []
+
+    def match(number: int, fields: list[str]) -> bool:
+        if number == 0:
+            width.append(len(fields))
+        return len(fields) != width[0]
+
+    return match
+
+
+def _at_line(path: str, line: int | None) -> str:
+    return path if line is None else f"{path} line {line}"
+
+
+def _csv_line(filesystem, path: str, match) -> int | None:
+    """The line of `path` (from 1, as an editor numbers them: the header, blank lines and the lines
+    inside quoted values counted) that the first record for which `match(number, fields)` is true
+    starts on; `number` is 0 for the header, then 1, 2, ... for the data records as pyarrow's reader
+    reads them (a blank line is none). None: no such record, or the file cannot be read again.
+    pyarrow's reader counts no lines, so the file is read again up to that record by Python's csv
+    module: only to name a bad record (0.6 s for 100 MiB of generated documents on a 2-core VM: ~6 s a
+    GB up to it, once per bad file, while the run is stopping anyway).
+    Its bytes are read as Latin-1, a character each: delimiters, quotes and line ends are ASCII,
+    which no byte of a UTF-8 character is, so records split as in UTF-8 whatever bad bytes it holds."""
+    import csv
+    import io
+    import sys
+
+    class Raw(io.RawIOBase):  # open_text's streams have read() alone; TextIOWrapper wants readinto
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, buffer) -> int:
+            data = stream.read(len(buffer))
+            buffer[:len(data)] = data
+            return len(data)
+
+    limit = csv.field_size_limit(sys.maxsize)  # a document is longer than csv's default of 128k characters
+    try:
+        with open_text(filesystem, path) as stream:
+            text = io.TextIOWrapper(io.BufferedReader(Raw(), 1 << 20), encoding="latin-1", newline="")
+            reader = csv.reader(text, delimiter=csv_delimiter(path))
+            number, ended = 0, 0
+            for fields in reader:
+                start, ended = ended + 1, reader.line_num  # line_num: the lines read so far
+                if not fields:  # a blank line: pyarrow skips it too
+                    continue
+                if match(number, fields):
+                    return start
+                number += 1
+    except (csv.Error, *READ_ERRORS):
+        return None
+    finally:
+        csv.field_size_limit(limit)
+    return None
 
 
 def _file_document(f, head: bytes, path: str, invalid_utf8: str, bad: BadRecords,

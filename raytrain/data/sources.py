@@ -29,7 +29,10 @@ Documents, by source:
   line, then a row per record (quoted values may hold commas and newlines); `data.text_column` of
   each row is the document. Read a block at a time by pyarrow's CSV reader. Unlike pandas (under
   load_dataset) every value stays text ("NA" and "123" are documents, not dropped or numbers), and a
-  row with another number of fields stops the run (a bad record) rather than being padded.
+  row with another number of fields stops the run (a bad record) rather than being padded. A bad
+  record is named by the file's line it starts on, as an editor numbers lines (the header, blank
+  lines and the lines inside quoted values counted), not by pyarrow's "Row #N" (records, header
+  included) or a count of data rows.
 - parquet / a `datasets` save_to_disk directory / a hub dataset: each row's `data.text_column`.
 - pre-tokenized parquet (`data.format=tokenized`, or auto when a parquet file has `input_ids` and
   no text column): each row's `input_ids` is one document, packed as-is (EOS appended unless the

@@ -330,7 +330,7 @@ def test_csv_rows_as_hugging_face_reads_them_and_bad_rows_are_bad_records(tmp_pa
     with caplog.at_level(logging.WARNING, logger="raytrain.data"):
         assert read(f, "csv") == ['hello, "world"\nsecond line', "plain \ufffd bad", "x"]
     assert "1 documents had invalid UTF-8" in caplog.text and "skipped 1 empty documents" in caplog.text
-    with pytest.raises(ConfigError, match=f"{f} row 3: invalid UTF-8 at byte 6"):
+    with pytest.raises(ConfigError, match=f"{f} line 5: invalid UTF-8 at byte 6 of its 'text' value: fix the file"):
         read(f, "csv", invalid_utf8="error")
     with pytest.raises(ConfigError, match=f"{f}: has no column data.text_column='body' in its header"):
         read(f, "csv", text_column="body")
@@ -341,13 +341,39 @@ def test_csv_rows_as_hugging_face_reads_them_and_bad_rows_are_bad_records(tmp_pa
     assert read(tmp_path / "empty.csv", "csv") == []
     bad = tmp_path / "c.csv"
     bad.write_text("id,text\n1,a\n2,b,c\n")
-    with pytest.raises(ConfigError, match=f"{bad}: is not valid CSV \\(CSV parse error: (Row #3: )?Expected 2 "
-                                          f"columns, got 3: 2,b,c\\): fix or remove it"):
+    with pytest.raises(ConfigError, match=f"^{bad} line 3: not valid CSV \\(CSV parse error: Expected 2 "
+                                          f"columns, got 3: 2,b,c\\): fix or remove it$"):
         read(bad, "csv")
     from raytrain.data import readers
 
     monkeypatch.setattr(readers, "_CSV_BLOCK", 1 << 16)  # a value over two blocks: valid CSV pyarrow cannot take
     (tmp_path / "long.csv").write_text("id,text\n1,short\n2," + "word " * 40_000 + "\n")
-    with pytest.raises(ConfigError, match="long.csv: holds a value of over 0.125 MiB after row 1, more than the "
+    with pytest.raises(ConfigError, match="long.csv line 3: holds a value of over 0.0625 MiB, more than the "
                                           "CSV reader takes: split that document, or give JSON lines or parquet"):
         read(tmp_path / "long.csv", "csv")
+
+
+def test_a_bad_csv_record_is_named_by_the_line_it_starts_on_as_an_editor_numbers_them(tmp_path):
+    """raytrain said `row N` counting data records (the header, blank lines and the lines inside quoted values
+    not counted), pyarrow `Row #N` counting records with the header (when it reads without threads), and the
+    user looks for the file's line: for the 3rd data record below, rows 3 and #4 where an editor shows line 6.
+    Every CSV message now names the line the record starts on, as JSON lines' do."""
+    import pyarrow.csv as pacsv
+
+    head = b'id,text\r\n1,"one\r\ntwo"\r\n\r\n2,fine\r\n'  # lines 1-5: a quoted newline, a blank line
+    bad = tmp_path / "bad.csv"
+    bad.write_bytes(head + b"3,x,extra\r\n4,y\r\n")
+    assert bad.read_bytes().split(b"\r\n").index(b"3,x,extra") + 1 == 6  # as an editor shows it
+    with pytest.raises(pa.ArrowInvalid, match="Row #4: Expected 2 columns"):  # pyarrow's own numbering
+        pacsv.read_csv(bad, read_options=pacsv.ReadOptions(use_threads=False))
+    with pytest.raises(ConfigError, match=f"^{bad} line 6: not valid CSV \\(CSV parse error: Expected 2 columns, "
+                                          f"got 3: 3,x,extra\\): fix or remove it$"):
+        read(bad, "csv")
+    utf8 = tmp_path / "utf8.csv.gz"  # compressed: the lines of the decompressed text
+    utf8.write_bytes(gzip.compress(head + b"3,caf\xe9\r\n"))
+    with pytest.raises(ConfigError, match=f"^{utf8} line 6: invalid UTF-8 at byte 3 of its 'text' value: "):
+        read(utf8, "csv", invalid_utf8="error")
+    tsv = tmp_path / "a.tsv"  # a lone \r ends a line too (Excel for Mac), and the delimiter is the tab
+    tsv.write_bytes(b'text\tid\r"a\rb"\t1\rc\t2\t3\r')
+    with pytest.raises(ConfigError, match=f"^{tsv} line 4: not valid CSV "):
+        read(tsv, "csv")
