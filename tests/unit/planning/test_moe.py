@@ -11,6 +11,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from raytrain.planning.activations import active_parameters, activation_bytes, moe_dims
 from raytrain.planning.throughput import projection_flops_per_token
+from tests.unit.planning.measure import SEQ_LEN, saved_bytes
 
 DECODER = {"hidden_size": 128, "intermediate_size": 192, "num_hidden_layers": 3, "num_attention_heads": 4,
            "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 1024}
@@ -23,43 +24,10 @@ MOE = {
     "qwen3_moe": {"num_experts": 32, "num_experts_per_tok": 8, "moe_intermediate_size": 32, "head_dim": 64,
                   "decoder_sparse_step": 2, "mlp_only_layers": []},
 }
-SEQ_LEN = 256
 
 
 def moe_config(model_type: str):
     return AutoConfig.for_model(model_type, **DECODER, **MOE[model_type])
-
-
-def saved_bytes(hf_config, dtype, attn_implementation="sdpa", with_loss=False):
-    """Bytes autograd keeps for backward after one forward of micro-batch 1, up to the LM head's output (weights
-    and the loss excluded: the planner's 12*vocab logits term is the start of backward, not saved tensors, and
-    is calibrated apart): (without checkpointing, with it). With checkpointing a run keeps each layer's input,
-    what lies outside the layers, and at the start of backward one layer recomputed whole: the largest layer's
-    share of the first figure. `with_loss`: what the loss keeps is counted too, in the first figure."""
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=attn_implementation).to(dtype).train()
-    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    layers = model.model.layers
-    current = [None]  # the layer running now (None: outside the layers)
-    for i, layer in enumerate(layers):
-        layer.register_forward_pre_hook(lambda module, args, i=i: current.__setitem__(0, i))
-        layer.register_forward_hook(lambda module, args, out: current.__setitem__(0, None))
-    model.lm_head.register_forward_hook(lambda module, args, out: current.__setitem__(0, "loss"))
-    kept = {}  # storage -> (bytes, the layer that saved it first); a storage kept twice counts once
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in weights:
-            kept.setdefault(storage.data_ptr(), (storage.nbytes(), current[0]))
-        return t
-
-    ids = torch.randint(0, hf_config.vocab_size, (1, SEQ_LEN))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(input_ids=ids, labels=ids)
-    per_layer = [sum(n for n, owner in kept.values() if owner == i) for i in range(len(layers))]
-    outside = sum(n for n, owner in kept.values() if owner is None or (with_loss and owner == "loss"))
-    inputs = len(layers) * SEQ_LEN * hf_config.hidden_size * dtype.itemsize
-    return sum(per_layer) + outside, inputs + outside + max(per_layer)
 
 
 @pytest.mark.parametrize("model_type", sorted(MOE))
