@@ -30,6 +30,14 @@ def decoder_dims(hf_config) -> DecoderDims:
 # Decoders that normalise q and k per head before the rotary embedding (Qwen3Attention's q_norm, k_norm).
 QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")
 
+# Decoders whose norms are LayerNorms and whose MLP is one activation between two projections, not SwiGLU (GPT-2's
+# ln_1 and ln_2, c_fc, the activation, c_proj): measured in tests/unit/planning/test_activations.py.
+GPT2_LIKE = ("gpt2",)
+# Values of the MLP's width an activation keeps for backward, besides its output (kept by the down projection):
+# transformers' NewGELUActivation ("gelu_new", GPT-2's default) is Python arithmetic that keeps x, tanh(...), 0.5*x
+# and 1 + tanh(...); torch's own GELU ("gelu", "gelu_pytorch_tanh") keeps its input alone (the default here).
+ACTIVATION_KEPT_VALUES = {"gelu_new": 4}
+
 
 # What autograd keeps per token and routed expert besides activations: transformers' grouped_mm path keeps three
 # int64 indices (the sort's permutation for the gathered input and for the weights, and its inverse), top-k's
@@ -94,6 +102,10 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
                                         (batch, seq, heads, head_dim)-contiguous output; issue 14 SPEC §2.3)
       SwiGLU MLP   4*e*i                gate, silu(gate), up and their product (the down_proj input)
       eager attn   a*s*(4 + e)          + fp32 softmax probabilities and their cast (SDPA/flash: none)
+    GPT-2 (`GPT2_LIKE`) differs in its norms and MLP: a LayerNorm keeps its input, the fp32 mean and rstd and
+    its output (2*e*h + 8), and the MLP keeps what the activation keeps of c_fc's output (`ACTIVATION_KEPT_VALUES`:
+    4 values for gelu_new, GPT-2's default) and the activation's output, c_proj's input: 5*e*i. (Planned as
+    Llama's norms and SwiGLU, GPT-2 kept 1.02x the plan in fp32 and 0.94x in bf16, by errors that cancel.)
     Outside the layers: the final norm and the logits. HF's loss upcasts the logits to fp32, and at
     the start of backward the fp32 log-softmax (kept), its incoming gradient and the gradient w.r.t.
     the logits coexist: 12*vocab bytes per token, often more than a whole layer.
@@ -122,17 +134,25 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
     h, num_layers, heads, q, kv, inter = decoder_dims(hf_config)
     vocab = hf_config.vocab_size
     e = bytes_per_value
+    model_type = getattr(hf_config, "model_type", None)
+    gpt2 = model_type in GPT2_LIKE
 
     fused = liger_kernel == "all"
-    norm = (e * h if fused else 4 * h + e * h) + e * h
+    if gpt2:
+        norm = 2 * e * h + 8
+    else:
+        norm = (e * h if fused else 4 * h + e * h) + e * h
     attention = e * (q + 2 * kv) + sdpa_out_copies * e * q + 4 * heads
-    if getattr(hf_config, "model_type", None) in QK_NORM_MODEL_TYPES:
+    if model_type in QK_NORM_MODEL_TYPES:
         attention += (4 + e) * (q + kv)
     if attn_implementation == "eager":
         attention += heads * seq_len * (4 + (e if e < 4 else 0))
         if getattr(hf_config, "attn_logit_softcapping", None):
             attention += e * heads * seq_len
-    mlp = (3 if fused else 4) * e * inter
+    if gpt2:
+        mlp = (ACTIVATION_KEPT_VALUES.get(getattr(hf_config, "activation_function", None), 1) + 1) * e * inter
+    else:
+        mlp = (3 if fused else 4) * e * inter
     layer = 2 * norm + attention + mlp
     if fp8:
         layer -= (e - 1) * (2 * h + inter) - q

@@ -30,7 +30,7 @@ two Adam moments per parameter (4 / 8, or 2 / 4 with `bf16.bf16_master_weights_a
   (stage3.py:888-909). The gradient accumulation buffer stays in host RAM.
 - On one GPU ZeRO-3's gather is a view (partition_parameters.py, NoGatherHandle): no gathered-layer
   or persistent-parameter copies there.
-- Activations: `activation_bytes` (Llama-style decoders and their mixtures of experts; other models are
+- Activations: `activation_bytes` (Llama-style decoders and their mixtures of experts, GPT-2; other models are
   approximated).
 """
 
