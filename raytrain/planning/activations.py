@@ -38,6 +38,25 @@ GPT2_LIKE = ("gpt2",)
 # and 1 + tanh(...); torch's own GELU ("gelu", "gelu_pytorch_tanh") keeps its input alone (the default here).
 ACTIVATION_KEPT_VALUES = {"gelu_new": 4}
 
+# The config keys of a family's dropout probabilities, as transformers 5.25's modeling files use them: after the
+# embeddings, on each of a layer's two residual branches (attention's and the MLP's output) and on the attention
+# probabilities. Families not listed drop only the attention probabilities (Llama, Mistral, Qwen, Gemma, Mixtral).
+DROPOUT_KEYS = {
+    "gpt2": ("embd_pdrop", "resid_pdrop", "attn_pdrop"),
+    "gptj": ("embd_pdrop", "resid_pdrop", "attn_pdrop"),
+    "gpt_neox": ("hidden_dropout", "hidden_dropout", "attention_dropout"),
+    "phi": ("embd_pdrop", "resid_pdrop", "attention_dropout"),
+    "phi3": (None, "resid_pdrop", "attention_dropout"),  # Phi3Config has embd_pdrop, which the model never uses
+    "starcoder2": ("embedding_dropout", "residual_dropout", "attention_dropout"),
+}
+
+
+def dropout_probabilities(hf_config) -> tuple[float, float, float]:
+    """(embeddings, residual branches, attention probabilities): the config's dropout probabilities, 0 where the
+    family has no such dropout (`DROPOUT_KEYS`)."""
+    keys = DROPOUT_KEYS.get(getattr(hf_config, "model_type", None), (None, None, "attention_dropout"))
+    return tuple(float(getattr(hf_config, key, None) or 0) if key else 0.0 for key in keys)
+
 
 # What autograd keeps per token and routed expert besides activations: transformers' grouped_mm path keeps three
 # int64 indices (the sort's permutation for the gathered input and for the weights, and its inverse), top-k's
@@ -87,7 +106,7 @@ def active_parameters(hf_config, num_params: int) -> int:
 
 def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value: int, *,
                      checkpointing: bool, attn_implementation: str = "sdpa", liger_kernel: str = "none",
-                     sdpa_out_copies: int = 2, fp8: bool = False) -> int:
+                     sdpa_out_copies: int = 2, fp8: bool = False, on_gpu: bool = True) -> int:
     """Activation memory of one worker at the start of backward (its peak), in bytes.
 
     Korthikanti et al. (2022) give s*b*h*(34 + 5*a*s/h) bytes per layer for a GPT layer in fp16.
@@ -106,6 +125,17 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
     its output (2*e*h + 8), and the MLP keeps what the activation keeps of c_fc's output (`ACTIVATION_KEPT_VALUES`:
     4 values for gelu_new, GPT-2's default) and the activation's output, c_proj's input: 5*e*i. (Planned as
     Llama's norms and SwiGLU, GPT-2 kept 1.02x the plan in fp32 and 0.94x in bf16, by errors that cancel.)
+    Dropout, where the config's probability is > 0 (`dropout_probabilities`; raytrain trains in training mode,
+    raytrain.model.build_model): each dropout keeps a mask of its input's size, m bytes a value: 1 on a GPU
+    (native_dropout's bool mask), e on a CPU, whose dropout multiplies by a noise tensor of the input's dtype
+    (`on_gpu`). The embeddings' keeps m*h per token, the residual branches' 2*m*h per layer (the dropped values
+    themselves only flow into an add). The attention probabilities' dropout keeps nothing in a GPU's fused SDPA
+    kernels (flash, memory-efficient, cuDNN: the RNG's seed and offset); in eager attention its mask and the
+    dropped probabilities, which replace the cast as the matmul's input: a*s*(4 + m + e) in all. On a CPU, SDPA
+    with dropout takes its math path, in fp32 whatever e: the scaled q, k transposed and v (k and v repeated to
+    q's width under GQA), the softmax's output, its noise and the dropped probabilities, and o_proj's input:
+    4*(q + 2*kv) + 12*a*s + e*q in place of SDPA's terms above (no logsumexp; at s=256 a GPT-2 layer keeps 2.0x
+    what it keeps without dropout in fp32, 2.9x in bf16).
     Outside the layers: the final norm and the logits. HF's loss upcasts the logits to fp32, and at
     the start of backward the fp32 log-softmax (kept), its incoming gradient and the gradient w.r.t.
     the logits coexist: 12*vocab bytes per token, often more than a whole layer.
@@ -136,17 +166,26 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
     e = bytes_per_value
     model_type = getattr(hf_config, "model_type", None)
     gpt2 = model_type in GPT2_LIKE
+    embed_dropout, residual_dropout, attention_dropout = dropout_probabilities(hf_config)
+    mask = 1 if on_gpu else e  # bytes of a dropout's mask per value
 
     fused = liger_kernel == "all"
     if gpt2:
         norm = 2 * e * h + 8
     else:
         norm = (e * h if fused else 4 * h + e * h) + e * h
-    attention = e * (q + 2 * kv) + sdpa_out_copies * e * q + 4 * heads
+    if attention_dropout and attn_implementation == "sdpa" and not on_gpu:
+        repeated = q if kv != q else kv  # the math path repeats k and v to all heads under GQA
+        attention = 4 * (q + 2 * repeated) + 3 * 4 * heads * seq_len + e * q
+    else:
+        attention = e * (q + 2 * kv) + sdpa_out_copies * e * q + 4 * heads
     if model_type in QK_NORM_MODEL_TYPES:
         attention += (4 + e) * (q + kv)
     if attn_implementation == "eager":
-        attention += heads * seq_len * (4 + (e if e < 4 else 0))
+        cast = e if e < 4 else 0
+        attention += heads * seq_len * (4 + cast)
+        if attention_dropout:
+            attention += heads * seq_len * (mask + e - cast)
         if getattr(hf_config, "attn_logit_softcapping", None):
             attention += e * heads * seq_len
     if gpt2:
@@ -154,6 +193,8 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
     else:
         mlp = (3 if fused else 4) * e * inter
     layer = 2 * norm + attention + mlp
+    if residual_dropout:
+        layer += 2 * mask * h
     if fp8:
         layer -= (e - 1) * (2 * h + inter) - q
     moe = moe_dims(hf_config)
@@ -171,5 +212,5 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
     logits = 0 if no_logits else 12 * vocab
     if getattr(hf_config, "final_logit_softcapping", None) and not no_logits:
         logits += e * vocab
-    per_token = layers + norm + logits
+    per_token = layers + norm + logits + (mask * h if embed_dropout else 0)
     return micro_batch * seq_len * per_token

@@ -193,9 +193,12 @@ def memory_facts(ds: dict[str, Any], run, *, use_gpu: bool, world_size: int, wor
 def activation_options(f: MemoryFacts) -> dict[str, Any]:
     """activation_bytes' keyword arguments for a run. On a GPU, SDPA's fused kernels (and
     flash-attn) return their output (batch, seq, heads, head_dim)-contiguous, so o_proj's input is a
-    view of it (one copy); the CPU math path and eager attention make a second one."""
+    view of it (one copy); the CPU math path and eager attention make a second one. Dropout keeps a
+    bool mask on a GPU and none in its fused attention kernels; on a CPU a mask of the model's dtype,
+    and SDPA with dropout keeps its score matrices (`on_gpu`)."""
     return {"attn_implementation": f.attn_implementation, "liger_kernel": f.liger_kernel,
-            "sdpa_out_copies": 1 if f.use_gpu and f.attn_implementation != "eager" else 2, "fp8": f.fp8}
+            "sdpa_out_copies": 1 if f.use_gpu and f.attn_implementation != "eager" else 2, "fp8": f.fp8,
+            "on_gpu": f.use_gpu}
 
 
 def configured_setting(ds: dict[str, Any], gradient_checkpointing: bool) -> Setting:

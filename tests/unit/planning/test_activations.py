@@ -1,32 +1,49 @@
 """raytrain.planning.activations.activation_bytes against what real transformers models keep on CPU: GPT-2's layers
-(saved_tensors_hooks)."""
+and the dropout masks of GPT-2, Llama and Phi3 (saved_tensors_hooks)."""
 
 import pytest
 import torch
 from transformers import AutoConfig
 
-from raytrain.planning.activations import activation_bytes
+from raytrain.planning.activations import activation_bytes, dropout_probabilities
 from tests.unit.planning.measure import SEQ_LEN, saved_bytes
 
+SMALL = {"hidden_size": 128, "intermediate_size": 192, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 1024}
 GPT2 = {"n_embd": 128, "n_layer": 2, "n_head": 4, "vocab_size": 256, "n_positions": 1024, "bos_token_id": 0,
         "eos_token_id": 0}
 
 
 def config(model_type: str, p: float, **extra):
-    """A small GPT-2 with its dropout probabilities at p."""
-    return AutoConfig.for_model(model_type, **GPT2, embd_pdrop=p, resid_pdrop=p, attn_pdrop=p, **extra)
+    """A small model of the family with every dropout probability it reads at p."""
+    if model_type == "gpt2":
+        return AutoConfig.for_model("gpt2", **GPT2, embd_pdrop=p, resid_pdrop=p, attn_pdrop=p, **extra)
+    if model_type == "phi3":
+        return AutoConfig.for_model("phi3", **SMALL, resid_pdrop=p, attention_dropout=p, pad_token_id=0,
+                                    bos_token_id=1, eos_token_id=2)
+    return AutoConfig.for_model(model_type, **SMALL, attention_dropout=p)
 
 
+@pytest.mark.parametrize("model_type, attn_implementation, p", [
+    ("gpt2", "sdpa", 0.0), ("gpt2", "sdpa", 0.1), ("llama", "sdpa", 0.0), ("llama", "sdpa", 0.1),
+    ("llama", "eager", 0.1), ("phi3", "sdpa", 0.1)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_gpt2_activations_match_what_autograd_keeps(dtype):
-    # Left: o_proj's input is a view of SDPA's output on CPU for GPT-2 in torch 2.13, where the CPU convention
-    # (sdpa_out_copies 2) plans a copy: 0.97.
-    cfg = config("gpt2", 0.0)
-    measured = saved_bytes(cfg, dtype)
+def test_activations_with_and_without_dropout_match_what_autograd_keeps(model_type, attn_implementation, p, dtype):
+    # Dropout was not planned: at 0.1 GPT-2 kept 2.0x (fp32) and 2.7x (bf16) the plan on CPU, Llama 2.4x and 3.6x
+    # (1.6x and 1.2x eager), where SDPA with dropout takes its math path (three fp32 score matrices) and each
+    # mask is a tensor of the model's dtype. Now 1.00-1.04.
+    # Left: o_proj's input is a view of SDPA's output on CPU for GPT-2 and Llama in torch 2.13, where the CPU
+    # convention (sdpa_out_copies 2) plans a copy (0.96-0.98 without dropout); GPT-2's v in fp32 with dropout is a
+    # view of c_attn's whole output (1.04). Phi3 without dropout is 1.09-1.10, its fused qkv_proj's output kept
+    # whole by v, a gap dropout does not touch.
+    cfg = config(model_type, p)
+    assert max(dropout_probabilities(cfg)) == p
+    measured = saved_bytes(cfg, dtype, attn_implementation)
     for checkpointing, kept in zip((False, True), measured):
         # a CPU run's options (raytrain.planning.estimate.activation_options); no logits term: see saved_bytes
         planned = activation_bytes(cfg, 1, SEQ_LEN, dtype.itemsize, checkpointing=checkpointing,
-                                   liger_kernel="loss", sdpa_out_copies=2)
+                                   attn_implementation=attn_implementation, liger_kernel="loss", sdpa_out_copies=2,
+                                   on_gpu=False)
         assert kept / planned == pytest.approx(1, abs=0.05), (checkpointing, kept, planned)
 
 
@@ -42,3 +59,23 @@ def test_gpt2_mlp_keeps_what_its_activation_keeps(dtype):
     planned = (activation_bytes(new, 1, SEQ_LEN, dtype.itemsize, checkpointing=False)
                - activation_bytes(tanh, 1, SEQ_LEN, dtype.itemsize, checkpointing=False))
     assert measured == planned == 2 * SEQ_LEN * 3 * dtype.itemsize * 4 * 128  # 2 layers, 3 values of 4h
+
+
+def test_dropout_on_a_gpu_keeps_bool_masks_and_nothing_in_fused_attention():
+    # On a GPU dropout is native_dropout, whose mask is a bool a value, and SDPA's fused kernels (flash,
+    # memory-efficient, cuDNN) keep only the RNG's seed and offset: GPT-2's dropouts add h bytes a token after the
+    # embeddings and 2h a layer; Llama's attention_dropout adds nothing. Eager attention keeps the mask and the
+    # dropped probabilities in place of the cast.
+    tokens, h, layers = 2 * 512, 128, 2
+    for model_type, extra in (("gpt2", tokens * (h + layers * 2 * h)), ("llama", 0)):
+        with_dropout, without = (activation_bytes(config(model_type, p), 2, 512, 2, checkpointing=False,
+                                                  sdpa_out_copies=1) for p in (0.1, 0.0))
+        assert with_dropout - without == extra, model_type
+    eager = [activation_bytes(config("llama", p), 2, 512, 2, checkpointing=False, attn_implementation="eager")
+             for p in (0.1, 0.0)]
+    # a heads x seq bool mask; the dropped bf16 probabilities replace their cast as the matmul's input
+    assert eager[0] - eager[1] == layers * tokens * 4 * 512 * 1
+    # a config with no dropout plans the same on both (the masks are all dropout changes)
+    plain = config("gpt2", 0.0)
+    assert activation_bytes(plain, 2, 512, 2, checkpointing=False, on_gpu=False) == activation_bytes(
+        plain, 2, 512, 2, checkpointing=False)
