@@ -136,9 +136,13 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
     q's width under GQA), the softmax's output, its noise and the dropped probabilities, and o_proj's input:
     4*(q + 2*kv) + 12*a*s + e*q in place of SDPA's terms above (no logsumexp; at s=256 a GPT-2 layer keeps 2.0x
     what it keeps without dropout in fp32, 2.9x in bf16).
-    Outside the layers: the final norm and the logits. HF's loss upcasts the logits to fp32, and at
-    the start of backward the fp32 log-softmax (kept), its incoming gradient and the gradient w.r.t.
-    the logits coexist: 12*vocab bytes per token, often more than a whole layer.
+    Outside the layers: the final norm and the logits. HF's loss (ForCausalLMLoss) upcasts the logits to fp32
+    and keeps log_softmax's fp32 output; at the start of backward that output, its incoming gradient (from
+    nll_loss) and the gradient w.r.t. the logits coexist: 12*vocab bytes per token, often more than a whole
+    layer. The logits (e*vocab) and their fp32 copy are freed after the forward: nothing saves them and
+    raytrain's train_step keeps only the loss of the model's output (its step's peak on CPU, with a 16k
+    vocabulary: 1.000 of this plan; tests/unit/planning/test_activations.py). A loop that holds the output
+    across backward holds the logits too: 14*vocab in bf16, 16 in fp32.
     With checkpointing each layer keeps only its input (e*h per token) and one layer at a time is
     recomputed with its full activations.
     Mixture of experts (`moe_dims`): a sparse layer's MLP keeps, per token, for each of its k =
