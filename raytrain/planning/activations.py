@@ -179,8 +179,8 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
     else:
         norm = (e * h if fused else 4 * h + e * h) + e * h
     if attention_dropout and attn_implementation == "sdpa" and not on_gpu:
-        repeated = q if kv != q else kv  # the math path repeats k and v to all heads under GQA
-        attention = 4 * (q + 2 * repeated) + 3 * 4 * heads * seq_len + e * q
+        # fp32 q, and k and v repeated to q's width (the math path repeats them under GQA); three score matrices
+        attention = 4 * 3 * q + 3 * 4 * heads * seq_len + e * q
     else:
         attention = e * (q + 2 * kv) + sdpa_out_copies * e * q + 4 * heads
     if model_type in QK_NORM_MODEL_TYPES:
