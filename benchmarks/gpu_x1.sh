@@ -19,6 +19,7 @@
 # plan13b-twin: the same 13B settings on the bench's plain-DeepSpeed and raytrain paths (~8 min).
 # main1b:    configs/llama-1b-1gpu.yaml through raytrain.main for 16 steps (~3 min).
 # files1b:   the same on a user's files (JSONL, CSV, one large text file) and BPE tokenizer, beside the built-in corpus.
+# activ:     the no-Liger logits at a 128k vocabulary and GPT-2's dropout, each beside its control: peaks vs the plan.
 # moe:       a Mixtral-shaped 4.8B MoE (transformers' experts) at micro-batch 4 and at the planner's pick: peak and tokens/s vs predicted.
 # twin1b:    the shipped 1.1B setting on the bench's plain-DeepSpeed and raytrain paths (fused layers), then
 #            plain DeepSpeed with transformers' layers (~4 min).
@@ -52,7 +53,7 @@
 # Every bench record carries the planner's prediction ("predicted"), the GPU peak (max_memory_allocated)
 # and the host's used memory sampled every 2 s; host_used_mib.txt samples the whole part the same way.
 set -u
-part=${1:?reader, offload, alloc1b, compile, compile-noliger, checks, zeropp, superoffload, offload-max, plan13b, plan13b-twin, plan13b-nooff, plan7b, plan1b, caps1b, eta1b, eta2, fp16, mfu62, fp8, fp8main, fp8-13b, fp8-13b-twin, main1b, files1b, moe, twin1b, convert1b, profile or layers}
+part=${1:?reader, offload, alloc1b, compile, compile-noliger, checks, zeropp, superoffload, offload-max, plan13b, plan13b-twin, plan13b-nooff, plan7b, plan1b, caps1b, eta1b, eta2, fp16, mfu62, fp8, fp8main, fp8-13b, fp8-13b-twin, main1b, files1b, moe, twin1b, convert1b, activ, profile or layers}
 OUT=${OUT:-/tmp/out}; W=/tmp/bench_$part; mkdir -p "$OUT" "$W"
 END=$(( $(date +%s) + ${BUDGET_S:-560} ))
 export TORCH_EXTENSIONS_DIR=/tmp/torch_ext
@@ -77,7 +78,7 @@ CAP20=0.1425; CAP24=0.171; CAP70=0.4986; CAP84=0.598
 AUTO24=(--paths deepspeed "${AUTO[@]}" --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" --gpu-memory-fraction $CAP24 --no-profile)
 RUNNERUP24=(--paths deepspeed --micro-batch 55 --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" --offload
   --set model.gradient_checkpointing=true --set scaling.cpus_per_worker=14 --gpu-memory-fraction $CAP24 --no-profile)
-case $part in plan*|caps1b|alloc1b|eta*|fp16|fp8*|mfu62|main1b|files1b|moe|twin1b|convert1b|profile|layers|superoffload)
+case $part in plan*|caps1b|alloc1b|eta*|fp16|fp8*|mfu62|main1b|files1b|activ|moe|twin1b|convert1b|profile|layers|superoffload)
   (while true; do free -m | awk 'NR==2{print $3}'; sleep 2; done) > "$W/host_used_mib.txt" & hostmem=$!
   # The GPU's SM clock, power and why its clock is held down, every second: the same step made 58.3-62.1%
   # MFU on different H200s of one power limit and max clock, so what each one ran at under load is recorded
@@ -273,6 +274,20 @@ files1b)  # the shipped 1.1B config through raytrain.main on a user's own files 
       data.progress_every_s=0 "${d[@]}" > "$W/1b-$v.log" 2>&1
     echo "1b $v (${d[*]}): rc=$? in $(( $(date +%s) - t0 ))s, $(wc -l < "$W/1b-$v.log") lines" >> "$W/status.txt"
     grep -E "raytrain:|step [0-9]+/16 |Error|error" "$W/1b-$v.log" | grep -v "DeepSpeed config (resolved" | tail -24 >> "$W/status.txt"
+  done
+  ;;
+activ)  # the planner's terms the calibration rows never exercised, each beside its control in one call (~6 min):
+  # HF's loss without Liger at a 128k vocabulary (the logits' bytes per vocabulary entry and token, against Liger's
+  # fused loss, which keeps none), and GPT-2's dropout masks (0.1 against 0.0, a GPT-2-shaped 1.3B of its own config)
+  V128=(--paths deepspeed "${Z[@]}" --vocab-size 128256 --micro-batch 4 --grad-accum 1 "${STEPS4[@]}" --no-profile)
+  variant v128k-noliger 110 "${V128[@]}" --liger none
+  variant v128k-loss 110 "${V128[@]}" --liger loss
+  for p in 0.1 0.0; do
+    python -c "from transformers import AutoConfig; from raytrain.model import byte_tokenizer
+AutoConfig.for_model('gpt2', n_embd=2048, n_layer=24, n_head=16, n_positions=2048, resid_pdrop=$p, embd_pdrop=$p,
+                     attn_pdrop=$p).save_pretrained('/tmp/gpt2-p$p'); byte_tokenizer().save_pretrained('/tmp/gpt2-p$p')"
+    variant gpt2-dropout$p 110 --paths deepspeed "${Z[@]}" --liger none --model-dir /tmp/gpt2-p$p --micro-batch 8 \
+      --grad-accum 1 "${STEPS4[@]}" --no-profile
   done
   ;;
 moe)  # a user's own mixture-of-experts model: Mixtral-shaped (8 experts, top-2, 4.8B parameters, 1.4B active per token,
