@@ -42,7 +42,7 @@ from typing import Any
 
 from raytrain.model import ParamStats, fused_layers_enabled
 from raytrain.planning import zero_layout
-from raytrain.planning.activations import activation_bytes, moe_dims
+from raytrain.planning.activations import GPT2_LIKE, activation_bytes, moe_dims
 
 GIB = 1024**3
 
@@ -94,6 +94,10 @@ def model_caveat(hf_config) -> str | None:
                 f"predicted tokens/s (docs/plan-accuracy.md), so treat tokens/s as an upper bound"
                 + ("" if model_type in MOE_LLAMA_LIKE else
                                      "; its attention and norms are planned as Llama's, approximately"))
+    if model_type in GPT2_LIKE:
+        return (f"model_type {model_type}'s activations are modelled on GPT-2's layers (LayerNorms, its MLP, dropout; "
+                f"measured on CPU, not on a GPU), its tokens/s on Llama layers' GPU efficiency: treat tokens/s as "
+                f"approximate")
     if model_type not in LLAMA_LIKE:
         return (f"model_type {model_type} is planned as a Llama-style decoder (activations and tokens/s are modelled "
                 f"and calibrated on Llama layers): treat activation memory and tokens/s as approximate")
