@@ -148,6 +148,7 @@ def test_a_cluster_whose_autoscaler_says_its_node_types_is_judged_with_the_nodes
                     more_cpus="", more_nodes="")
 
 
+@pytest.mark.usefixtures("no_ray_driver")  # connected, resolve_before_ray leaves the judgement to the live cluster
 def test_flash_attention_the_driver_lacks_is_refused_only_where_the_driver_runs_on_a_workers_node(
         monkeypatch, capsys, tmp_path):
     """The driver's packages stand for the workers' only where it runs on one of their nodes (a local cluster, a GPU
