@@ -1,6 +1,6 @@
-"""Activation memory of a Llama-style decoder at the start of backward (its peak), per worker, and the shapes
-the planner reads from a Hugging Face config: the dense widths (`decoder_dims`) and a mixture of experts'
-(`moe_dims`, with the parameters a token runs: `active_parameters`)."""
+"""Activation memory of a Llama-style decoder (and of GPT-2's and GPT-NeoX's layers) at the start of backward (its
+peak), per worker, and the shapes the planner reads from a Hugging Face config: the dense widths (`decoder_dims`)
+and a mixture of experts' (`moe_dims`, with the parameters a token runs: `active_parameters`)."""
 
 from __future__ import annotations
 
@@ -31,12 +31,19 @@ def decoder_dims(hf_config) -> DecoderDims:
 QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")
 
 # Decoders whose norms are LayerNorms and whose MLP is one activation between two projections, not SwiGLU (GPT-2's
-# ln_1 and ln_2, c_fc, the activation, c_proj): measured in tests/unit/planning/test_activations.py.
-GPT2_LIKE = ("gpt2",)
+# ln_1 and ln_2, c_fc, the activation, c_proj; GPT-NeoX's input_layernorm and post_attention_layernorm,
+# dense_h_to_4h, the activation, dense_4h_to_h): measured in tests/unit/planning/test_activations.py.
+GPT2_LIKE = ("gpt2", "gpt_neox")
 # Values of the MLP's width an activation keeps for backward, besides its output (kept by the down projection):
 # transformers' NewGELUActivation ("gelu_new", GPT-2's default) is Python arithmetic that keeps x, tanh(...), 0.5*x
-# and 1 + tanh(...); torch's own GELU ("gelu", "gelu_pytorch_tanh") keeps its input alone (the default here).
+# and 1 + tanh(...); torch's own GELU ("gelu", GPT-NeoX's default, "gelu_pytorch_tanh") keeps its input alone (the
+# default here).
 ACTIVATION_KEPT_VALUES = {"gelu_new": 4}
+# Decoders whose q, k and v are views of one fused projection's output (GPT-NeoX's query_key_value, Phi3's
+# qkv_proj) and whose q and k the rotary embedding copies: SDPA keeps the rotated q and k and v, a view that holds
+# the whole output, e*(q + 2kv), alive: e*(q + kv) more than separate projections keep. (GPT-2's c_attn is fused
+# but unrotated: its q, k and v are the whole output, which is what separate projections keep.)
+FUSED_ROTATED_QKV = ("gpt_neox", "phi3")
 
 # The config keys of a family's dropout probabilities, as transformers 5.25's modeling files use them: after the
 # embeddings, on each of a layer's two residual branches (attention's and the MLP's output) and on the attention
@@ -125,6 +132,11 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
     its output (2*e*h + 8), and the MLP keeps what the activation keeps of c_fc's output (`ACTIVATION_KEPT_VALUES`:
     4 values for gelu_new, GPT-2's default) and the activation's output, c_proj's input: 5*e*i. (Planned as
     Llama's norms and SwiGLU, GPT-2 kept 1.02x the plan in fp32 and 0.94x in bf16, by errors that cancel.)
+    GPT-NeoX's layers are planned the same way (GELU keeps its input: 2*e*i); with use_parallel_residual (its
+    default) both LayerNorms read the layer's input, kept once: e*h less. (Planned as Llama's, it kept 0.67-0.78x.)
+    A fused q, k and v projection whose q and k the rotary embedding copies (`FUSED_ROTATED_QKV`: GPT-NeoX, Phi3)
+    keeps its whole output, held by v, a view into it, besides the rotated q and k: e*(q + kv) more. (Phi3 kept
+    1.09-1.10x the plan without it.) Phi3's fused gate_up_proj keeps no more than SwiGLU's four values.
     Dropout, where the config's probability is > 0 (`dropout_probabilities`; raytrain trains in training mode,
     raytrain.model.build_model): each dropout keeps a mask of its input's size, m bytes a value: 1 on a GPU
     (native_dropout's bool mask), e on a CPU, whose dropout multiplies by a noise tensor of the input's dtype
@@ -135,7 +147,8 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
     with dropout takes its math path, in fp32 whatever e: the scaled q, k transposed and v (k and v repeated to
     q's width under GQA), the softmax's output, its noise and the dropped probabilities, and o_proj's input:
     4*(q + 2*kv) + 12*a*s + e*q in place of SDPA's terms above (no logsumexp; at s=256 a GPT-2 layer keeps 2.0x
-    what it keeps without dropout in fp32, 2.9x in bf16).
+    what it keeps without dropout in fp32, 2.9x in bf16). There a fused projection's v, in fp32 and without GQA
+    neither cast nor repeated, stays a view that keeps the whole output: e*(q + 2kv) in place of v's 4*q.
     Outside the layers: the final norm and the logits. HF's loss (ForCausalLMLoss) upcasts the logits to fp32
     and keeps log_softmax's fp32 output; at the start of backward that output, its incoming gradient (from
     nll_loss) and the gradient w.r.t. the logits coexist: 12*vocab bytes per token, often more than a whole
@@ -178,11 +191,18 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
         norm = 2 * e * h + 8
     else:
         norm = (e * h if fused else 4 * h + e * h) + e * h
+    # GPT-NeoX's parallel residual: both LayerNorms read the layer's input, kept once
+    norms = 2 * norm - (e * h if gpt2 and getattr(hf_config, "use_parallel_residual", False) else 0)
+    fused_qkv = model_type in FUSED_ROTATED_QKV
     if attention_dropout and attn_implementation == "sdpa" and not on_gpu:
         # fp32 q, and k and v repeated to q's width (the math path repeats them under GQA); three score matrices
         attention = 4 * 3 * q + 3 * 4 * heads * seq_len + e * q
+        if fused_qkv and e == 4 and kv == q:
+            attention += e * (q + 2 * kv) - 4 * q  # v neither cast nor repeated: a view of the whole fused output
     else:
         attention = e * (q + 2 * kv) + sdpa_out_copies * e * q + 4 * heads
+        if fused_qkv:
+            attention += e * (q + kv)
     if model_type in QK_NORM_MODEL_TYPES:
         attention += (4 + e) * (q + kv)
     if attn_implementation == "eager":
@@ -193,10 +213,11 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
         if getattr(hf_config, "attn_logit_softcapping", None):
             attention += e * heads * seq_len
     if gpt2:
-        mlp = (ACTIVATION_KEPT_VALUES.get(getattr(hf_config, "activation_function", None), 1) + 1) * e * inter
+        activation = getattr(hf_config, "activation_function", None) or getattr(hf_config, "hidden_act", None)
+        mlp = (ACTIVATION_KEPT_VALUES.get(activation, 1) + 1) * e * inter
     else:
         mlp = (3 if fused else 4) * e * inter
-    layer = 2 * norm + attention + mlp
+    layer = norms + attention + mlp
     if residual_dropout:
         layer += 2 * mask * h
     if fp8:

@@ -30,8 +30,8 @@ two Adam moments per parameter (4 / 8, or 2 / 4 with `bf16.bf16_master_weights_a
   (stage3.py:888-909). The gradient accumulation buffer stays in host RAM.
 - On one GPU ZeRO-3's gather is a view (partition_parameters.py, NoGatherHandle): no gathered-layer
   or persistent-parameter copies there.
-- Activations: `activation_bytes` (Llama-style decoders and their mixtures of experts, GPT-2; other models are
-  approximated).
+- Activations: `activation_bytes` (Llama-style decoders and their mixtures of experts, GPT-2, GPT-NeoX, Phi3's
+  fused projections; other models are approximated).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def model_caveat(hf_config) -> str | None:
                 + ("" if model_type in MOE_LLAMA_LIKE else
                                      "; its attention and norms are planned as Llama's, approximately"))
     if model_type in GPT2_LIKE:
-        return (f"model_type {model_type}'s activations are modelled on GPT-2's layers (LayerNorms, its MLP, dropout; "
+        return (f"model_type {model_type}'s activations are modelled on its own layers (LayerNorms, its MLP, dropout; "
                 f"measured on CPU, not on a GPU), its tokens/s on Llama layers' GPU efficiency: treat tokens/s as "
                 f"approximate")
     if model_type not in LLAMA_LIKE:

@@ -1,6 +1,6 @@
-"""raytrain.planning.activations.activation_bytes against what real transformers models keep on CPU: GPT-2's layers
-and the dropout masks of GPT-2, Llama and Phi3 (saved_tensors_hooks), and the logits term at the peak of raytrain's
-own train step (the CPU allocator's records, a real DeepSpeed engine)."""
+"""raytrain.planning.activations.activation_bytes against what real transformers models keep on CPU: GPT-2's,
+GPT-NeoX's and Phi3's layers and the dropout masks of GPT-2, GPT-NeoX, Llama and Phi3 (saved_tensors_hooks), and
+the logits term at the peak of raytrain's own train step (the CPU allocator's records, a real DeepSpeed engine)."""
 
 import json
 
@@ -22,6 +22,9 @@ def config(model_type: str, p: float, **extra):
     """A small model of the family with every dropout probability it reads at p."""
     if model_type == "gpt2":
         return AutoConfig.for_model("gpt2", **GPT2, embd_pdrop=p, resid_pdrop=p, attn_pdrop=p, **extra)
+    if model_type == "gpt_neox":  # no grouped-query attention: a num_key_value_heads would be read, not used
+        small = {k: v for k, v in SMALL.items() if k != "num_key_value_heads"}
+        return AutoConfig.for_model("gpt_neox", **small, hidden_dropout=p, attention_dropout=p, **extra)
     if model_type == "phi3":
         return AutoConfig.for_model("phi3", **SMALL, resid_pdrop=p, attention_dropout=p, pad_token_id=0,
                                     bos_token_id=1, eos_token_id=2)
@@ -30,7 +33,8 @@ def config(model_type: str, p: float, **extra):
 
 @pytest.mark.parametrize("model_type, attn_implementation, p", [
     ("gpt2", "sdpa", 0.0), ("gpt2", "sdpa", 0.1), ("llama", "sdpa", 0.0), ("llama", "sdpa", 0.1),
-    ("llama", "eager", 0.1), ("phi3", "sdpa", 0.1)])
+    ("llama", "eager", 0.1), ("gpt_neox", "sdpa", 0.0), ("gpt_neox", "sdpa", 0.1), ("phi3", "sdpa", 0.0),
+    ("phi3", "sdpa", 0.1)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_activations_with_and_without_dropout_match_what_autograd_keeps(model_type, attn_implementation, p, dtype):
     # Dropout was not planned: at 0.1 GPT-2 kept 2.0x (fp32) and 2.7x (bf16) the plan on CPU, Llama 2.4x and 3.6x
@@ -38,8 +42,12 @@ def test_activations_with_and_without_dropout_match_what_autograd_keeps(model_ty
     # mask is a tensor of the model's dtype. Now 1.00-1.04.
     # Left: o_proj's input is a view of SDPA's output on CPU for GPT-2 and Llama in torch 2.13, where the CPU
     # convention (sdpa_out_copies 2) plans a copy (0.96-0.98 without dropout); GPT-2's v in fp32 with dropout is a
-    # view of c_attn's whole output (1.04). Phi3 without dropout is 1.09-1.10, its fused qkv_proj's output kept
-    # whole by v, a gap dropout does not touch.
+    # view of c_attn's whole output (1.04).
+    # GPT-NeoX, planned as a Llama layer, kept 0.67-0.78 of the plan without dropout (0.87-0.90 with): its
+    # LayerNorms keep no fp32 upcast, the parallel residual's two norms share one input and its GELU MLP keeps two
+    # values of the MLP's width, not SwiGLU's four. Phi3 kept 1.09-1.10 without dropout: v, a view of qkv_proj's
+    # output, keeps it whole beside the rotated q and k (FUSED_ROTATED_QKV). Both 1.00-1.03 now (the rest: the
+    # rotary cos and sin); their o_proj input is a copy on CPU, as the convention plans.
     cfg = config(model_type, p)
     assert max(dropout_probabilities(cfg)) == p
     measured = saved_bytes(cfg, dtype, attn_implementation)
@@ -63,6 +71,17 @@ def test_gpt2_mlp_keeps_what_its_activation_keeps(dtype):
     planned = (activation_bytes(new, 1, SEQ_LEN, dtype.itemsize, checkpointing=False)
                - activation_bytes(tanh, 1, SEQ_LEN, dtype.itemsize, checkpointing=False))
     assert measured == planned == 2 * SEQ_LEN * 3 * dtype.itemsize * 4 * 128  # 2 layers, 3 values of 4h
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_gpt_neox_parallel_residual_keeps_the_layer_input_once(dtype):
+    # With use_parallel_residual (GPT-NeoX's default) both LayerNorms read the layer's input; without it the second
+    # reads attention's output added to it, one more value of the hidden width a layer.
+    parallel, sequential = (config("gpt_neox", 0.0, use_parallel_residual=r) for r in (True, False))
+    measured = saved_bytes(sequential, dtype)[0] - saved_bytes(parallel, dtype)[0]
+    planned = (activation_bytes(sequential, 1, SEQ_LEN, dtype.itemsize, checkpointing=False)
+               - activation_bytes(parallel, 1, SEQ_LEN, dtype.itemsize, checkpointing=False))
+    assert measured == planned == 2 * SEQ_LEN * dtype.itemsize * 128  # 2 layers, h = 128
 
 
 def test_dropout_on_a_gpu_keeps_bool_masks_and_nothing_in_fused_attention():

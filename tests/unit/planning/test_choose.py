@@ -295,11 +295,12 @@ def test_a_model_that_is_not_a_dense_llama_is_planned_with_a_caveat(tmp_path, ca
     from raytrain.planning.estimate import model_caveat
     from raytrain.tools.plan import main as plan_main
 
-    from transformers import GPT2Config, GPTNeoXConfig
+    from transformers import GPT2Config, GPTNeoXConfig, Phi3Config
 
     assert model_caveat(MistralConfig()) is None
-    assert "activations are modelled on GPT-2's layers" in model_caveat(GPT2Config())
-    assert "planned as a Llama-style decoder" in model_caveat(GPTNeoXConfig())
+    assert "activations are modelled on its own layers" in model_caveat(GPT2Config())
+    assert "gpt_neox's activations are modelled on its own layers" in model_caveat(GPTNeoXConfig())
+    assert "planned as a Llama-style decoder" in model_caveat(Phi3Config())
     caveat = model_caveat(MixtralConfig())
     assert "mixture of 8 experts (2 per token): its activations are modelled on what transformers' experts keep" in (
         caveat) and "every expert" not in caveat and "Llama's" not in caveat
