@@ -39,10 +39,11 @@ GPT2_LIKE = ("gpt2", "gpt_neox")
 # and 1 + tanh(...); torch's own GELU ("gelu", GPT-NeoX's default, "gelu_pytorch_tanh") keeps its input alone (the
 # default here).
 ACTIVATION_KEPT_VALUES = {"gelu_new": 4}
-# Decoders whose q, k and v are views of one fused projection's output (GPT-NeoX's query_key_value, Phi3's
-# qkv_proj) and whose q and k the rotary embedding copies: SDPA keeps the rotated q and k and v, a view that holds
-# the whole output, e*(q + 2kv), alive: e*(q + kv) more than separate projections keep. (GPT-2's c_attn is fused
-# but unrotated: its q, k and v are the whole output, which is what separate projections keep.)
+# Decoders whose q, k and v are views of one fused projection's output (GPT-2's c_attn, GPT-NeoX's query_key_value,
+# Phi3's qkv_proj): while anything keeps v, the whole output, e*(q + 2kv), stays alive.
+FUSED_QKV = ("gpt2", "gpt_neox", "phi3")
+# Those whose rotary embedding copies q and k (all but GPT-2, whose q and k are the output itself): SDPA keeps the
+# rotated q and k besides the whole output, e*(q + kv) more than separate projections keep.
 FUSED_ROTATED_QKV = ("gpt_neox", "phi3")
 
 # The config keys of a family's dropout probabilities, as transformers 5.25's modeling files use them: after the
@@ -134,7 +135,7 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
     Llama's norms and SwiGLU, GPT-2 kept 1.02x the plan in fp32 and 0.94x in bf16, by errors that cancel.)
     GPT-NeoX's layers are planned the same way (GELU keeps its input: 2*e*i); with use_parallel_residual (its
     default) both LayerNorms read the layer's input, kept once: e*h less. (Planned as Llama's, it kept 0.67-0.78x.)
-    A fused q, k and v projection whose q and k the rotary embedding copies (`FUSED_ROTATED_QKV`: GPT-NeoX, Phi3)
+    A fused q, k and v projection (`FUSED_QKV`) whose q and k the rotary embedding copies (GPT-NeoX, Phi3)
     keeps its whole output, held by v, a view into it, besides the rotated q and k: e*(q + kv) more. (Phi3 kept
     1.09-1.10x the plan without it.) Phi3's fused gate_up_proj keeps no more than SwiGLU's four values.
     Dropout, where the config's probability is > 0 (`dropout_probabilities`; raytrain trains in training mode,
@@ -147,8 +148,9 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
     with dropout takes its math path, in fp32 whatever e: the scaled q, k transposed and v (k and v repeated to
     q's width under GQA), the softmax's output, its noise and the dropped probabilities, and o_proj's input:
     4*(q + 2*kv) + 12*a*s + e*q in place of SDPA's terms above (no logsumexp; at s=256 a GPT-2 layer keeps 2.0x
-    what it keeps without dropout in fp32, 2.9x in bf16). There a fused projection's v, in fp32 and without GQA
-    neither cast nor repeated, stays a view that keeps the whole output: e*(q + 2kv) in place of v's 4*q.
+    what it keeps without dropout in fp32, 2.9x in bf16). There a fused projection's v (GPT-2's too), in fp32 and
+    without GQA neither cast nor repeated, stays a view that keeps the whole output: e*(q + 2kv) in place of 4*q
+    (GPT-2 kept 1.04x the plan without it).
     Outside the layers: the final norm and the logits. HF's loss (ForCausalLMLoss) upcasts the logits to fp32
     and keeps log_softmax's fp32 output; at the start of backward that output, its incoming gradient (from
     nll_loss) and the gradient w.r.t. the logits coexist: 12*vocab bytes per token, often more than a whole
@@ -193,15 +195,14 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
         norm = (e * h if fused else 4 * h + e * h) + e * h
     # GPT-NeoX's parallel residual: both LayerNorms read the layer's input, kept once
     norms = 2 * norm - (e * h if gpt2 and getattr(hf_config, "use_parallel_residual", False) else 0)
-    fused_qkv = model_type in FUSED_ROTATED_QKV
     if attention_dropout and attn_implementation == "sdpa" and not on_gpu:
         # fp32 q, and k and v repeated to q's width (the math path repeats them under GQA); three score matrices
         attention = 4 * 3 * q + 3 * 4 * heads * seq_len + e * q
-        if fused_qkv and e == 4 and kv == q:
+        if model_type in FUSED_QKV and e == 4 and kv == q:
             attention += e * (q + 2 * kv) - 4 * q  # v neither cast nor repeated: a view of the whole fused output
     else:
         attention = e * (q + 2 * kv) + sdpa_out_copies * e * q + 4 * heads
-        if fused_qkv:
+        if model_type in FUSED_ROTATED_QKV:
             attention += e * (q + kv)
     if model_type in QK_NORM_MODEL_TYPES:
         attention += (4 + e) * (q + kv)

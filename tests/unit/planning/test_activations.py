@@ -41,13 +41,13 @@ def test_activations_with_and_without_dropout_match_what_autograd_keeps(model_ty
     # (1.6x and 1.2x eager), where SDPA with dropout takes its math path (three fp32 score matrices) and each
     # mask is a tensor of the model's dtype. Now 1.00-1.04.
     # Left: o_proj's input is a view of SDPA's output on CPU for GPT-2 and Llama in torch 2.13, where the CPU
-    # convention (sdpa_out_copies 2) plans a copy (0.96-0.98 without dropout); GPT-2's v in fp32 with dropout is a
-    # view of c_attn's whole output (1.04).
+    # convention (sdpa_out_copies 2) plans a copy (0.96-0.98 without dropout).
     # GPT-NeoX, planned as a Llama layer, kept 0.67-0.78 of the plan without dropout (0.87-0.90 with): its
     # LayerNorms keep no fp32 upcast, the parallel residual's two norms share one input and its GELU MLP keeps two
     # values of the MLP's width, not SwiGLU's four. Phi3 kept 1.09-1.10 without dropout: v, a view of qkv_proj's
     # output, keeps it whole beside the rotated q and k (FUSED_ROTATED_QKV). Both 1.00-1.03 now (the rest: the
-    # rotary cos and sin); their o_proj input is a copy on CPU, as the convention plans.
+    # rotary cos and sin); their o_proj input is a copy on CPU, as the convention plans. GPT-2 in fp32 with
+    # dropout kept 1.04: its v, not cast by the math path, is a view of c_attn's whole output (FUSED_QKV); 1.00 now.
     cfg = config(model_type, p)
     assert max(dropout_probabilities(cfg)) == p
     measured = saved_bytes(cfg, dtype, attn_implementation)
