@@ -166,20 +166,29 @@ def _check_token_ids_build(hf_config, cfg: ModelConfig) -> None:
     outside = token_ids_outside_vocab(hf_config.to_dict(), vocab)
     if not outside:
         return
-    try:
-        weight_shapes(hf_config, cfg.trust_remote_code)
-    except Exception as e:  # whatever the model's constructor raises: AssertionError, IndexError, ...
+    def builds(keys) -> bool:
         without = copy.deepcopy(hf_config)
-        for key in outside:
+        for key in keys:
             setattr(without, key, None)
         try:
             weight_shapes(without, cfg.trust_remote_code)
-        except Exception:  # not the ids' doing: left to the overrides' check (_check_overrides_build), as before
+        except Exception:
+            return False
+        return True
+
+    try:
+        weight_shapes(hf_config, cfg.trust_remote_code)
+    except Exception as e:  # whatever the model's constructor raises: AssertionError, IndexError, ...
+        if not builds(outside):  # not the ids' doing: left to the overrides' check (_check_overrides_build)
             return
-        given = ", ".join(f"{key}={value!r}" for key, value in outside.items())
-        fixes = " ".join(f"model.config.{key}=null" for key in outside)
+        # the ids the build fails on (Llama's pad_token_id, not its eos_token_id), each tried alone; all if it
+        # takes more than one (a meta build each, cached, and only on this error path)
+        culprits = [key for key in outside if builds([key])] or list(outside)
+        given = ", ".join(f"{key}={outside[key]!r}" for key in culprits)
+        fixes = " ".join(f"model.config.{key}=null" for key in culprits)
         model_class = causal_lm_class_name(hf_config, cfg.trust_remote_code)
-        raise ConfigError(f"{cfg.name_or_path}'s config.json has {given}, outside the model's vocabulary "
+        where = "with model.config's overrides" if cfg.config else "in its config.json"
+        raise ConfigError(f"{cfg.name_or_path} has {given} {where}, outside the model's vocabulary "
                           f"(vocab_size={vocab}): {model_class} cannot be built with it ({type(e).__name__}: "
                           f"{first_line(e)}); set {fixes} (or an id from 0 to {vocab - 1})") from None
 

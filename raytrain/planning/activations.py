@@ -147,7 +147,7 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
     dropped probabilities, which replace the cast as the matmul's input: a*s*(4 + m + e) in all. On a CPU, SDPA
     with dropout takes its math path, in fp32 whatever e: the scaled q, k transposed and v (k and v repeated to
     q's width under GQA), the softmax's output, its noise and the dropped probabilities, and o_proj's input:
-    4*(q + 2*kv) + 12*a*s + e*q in place of SDPA's terms above (no logsumexp; at s=256 a GPT-2 layer keeps 2.0x
+    4*3*q + 12*a*s + e*q in place of SDPA's terms above (no logsumexp; at s=256 a GPT-2 layer keeps 2.0x
     what it keeps without dropout in fp32, 2.9x in bf16). There a fused projection's v (GPT-2's too), in fp32 and
     without GQA neither cast nor repeated, stays a view that keeps the whole output: e*(q + 2kv) in place of 4*q
     (GPT-2 kept 1.04x the plan without it).

@@ -387,12 +387,17 @@ def test_config_json_token_ids_outside_the_vocabulary_are_said_once_in_a_note_no
 def test_a_pad_token_id_outside_the_vocabulary_is_an_error_or_a_frozen_row_not_a_traceback(tmp_path):
     # 500 past a table of 320: torch's "Padding_idx must be within num_embeddings" on the driver's meta build,
     # a traceback (and in every worker's build)
-    LlamaConfig(**TINY, pad_token_id=500).save_pretrained(tmp_path / "past")
-    with pytest.raises(ConfigError, match=r"^.*/past's config.json has pad_token_id=500, outside the model's "
+    LlamaConfig(**TINY, pad_token_id=500, eos_token_id=600).save_pretrained(tmp_path / "past")
+    # only the id the build fails on is named (Llama's eos_token_id past the table builds)
+    with pytest.raises(ConfigError, match=r"^.*/past has pad_token_id=500 in its config.json, outside the model's "
                                           r"vocabulary \(vocab_size=320\): LlamaForCausalLM cannot be built with it "
                                           r"\(AssertionError: Padding_idx must be within num_embeddings\); set "
                                           r"model.config.pad_token_id=null \(or an id from 0 to 319\)$"):
         load_model_config(ModelConfig(name_or_path=str(tmp_path / "past")))
+    # an override that puts it outside is named as one
+    with pytest.raises(ConfigError, match=r"^.*/past has pad_token_id=500 with model.config's overrides, outside "
+                                          r"the model's vocabulary \(vocab_size=400\)"):
+        load_model_config(ModelConfig(name_or_path=str(tmp_path / "past"), config={"vocab_size": 400}))
     assert load_model_config(ModelConfig(name_or_path=str(tmp_path / "past"), config={"pad_token_id": None}))
     # -1 builds: torch counts it from the end, and the last row, here the byte tokenizer's EOS, gets no gradient.
     # A model built from a config takes the tokenizer's EOS and BOS: the config's 4400 is not said.

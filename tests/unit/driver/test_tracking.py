@@ -3,6 +3,7 @@ the driver, against a real MLflow file store (and a local socket for a server th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -119,6 +120,14 @@ def test_what_opening_a_new_sqlite_database_would_refuse_is_asked_without_writin
     assert _holds_mlflow_tables("sqlite:///x", str(tmp_path / "mlflow.db"))
     assert not _holds_mlflow_tables("sqlite:///x", str(tmp_path / "other.db"))  # MLflow would add its tables
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    # locked by a writer (a run logging to it): a database, asked as before, not "not a database"
+    with contextlib.closing(sqlite3.connect(tmp_path / "mlflow.db", isolation_level=None)) as writer:
+        writer.execute("BEGIN EXCLUSIVE")
+        assert _holds_mlflow_tables("sqlite:///x", str(tmp_path / "mlflow.db"), lock_wait_s=0.1)
+    (tmp_path / "notes.txt").write_text("not a database, but a long enough text file to be read as a header\n" * 4)
+    with pytest.raises(ConfigError, match=r"notes.txt is not an SQLite database this driver can read \(file is not "
+                                          r"a database\): name a new file, or an MLflow database"):
+        _holds_mlflow_tables("sqlite:///x", str(tmp_path / "notes.txt"))
 
 
 def test_a_deleted_experiment_is_refused_with_how_to_restore_it(store):
