@@ -161,11 +161,12 @@ def _check_token_ids_build(hf_config, cfg: ModelConfig) -> None:
     torch refuses past the table ("Padding_idx must be within num_embeddings"): a traceback from the
     driver's meta build, else from every worker. One line naming the key instead. Only when there is
     such an id: a meta-device build (cached), and one more without the ids on failure, to tell their
-    failure from any other (which is raised as it was)."""
+    failure from any other (left to the overrides' check, `_check_overrides_build`, which names the key)."""
     vocab = getattr(hf_config, "vocab_size", None)
     outside = token_ids_outside_vocab(hf_config.to_dict(), vocab)
     if not outside:
         return
+
     def builds(keys) -> bool:
         without = copy.deepcopy(hf_config)
         for key in keys:
@@ -631,6 +632,12 @@ def attention_backends(model_class: type) -> list[str]:
 FLASH_ATTENTION_PACKAGES = {2: "flash-attn", 3: "flash-attn-3", 4: "flash-attn-4"}
 
 
+def flash_attention_version(attn_implementation: str | None) -> int | None:
+    """N of model.attn_implementation=flash_attention_N, else None."""
+    match = re.fullmatch(r"flash_attention_(\d)", attn_implementation or "")
+    return int(match[1]) if match else None
+
+
 def flash_attention_missing(version: int) -> str | None:
     """None when flash_attention_`version` can load in this environment: its package is installed, or
     the `kernels` package is, through which transformers fetches a hub build instead (on the GPU
@@ -673,8 +680,8 @@ def build_model(cfg: ModelConfig, hf_config, ds_config: dict[str, Any], from_che
     # "auto" is transformers' own default (None: SDPA where the class has it, else eager); the driver has
     # already made it concrete in a run's spec (planning.resolve._resolve_attention), a direct call may not.
     attn = None if cfg.attn_implementation == "auto" else cfg.attn_implementation
-    flash = re.fullmatch(r"flash_attention_(\d)", attn or "")
-    missing = flash and flash_attention_missing(int(flash[1]))
+    version = flash_attention_version(attn)
+    missing = version and flash_attention_missing(version)
     if missing:  # the driver checks its own environment only where it is this node's (ClusterShape)
         raise ImportError(f"model.attn_implementation={attn} needs {missing}, which is not installed on node "
                           f"{socket.gethostname()}: install it on the GPU nodes, or set model.attn_implementation=sdpa")

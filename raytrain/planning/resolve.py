@@ -13,7 +13,6 @@ import difflib
 import itertools
 import json
 import math
-import re
 from typing import Any
 
 from raytrain.config import ConfigError, RunConfig
@@ -21,8 +20,9 @@ from raytrain.data.sources import Sources, data_facts, inspect_sources
 from raytrain.deepspeed_config import AUTO, DeepSpeedFacts, load_deepspeed, resolve_deepspeed
 from raytrain.hardware import Target
 from raytrain.model import (attention_backends, causal_lm_class, causal_lm_class_name, config_from_facts,
-                            document_start_ids, embedding_padding_row, fused_layers_enabled, load_model_config,
-                            load_tokenizer, param_stats, token_ids_from_tokenizer, token_ids_outside_vocab)
+                            document_start_ids, embedding_padding_row, flash_attention_version,
+                            fused_layers_enabled, load_model_config, load_tokenizer, param_stats,
+                            token_ids_from_tokenizer, token_ids_outside_vocab)
 from raytrain.planning.activations import active_parameters
 from raytrain.planning.choose import resolve_auto
 from raytrain.planning.deepspeed_check import check_deepspeed
@@ -157,8 +157,8 @@ def advice(resolved: ResolvedRun) -> list[str]:
                          f"model stops on the config's; use the model's own tokenizer, or set "
                          f"model.config.eos_token_id={eos}")
     shape = resolved.cluster
-    flash = re.fullmatch(r"flash_attention_(\d)", model.attn_implementation)
-    missing = flash and not shape.driver_on_worker_node and flash_attention_missing(int(flash[1]))
+    version = flash_attention_version(model.attn_implementation)
+    missing = version and not shape.driver_on_worker_node and flash_attention_missing(version)
     if missing:  # the GPU nodes may have it: not refused (_check_attention), but a worker without it fails
         notes.append(f"model.attn_implementation={model.attn_implementation} needs {missing}, which this "
                      f"driver's node lacks; the workers run on other nodes, not checked from here: it must be "
@@ -202,7 +202,8 @@ def _token_ids_note(resolved: ResolvedRun, outside: dict[str, Any]) -> str:
         said.append(f"{key}={value!r}: {what}")
         fixes.append(f"model.config.{key}={'null' if fix is None else fix}")
     ids, them = ("token ids", "them") if len(said) > 1 else ("a token id", "it")
-    return (f"{model.name_or_path}'s config.json has {ids} outside the model's vocabulary (0 to "
+    where = "with model.config's overrides" if model.config else "in its config.json"
+    return (f"{model.name_or_path} has {ids} {where} outside the model's vocabulary (0 to "
             f"{facts.vocab_size - 1}), which transformers only warns about: {'; '.join(said)}; the exported "
             f"config.json keeps {them}: set {' '.join(fixes)}")
 
@@ -410,13 +411,13 @@ def _check_attention(cfg: RunConfig, hf_config, shape: ClusterShape) -> None:
     if name.removeprefix("paged|") not in supported:
         raise ConfigError(f"model.attn_implementation={name!r}: {model_class.__name__} does not support it (it "
                           f"supports {', '.join(supported)}): set model.attn_implementation={fix}")
-    flash = re.fullmatch(r"flash_attention_(\d)", name)
-    if flash and not shape.use_gpu:
+    version = flash_attention_version(name)
+    if version and not shape.use_gpu:
         raise ConfigError(f"model.attn_implementation={name} runs on GPUs only, and this run's workers have none: "
                           f"set model.attn_implementation={fix}")
     # Only where the driver's environment is the workers' (a local cluster, a driver on a GPU node): a CPU head
     # node's or a laptop's says nothing of the GPU nodes' image (`advice` notes it; a worker without it fails).
-    missing = flash_attention_missing(int(flash[1])) if flash and shape.driver_on_worker_node else None
+    missing = flash_attention_missing(version) if version and shape.driver_on_worker_node else None
     if missing:
         raise ConfigError(f"model.attn_implementation={name} needs {missing}, which is not installed here: install "
                           f"it on the cluster's nodes, or set model.attn_implementation={fix}")

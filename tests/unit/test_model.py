@@ -371,9 +371,9 @@ def test_config_json_token_ids_outside_the_vocabulary_are_said_once_in_a_note_no
         said = notes()
     assert not [m for m in log if "must be `None` or an integer within the vocabulary" in m], log
     assert said == [
-        f"{path}'s config.json has token ids outside the model's vocabulary (0 to 332), which transformers only warns "
-        f"about: bos_token_id=4322: packing starts documents with no BOS (the tokenizer adds none); eos_token_id=4321: "
-        f"packing ends every document with the tokenizer's EOS (token 256), so the data is not affected, but "
+        f"{path} has token ids in its config.json outside the model's vocabulary (0 to 332), which transformers only "
+        f"warns about: bos_token_id=4322: packing starts documents with no BOS (the tokenizer adds none); "
+        f"eos_token_id=4321: packing ends every document with the tokenizer's EOS (token 256), so the data is not affected, but "
         f"generate() with the exported model stops only at this id, which it never produces; pad_token_id=-1: "
         f"LlamaForCausalLM makes it its embedding's padding row, row 332 (no token of the tokenizer), which gets no "
         f"gradient; the exported config.json keeps them: set model.config.bos_token_id=null "
@@ -407,7 +407,7 @@ def test_a_pad_token_id_outside_the_vocabulary_is_an_error_or_a_frozen_row_not_a
     run = resolve_run(cfg, shape_from_config(cfg))
     assert run.model.hf_config["eos_token_id"] == 256
     assert [n for n in advice(run) if "vocabulary" in n] == [
-        f"{tmp_path / 'neg'}'s config.json has a token id outside the model's vocabulary (0 to 256), which "
+        f"{tmp_path / 'neg'} has a token id in its config.json outside the model's vocabulary (0 to 256), which "
         f"transformers only warns about: pad_token_id=-1: LlamaForCausalLM makes it its embedding's padding row, "
         f"row 256 (token 256 ('<|endoftext|>') of the tokenizer), which gets no gradient; the exported config.json "
         f"keeps it: set model.config.pad_token_id=null"]
