@@ -184,17 +184,17 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
     vocab = hf_config.vocab_size
     e = bytes_per_value
     model_type = getattr(hf_config, "model_type", None)
-    gpt2 = model_type in GPT2_LIKE
+    layer_norms = model_type in GPT2_LIKE  # GPT-2's and GPT-NeoX's LayerNorms and single-activation MLP
     embed_dropout, residual_dropout, attention_dropout = dropout_probabilities(hf_config)
     mask = 1 if on_gpu else e  # bytes of a dropout's mask per value
 
     fused = liger_kernel == "all"
-    if gpt2:
+    if layer_norms:
         norm = 2 * e * h + 8
     else:
         norm = (e * h if fused else 4 * h + e * h) + e * h
     # GPT-NeoX's parallel residual: both LayerNorms read the layer's input, kept once
-    norms = 2 * norm - (e * h if gpt2 and getattr(hf_config, "use_parallel_residual", False) else 0)
+    norms = 2 * norm - (e * h if layer_norms and getattr(hf_config, "use_parallel_residual", False) else 0)
     if attention_dropout and attn_implementation == "sdpa" and not on_gpu:
         # fp32 q, and k and v repeated to q's width (the math path repeats them under GQA); three score matrices
         attention = 4 * 3 * q + 3 * 4 * heads * seq_len + e * q
@@ -213,7 +213,7 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
             attention += heads * seq_len * (mask + e - cast)
         if getattr(hf_config, "attn_logit_softcapping", None):
             attention += e * heads * seq_len
-    if gpt2:
+    if layer_norms:
         activation = getattr(hf_config, "activation_function", None) or getattr(hf_config, "hidden_act", None)
         mlp = (ACTIVATION_KEPT_VALUES.get(activation, 1) + 1) * e * inter
     else:
