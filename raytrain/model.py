@@ -655,6 +655,18 @@ def flash_attention_missing(version: int) -> str | None:
     return f"the {FLASH_ATTENTION_PACKAGES.get(version, 'flash-attn')} package (or `kernels`, for a hub build)"
 
 
+def node_lacks(cfg: ModelConfig) -> tuple[str, str] | None:
+    """(what, fix) when this node lacks a package the model config needs (model.attn_implementation=
+    flash_attention_N's), else None. The driver checks its own environment only where it is a workers' node
+    (ClusterShape.driver_on_worker_node); each worker asks this of its own before it builds the model."""
+    version = flash_attention_version(cfg.attn_implementation)
+    missing = version and flash_attention_missing(version)
+    if not missing:
+        return None
+    return (f"model.attn_implementation={cfg.attn_implementation} needs {missing}, which is not installed there",
+            "install it on the GPU nodes, or set model.attn_implementation=sdpa")
+
+
 def fused_layers_enabled(cfg: ModelConfig, hf_config) -> bool:
     """model.fused_layers resolved: true/false as set; "auto" is on for a Llama model with Liger's GPU
     kernels (liger_kernel=all, measured there) and off otherwise (raytrain/worker/fused.py)."""
@@ -680,11 +692,9 @@ def build_model(cfg: ModelConfig, hf_config, ds_config: dict[str, Any], from_che
     # "auto" is transformers' own default (None: SDPA where the class has it, else eager); the driver has
     # already made it concrete in a run's spec (planning.resolve._resolve_attention), a direct call may not.
     attn = None if cfg.attn_implementation == "auto" else cfg.attn_implementation
-    version = flash_attention_version(attn)
-    missing = version and flash_attention_missing(version)
-    if missing:  # the driver checks its own environment only where it is this node's (ClusterShape)
-        raise ImportError(f"model.attn_implementation={attn} needs {missing}, which is not installed on node "
-                          f"{socket.gethostname()}: install it on the GPU nodes, or set model.attn_implementation=sdpa")
+    lacking = node_lacks(cfg)
+    if lacking:  # a run's workers stop on it before this (raytrain.worker.loop); a direct call raises
+        raise ImportError(f"node {socket.gethostname()}: {lacking[0]}: {lacking[1]}")
     # transformers' DeepSpeed integration: while an HfDeepSpeedConfig with stage 3 is alive (a weak
     # global reference reads it), from_pretrained and from_config create the model under zero.Init
     # themselves (dtype from the config's bf16/fp16 section), with what zero.Init alone gets wrong:

@@ -11,6 +11,9 @@ line, `raytrain: error: FILE line N: WHAT (and K more bad records): FIX`, and ex
 
 Outside a run (no counter: a dataset read by a test or by `raytrain.tools.bench_data`) the task
 raises the BadRecord itself, as any ConfigError.
+
+A Train worker stops the run the same way for a mistake in the user's setup that it finds as it starts
+(`SetupMistake`: a package the config needs missing on its node), which a restart would meet again.
 """
 
 from __future__ import annotations
@@ -38,8 +41,30 @@ class BadRecord(ConfigError):
     def with_more(self, more: int) -> "BadRecord":
         return BadRecord(self.where, self.what, self.fix, more)
 
+    def same(self, other: "BadRecord") -> bool:
+        """`other` is this record found again (every rank finding no step, a retried task), not another one."""
+        return type(other) is type(self) and other.line() == self.line()
+
     def __reduce__(self):  # crosses processes (task -> counter actor -> driver) with its fields
         return BadRecord, (self.where, self.what, self.fix, self.more)
+
+
+class SetupMistake(BadRecord):
+    """A mistake in the user's setup that a Train worker finds as it starts, before it builds anything: a package
+    the config needs, missing on the worker's node (`where`: "node HOST"). A restart would meet it again, so it
+    stops the run as a bad record does (one line, exit 2, no retry), where an exception would be retried as a
+    worker failure checkpoint.max_failures times, each after a group restart. Every worker of such a node, and
+    every node like it, finds the same mistake: one line names the first node, the others are not counted
+    (`same`: the same `what`, whatever the node)."""
+
+    def with_more(self, more: int) -> "SetupMistake":
+        return self  # only the first is said: the others are the same mistake on other nodes
+
+    def same(self, other: BadRecord) -> bool:
+        return type(other) is type(self) and (other.what, other.fix) == (self.what, self.fix)
+
+    def __reduce__(self):
+        return SetupMistake, (self.where, self.what, self.fix)
 
 
 class BadRecords:

@@ -122,8 +122,7 @@ class Counter:
     def bad_record(self, record) -> None:
         """A task found a bad record: the first one stops the run (the others are counted)."""
         if self._bad is not None:
-            # The same record again (every rank finding no step, a retried task) is not another one.
-            self._more_bad += record.line() != self._bad.line()
+            self._more_bad += not record.same(self._bad)
             return
         self._bad = record
         if self._controller is not None:

@@ -159,10 +159,10 @@ def advice(resolved: ResolvedRun) -> list[str]:
     shape = resolved.cluster
     version = flash_attention_version(model.attn_implementation)
     missing = version and not shape.driver_on_worker_node and flash_attention_missing(version)
-    if missing:  # the GPU nodes may have it: not refused (_check_attention), but a worker without it fails
+    if missing:  # the GPU nodes may have it: not refused (_check_attention); a worker without it stops the run
         notes.append(f"model.attn_implementation={model.attn_implementation} needs {missing}, which this "
                      f"driver's node lacks; the workers run on other nodes, not checked from here: it must be "
-                     f"installed on the GPU nodes, or every worker fails as it builds the model")
+                     f"installed on the GPU nodes, or the run stops as its workers start")
     if shape.elastic:
         sizes = ", ".join(f"{p.world_size} x {p.deepspeed.gradient_accumulation_steps}" for p in resolved.world_sizes)
         notes.append(f"scaling.num_workers=[{shape.min_workers}, {shape.num_workers}] is elastic (workers x gradient "

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,9 +28,10 @@ from raytrain.checkpoint import reshard
 from raytrain.checkpoint.layout import checkpoint_dir_name
 from raytrain.checkpoint.shards import Checkpointer, Rank, ResumePoint, restore, resume_point
 from raytrain.console import emit, format_progress
+from raytrain.data.bad_records import SetupMistake, stop_run
 from raytrain.data.ingest import MicroBatches
 from raytrain.data.progress import reached
-from raytrain.model import flops_per_token
+from raytrain.model import flops_per_token, node_lacks
 from raytrain.run_spec import RunSpec
 from raytrain.worker.engine import after_checkpoint_load, build_engine, import_deepspeed, train_step
 from raytrain.worker.evaluation import Evaluator, eval_batches
@@ -96,6 +98,9 @@ def train_loop_per_worker(spec_dict: dict[str, Any]) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     compat.quiet_ray_train_report_log()
+    lacking = node_lacks(cfg.model)
+    if lacking:  # the user's setup, the same at every restart: stop the run (one line, exit 2), not a retry
+        stop_run(SetupMistake(f"node {socket.gethostname()}", *lacking), spec.counter)
     resume = resume_point(spec, ray.train.get_checkpoint(), rank.world_size)
     ds_config = spec.ds_config
     if resume is not None and resume.universal:

@@ -285,24 +285,31 @@ def test_flash_attention_needs_its_package_or_kernels_where_the_run_starts(tmp_p
     assert [n for n in advice(run) if "flash" in n] == [
         "model.attn_implementation=flash_attention_2 needs the flash-attn package (v2), which this driver's node "
         "lacks; the workers run on other nodes, not checked from here: it must be installed on the GPU nodes, or "
-        "every worker fails as it builds the model"]
+        "the run stops as its workers start"]
 
 
-def test_a_worker_without_flash_attention_says_what_is_missing_on_which_node(tmp_path, monkeypatch):
+def test_a_worker_without_flash_attention_stops_the_run_in_one_line_naming_its_node(tmp_path, monkeypatch):
     """The driver lets a run through when it runs on no node of the workers (above); a worker whose node lacks the
-    package then fails in one line naming the key, the package, the node and the fix (retried as a worker
-    failure, as every build error is), not transformers' line, which names none of raytrain's keys."""
+    package then stops the run as a bad record does (one line naming the node, the key, the package and the fix;
+    exit 2, no retry: a restart meets it again), before it builds anything. A direct build_model raises the line."""
     import socket
 
     from raytrain import model
+    from raytrain.data.bad_records import SetupMistake, stop_run
 
-    monkeypatch.setattr(model, "flash_attention_missing", lambda version: f"the flash-attn package (v{version})")
     cfg = ModelConfig(attn_implementation="flash_attention_2")
+    monkeypatch.setattr(model, "flash_attention_missing", lambda version: None)
+    assert model.node_lacks(cfg) is None and model.node_lacks(ModelConfig()) is None
+    monkeypatch.setattr(model, "flash_attention_missing", lambda version: f"the flash-attn package (v{version})")
+    assert model.node_lacks(ModelConfig(attn_implementation="sdpa")) is None
+    line = (f"node {socket.gethostname()}: model.attn_implementation=flash_attention_2 needs the flash-attn package "
+            f"(v2), which is not installed there: install it on the GPU nodes, or set model.attn_implementation=sdpa")
+    with pytest.raises(SetupMistake) as e:  # what the worker's loop does with it, outside a run (no counter)
+        stop_run(SetupMistake(f"node {socket.gethostname()}", *model.node_lacks(cfg)), None)
+    assert str(e.value) == line
     with pytest.raises(ImportError) as e:
         model.build_model(cfg, LlamaConfig(**TINY), {"zero_optimization": {"stage": 0}})
-    assert str(e.value) == (f"model.attn_implementation=flash_attention_2 needs the flash-attn package (v2), which "
-                            f"is not installed on node {socket.gethostname()}: install it on the GPU nodes, or set "
-                            f"model.attn_implementation=sdpa")
+    assert str(e.value) == line
 
 
 def test_overrides_are_checked_by_the_config_class_and_the_model_as_a_worker_builds_them(tmp_path):

@@ -138,6 +138,24 @@ def test_tokenize_and_pack_reports_rows_documents_and_tokens(monkeypatch):
     assert sent == [("counter", {"rows": 3, "documents": 2, "tokens": 3 + 6})]
 
 
+def test_a_setup_mistake_on_several_nodes_is_one_mistake_said_once():
+    """Every worker of a node without a package the config needs, and every such node, reports the same
+    SetupMistake: the first node is named, the others are not "more bad records"; it crosses processes whole."""
+    import pickle
+
+    from raytrain.data.bad_records import BadRecord, SetupMistake
+
+    what, fix = "model.attn_implementation=flash_attention_2 needs flash-attn, which is not installed there", "install"
+    counter = Counter()
+    counter.bad_record(SetupMistake("node a", what, fix))
+    counter.bad_record(SetupMistake("node a", what, fix))
+    counter.bad_record(SetupMistake("node b", what, fix))
+    summary = counter.summary()
+    assert str(summary.bad_record) == f"node a: {what}: {fix}" and isinstance(summary.bad_record, SetupMistake)
+    assert pickle.loads(pickle.dumps(summary.bad_record)).line() == summary.bad_record.line()
+    assert not SetupMistake("node a", what, fix).same(BadRecord("node a", what, fix))
+
+
 def test_data_progress_off_counts_no_reads_but_the_counter_still_has_a_name():
     progress = DataProgress(DataConfig(progress_every_s=0), "run")
     assert progress.track(Source("builtin")) is None  # the tasks report no reads
