@@ -193,6 +193,14 @@ def import_deepspeed(device: torch.device):
     # torch 2.13 deprecates: one warning per call would bury the progress lines.
     warnings.filterwarnings("ignore", message=".*(all_gather_into_tensor|reduce_scatter_tensor).*",
                             category=FutureWarning)
+    # Rank 0's torch warns at a barrier (DeepSpeed's, in the engine build and in each checkpoint save) that the
+    # process group has no bound device ("barrier(): using the device under current context", two lines a time,
+    # measured on the H200's logs): Ray Train creates the group without device_id. The device under current
+    # context is the one Ray Train assigned this worker (raytrain.worker.loop sets it before anything runs), the
+    # warning's worry (a default device 0) does not apply. Binding one (init_process_group's device_id) is Ray
+    # Train's call, and would change how NCCL initialises its communicators.
+    warnings.filterwarnings("ignore", message=r"barrier\(\): using the device under current context",
+                            category=UserWarning)
     deepspeed = compat.import_deepspeed_without_mlflow()
 
     if device.type == "cpu":

@@ -218,3 +218,19 @@ def test_report_gate_sends_every_checkpoint_and_a_metrics_window_once_per_contro
     assert sent == [1, 3, 7, 12, 14]
     slow = ReportGate(poll_s=2.0)  # windows longer than a poll: every one goes
     assert all(slow.due({"step_time_s": 2.5}, step, False) for step in range(1, 6))
+
+
+def test_the_worker_holds_back_torchs_barrier_device_warning_and_only_it():
+    """Ray Train creates the process group without device_id; torch then warns at each of DeepSpeed's barriers
+    on rank 0 that it uses the current device, which the worker has set to Ray's: two lines per engine build and
+    per checkpoint on a GPU, and nothing to act on."""
+    import warnings
+
+    from raytrain.worker.engine import import_deepspeed
+
+    with warnings.catch_warnings(record=True) as seen:
+        import_deepspeed(torch.device("cpu"))
+        warnings.warn("barrier(): using the device under current context. You can specify `device_id` in "
+                      "`init_process_group` to mute this warning.", UserWarning)
+        warnings.warn("barrier(): some other warning", UserWarning)
+    assert [str(w.message) for w in seen] == ["barrier(): some other warning"]
