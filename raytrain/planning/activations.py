@@ -1,6 +1,7 @@
-"""Activation memory of a Llama-style decoder (and of GPT-2's and GPT-NeoX's layers) at the start of backward (its
-peak), per worker, and the shapes the planner reads from a Hugging Face config: the dense widths (`decoder_dims`)
-and a mixture of experts' (`moe_dims`, with the parameters a token runs: `active_parameters`)."""
+"""Activation memory of a Llama-style decoder (and of GPT-2's, GPT-NeoX's, OPT's, XGLM's and GPTBigCode's layers) at
+the start of backward (its peak), per worker, and the shapes the planner reads from a Hugging Face config: the dense
+widths (`decoder_dims`) and a mixture of experts' (`moe_dims`, with the parameters a token runs:
+`active_parameters`)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ def decoder_dims(hf_config) -> DecoderDims:
     heads = getattr(hf_config, "num_attention_heads", None) or max(1, h // 64)
     kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
     head_dim = getattr(hf_config, "head_dim", None) or h // heads
-    inter = getattr(hf_config, "intermediate_size", None) or 4 * h
+    # OPT and XGLM spell the MLP's width ffn_dim, GPT-2 and GPTBigCode n_inner (None: 4h)
+    inter = next((getattr(hf_config, k, None) for k in ("intermediate_size", "ffn_dim", "n_inner")
+                  if getattr(hf_config, k, None)), 4 * h)
     return DecoderDims(h, hf_config.num_hidden_layers, heads, heads * head_dim, kv_heads * head_dim, inter)
 
 
@@ -32,38 +35,69 @@ QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")
 
 # Decoders whose norms are LayerNorms and whose MLP is one activation between two projections, not SwiGLU (GPT-2's
 # ln_1 and ln_2, c_fc, the activation, c_proj; GPT-NeoX's input_layernorm and post_attention_layernorm,
-# dense_h_to_4h, the activation, dense_4h_to_h): measured in tests/unit/planning/test_activations.py.
-GPT2_LIKE = ("gpt2", "gpt_neox")
+# dense_h_to_4h, the activation, dense_4h_to_h; OPT's and XGLM's self_attn_layer_norm and final_layer_norm, fc1,
+# the activation, fc2; GPTBigCode's as GPT-2's): measured in tests/unit/planning/test_activations.py.
+GPT2_LIKE = ("gpt2", "gpt_neox", "opt", "xglm", "gpt_bigcode")
 # Values of the MLP's width an activation keeps for backward, besides its output (kept by the down projection):
 # transformers' NewGELUActivation ("gelu_new", GPT-2's default) is Python arithmetic that keeps x, tanh(...), 0.5*x
-# and 1 + tanh(...); torch's own GELU ("gelu", GPT-NeoX's default, "gelu_pytorch_tanh") keeps its input alone (the
-# default here).
-ACTIVATION_KEPT_VALUES = {"gelu_new": 4}
-# Decoders whose q, k and v are views of one fused projection's output (GPT-2's c_attn, GPT-NeoX's query_key_value,
-# Phi3's qkv_proj): while anything keeps v, the whole output, e*(q + 2kv), stays alive.
-FUSED_QKV = ("gpt2", "gpt_neox", "phi3")
+# and 1 + tanh(...); torch's own GELU ("gelu", GPT-NeoX's and XGLM's default, "gelu_pytorch_tanh", GPTBigCode's)
+# keeps its input alone (the default here); ReLU (OPT's default) keeps its output, which the down projection keeps
+# anyway: nothing more.
+ACTIVATION_KEPT_VALUES = {"gelu_new": 4, "relu": 0}
+# Activations whose backward reads their output: a dropout after them (XGLM's activation_dropout) leaves it kept
+# besides the dropped values the down projection keeps.
+ACTIVATION_KEEPS_OUTPUT = ("relu",)
+# Decoders whose q, k and v are views of one fused projection's output (GPT-2's and GPTBigCode's c_attn, GPT-NeoX's
+# query_key_value, Phi3's qkv_proj): while anything keeps v, the whole output, e*(q + 2kv), stays alive.
+FUSED_QKV = ("gpt2", "gpt_neox", "phi3", "gpt_bigcode")
 # Those whose rotary embedding copies q and k (all but GPT-2, whose q and k are the output itself): SDPA keeps the
 # rotated q and k besides the whole output, e*(q + kv) more than separate projections keep.
 FUSED_ROTATED_QKV = ("gpt_neox", "phi3")
+# Decoders whose attention is their own code whatever attn_implementation says: XGLMAttention's two bmms and a
+# softmax in the model's dtype (transformers 5.25 registers no SDPA for XGLM: raytrain resolves it to "eager").
+BMM_ATTENTION = ("xglm",)
 
-# The config keys of a family's dropout probabilities, as transformers 5.25's modeling files use them: after the
-# embeddings, on each of a layer's two residual branches (attention's and the MLP's output) and on the attention
-# probabilities. Families not listed drop only the attention probabilities (Llama, Mistral, Qwen, Gemma, Mixtral).
+class DropoutProbabilities(NamedTuple):
+    """Where a decoder drops values in training, and with what probability (0: no dropout there)."""
+    embeddings: float
+    residual: float      # each of a layer's two residual branches: attention's output and the MLP's
+    attention: float     # the attention probabilities
+    activation: float    # the MLP's activation output, the down projection's input (XGLM's activation_dropout)
+
+
+# The config keys of a family's dropout probabilities (`DropoutProbabilities`' order), as transformers 5.25's
+# modeling files use them. Families not listed drop only the attention probabilities (Llama, Mistral, Qwen, Gemma,
+# Mixtral); their other dropout keys, if any, are not read (raytrain.planning.estimate.model_caveat names them).
 DROPOUT_KEYS = {
-    "gpt2": ("embd_pdrop", "resid_pdrop", "attn_pdrop"),
-    "gptj": ("embd_pdrop", "resid_pdrop", "attn_pdrop"),
-    "gpt_neox": ("hidden_dropout", "hidden_dropout", "attention_dropout"),
-    "phi": ("embd_pdrop", "resid_pdrop", "attention_dropout"),
-    "phi3": (None, "resid_pdrop", "attention_dropout"),  # Phi3Config has embd_pdrop, which the model never uses
-    "starcoder2": ("embedding_dropout", "residual_dropout", "attention_dropout"),
+    "gpt2": ("embd_pdrop", "resid_pdrop", "attn_pdrop", None),
+    "gptj": ("embd_pdrop", "resid_pdrop", "attn_pdrop", None),
+    "gpt_neox": ("hidden_dropout", "hidden_dropout", "attention_dropout", None),
+    "phi": ("embd_pdrop", "resid_pdrop", "attention_dropout", None),
+    "phi3": (None, "resid_pdrop", "attention_dropout", None),  # Phi3Config has embd_pdrop, which the model never uses
+    "starcoder2": ("embedding_dropout", "residual_dropout", "attention_dropout", None),
+    "opt": (None, "dropout", "attention_dropout", None),  # OPTDecoder sets self.dropout and never applies it
+    "xglm": ("dropout", "dropout", "attention_dropout", "activation_dropout"),
+    "gpt_bigcode": ("embd_pdrop", "resid_pdrop", "attn_pdrop", None),
 }
+ATTENTION_ONLY_DROPOUT = (None, None, "attention_dropout", None)
 
 
-def dropout_probabilities(hf_config) -> tuple[float, float, float]:
-    """(embeddings, residual branches, attention probabilities): the config's dropout probabilities, 0 where the
-    family has no such dropout (`DROPOUT_KEYS`)."""
-    keys = DROPOUT_KEYS.get(getattr(hf_config, "model_type", None), (None, None, "attention_dropout"))
-    return tuple(float(getattr(hf_config, key, None) or 0) if key else 0.0 for key in keys)
+def unread_dropout(hf_config) -> dict[str, float]:
+    """A family's nonzero dropout probabilities that `dropout_probabilities` does not read: for a family DROPOUT_KEYS
+    does not list, every *dropout* or *pdrop key but attention_dropout (Falcon's and Bloom's hidden_dropout, GPT-Neo's
+    resid_dropout, CodeGen's resid_pdrop), except a classification or summary head's, which a causal LM never runs."""
+    if getattr(hf_config, "model_type", None) in DROPOUT_KEYS:
+        return {}
+    return {key: float(value) for key, value in hf_config.to_dict().items()
+            if ("dropout" in key or key.endswith("pdrop")) and key not in ATTENTION_ONLY_DROPOUT
+            and not key.startswith(("classifier", "summary")) and isinstance(value, (int, float))
+            and not isinstance(value, bool) and value > 0}
+
+
+def dropout_probabilities(hf_config) -> DropoutProbabilities:
+    """The config's dropout probabilities, 0 where the family has no such dropout (`DROPOUT_KEYS`)."""
+    keys = DROPOUT_KEYS.get(getattr(hf_config, "model_type", None), ATTENTION_ONLY_DROPOUT)
+    return DropoutProbabilities(*(float(getattr(hf_config, key, None) or 0) if key else 0.0 for key in keys))
 
 
 # What autograd keeps per token and routed expert besides activations: transformers' grouped_mm path keeps three
@@ -114,7 +148,7 @@ def active_parameters(hf_config, num_params: int) -> int:
 
 def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value: int, *,
                      checkpointing: bool, attn_implementation: str = "sdpa", liger_kernel: str = "none",
-                     sdpa_out_copies: int = 2, fp8: bool = False, on_gpu: bool = True) -> int:
+                     sdpa_out_copies: int = 2, fp8: bool = False, on_gpu: bool = True, fp16: bool = False) -> int:
     """Activation memory of one worker at the start of backward (its peak), in bytes.
 
     Korthikanti et al. (2022) give s*b*h*(34 + 5*a*s/h) bytes per layer for a GPT layer in fp16.
@@ -135,6 +169,16 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
     Llama's norms and SwiGLU, GPT-2 kept 1.02x the plan in fp32 and 0.94x in bf16, by errors that cancel.)
     GPT-NeoX's layers are planned the same way (GELU keeps its input: 2*e*i); with use_parallel_residual (its
     default) both LayerNorms read the layer's input, kept once: e*h less. (Planned as Llama's, it kept 0.67-0.78x.)
+    So are OPT's (ReLU keeps its output, c_proj's input: e*i), XGLM's and GPTBigCode's (GELU: 2*e*i). Planned as
+    Llama's layers 4h wide (their ffn_dim and n_inner were not read) they kept 0.34-0.78x the plan without dropout,
+    and GPTBigCode 1.4-2.2x with dropout 0.1 under SDPA, whose keys were not read.
+    XGLM's attention is its own code whatever attn_implementation says (`BMM_ATTENTION`): the reshaped copies of
+    q, k and v, o_proj's input and two e-byte score matrices, torch.max's input and softmax's output,
+    e*(2q + 2kv) + 2*e*a*s (none of SDPA's terms). Under fp16 (`fp16`) softmax's output is fp32 (4 bytes a score
+    in place of e), and without dropout its e-byte cast is kept besides (XGLM kept 1.57x the plan without this). XGLM
+    also drops the MLP's activation output (activation_dropout): a mask of the MLP's width, whose dropped values
+    take the activation's output's place as the down projection's input (m*i more; ReLU, `ACTIVATION_KEEPS_OUTPUT`,
+    keeps its output besides: (m + e)*i).
     A fused q, k and v projection (`FUSED_QKV`) whose q and k the rotary embedding copies (GPT-NeoX, Phi3)
     keeps its whole output, held by v, a view into it, besides the rotated q and k: e*(q + kv) more. (Phi3 kept
     1.09-1.10x the plan without it.) Phi3's fused gate_up_proj keeps no more than SwiGLU's four values.
@@ -144,7 +188,8 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
     (`on_gpu`). The embeddings' keeps m*h per token, the residual branches' 2*m*h per layer (the dropped values
     themselves only flow into an add). The attention probabilities' dropout keeps nothing in a GPU's fused SDPA
     kernels (flash, memory-efficient, cuDNN: the RNG's seed and offset); in eager attention its mask and the
-    dropped probabilities, which replace the cast as the matmul's input: a*s*(4 + m + e) in all. On a CPU, SDPA
+    dropped probabilities, which replace the cast as the matmul's input: a*s*(4 + m + e) in all (XGLM's
+    attention: a*s*(m + e) more, its softmax's output being kept by softmax itself). On a CPU, SDPA
     with dropout takes its math path, in fp32 whatever e: the scaled q, k transposed and v (k and v repeated to
     q's width under GQA), the softmax's output, its noise and the dropped probabilities, and o_proj's input:
     4*3*q + 12*a*s + e*q in place of SDPA's terms above (no logsumexp; at s=256 a GPT-2 layer keeps 2.0x
@@ -184,8 +229,8 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
     vocab = hf_config.vocab_size
     e = bytes_per_value
     model_type = getattr(hf_config, "model_type", None)
-    layer_norms = model_type in GPT2_LIKE  # GPT-2's and GPT-NeoX's LayerNorms and single-activation MLP
-    embed_dropout, residual_dropout, attention_dropout = dropout_probabilities(hf_config)
+    layer_norms = model_type in GPT2_LIKE  # LayerNorms and a single-activation MLP (GPT-2, GPT-NeoX, OPT, ...)
+    embed_dropout, residual_dropout, attention_dropout, activation_dropout = dropout_probabilities(hf_config)
     mask = 1 if on_gpu else e  # bytes of a dropout's mask per value
 
     fused = liger_kernel == "all"
@@ -195,7 +240,16 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
         norm = (e * h if fused else 4 * h + e * h) + e * h
     # GPT-NeoX's parallel residual: both LayerNorms read the layer's input, kept once
     norms = 2 * norm - (e * h if layer_norms and getattr(hf_config, "use_parallel_residual", False) else 0)
-    if attention_dropout and attn_implementation == "sdpa" and not on_gpu:
+    if model_type in BMM_ATTENTION:
+        # the reshaped copies of q, k and v (kept by the two bmms), o_proj's input (a copy), torch.max's input (the
+        # masked scores) and softmax's output, fp32 under fp16 (XGLM upcasts it there), whose cast the bmm keeps;
+        # with dropout the mask and the dropped probabilities, the bmm's input in the cast's place
+        attention = e * (q + 2 * kv) + e * q + heads * seq_len * (e + (4 if fp16 else e))
+        if attention_dropout:
+            attention += heads * seq_len * (mask + e)
+        elif fp16:
+            attention += heads * seq_len * e
+    elif attention_dropout and attn_implementation == "sdpa" and not on_gpu:
         # fp32 q, and k and v repeated to q's width (the math path repeats them under GQA); three score matrices
         attention = 4 * 3 * q + 3 * 4 * heads * seq_len + e * q
         if model_type in FUSED_QKV and e == 4 and kv == q:
@@ -206,7 +260,7 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
             attention += e * (q + kv)
     if model_type in QK_NORM_MODEL_TYPES:
         attention += (4 + e) * (q + kv)
-    if attn_implementation == "eager":
+    if attn_implementation == "eager" and model_type not in BMM_ATTENTION:
         cast = e if e < 4 else 0
         attention += heads * seq_len * (4 + cast)
         if attention_dropout:
@@ -216,6 +270,8 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
     if layer_norms:
         activation = getattr(hf_config, "activation_function", None) or getattr(hf_config, "hidden_act", None)
         mlp = (ACTIVATION_KEPT_VALUES.get(activation, 1) + 1) * e * inter
+        if activation_dropout:  # its mask; the dropped values take the activation's output's place as c_proj's input
+            mlp += (mask + (e if activation in ACTIVATION_KEEPS_OUTPUT else 0)) * inter
     else:
         mlp = (3 if fused else 4) * e * inter
     layer = norms + attention + mlp

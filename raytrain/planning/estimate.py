@@ -42,7 +42,7 @@ from typing import Any
 
 from raytrain.model import ParamStats, fused_layers_enabled
 from raytrain.planning import zero_layout
-from raytrain.planning.activations import GPT2_LIKE, activation_bytes, moe_dims
+from raytrain.planning.activations import GPT2_LIKE, activation_bytes, moe_dims, unread_dropout
 
 GIB = 1024**3
 
@@ -85,6 +85,14 @@ MOE_LLAMA_LIKE = ("mixtral", "qwen2_moe", "qwen3_moe")
 def model_caveat(hf_config) -> str | None:
     """A line saying how the planner approximates a model that is not a dense Llama-style decoder, else None."""
     model_type = getattr(hf_config, "model_type", "?")
+    # A family planned as Llama's drops only attention probabilities in the plan; each other dropout the model
+    # applies keeps a mask of its input's size (on a GPU 1 byte a value, 2h a token and layer for the residual
+    # branches'; on a CPU the model's dtype, and SDPA with dropout keeps fp32 score matrices): GPTBigCode kept
+    # 1.4-2.2x its CPU plan before its keys were read
+    unread = unread_dropout(hf_config)
+    dropout = (f"; its config sets {', '.join(f'{k}={v:g}' for k, v in unread.items())}, which the plan does not "
+               f"count (it counts attention_dropout alone): each dropout the model applies keeps a mask of its "
+               f"input's size, more activation memory than planned" if unread else "")
     moe = moe_dims(hf_config)
     if moe:
         return (f"model_type {model_type} is a mixture of {moe.experts} experts ({moe.per_token} per token): its "
@@ -93,14 +101,14 @@ def model_caveat(hf_config) -> str | None:
                 f"GPU efficiency measured on dense layers: a 4.8B Mixtral shape on an H200 ran at 0.68-0.87 of the "
                 f"predicted tokens/s (docs/plan-accuracy.md), so treat tokens/s as an upper bound"
                 + ("" if model_type in MOE_LLAMA_LIKE else
-                                     "; its attention and norms are planned as Llama's, approximately"))
+                                     "; its attention and norms are planned as Llama's, approximately") + dropout)
     if model_type in GPT2_LIKE:
         return (f"model_type {model_type}'s activations are modelled on its own layers (LayerNorms, its MLP, dropout; "
                 f"measured on CPU, not on a GPU), its tokens/s on Llama layers' GPU efficiency: treat tokens/s as "
                 f"approximate")
-    if model_type not in LLAMA_LIKE:
+    if model_type not in LLAMA_LIKE or dropout:
         return (f"model_type {model_type} is planned as a Llama-style decoder (activations and tokens/s are modelled "
-                f"and calibrated on Llama layers): treat activation memory and tokens/s as approximate")
+                f"and calibrated on Llama layers): treat activation memory and tokens/s as approximate" + dropout)
     return None
 
 
@@ -199,10 +207,10 @@ def activation_options(f: MemoryFacts) -> dict[str, Any]:
     flash-attn) return their output (batch, seq, heads, head_dim)-contiguous, so o_proj's input is a
     view of it (one copy); the CPU math path and eager attention make a second one. Dropout keeps a
     bool mask on a GPU and none in its fused attention kernels; on a CPU a mask of the model's dtype,
-    and SDPA with dropout keeps its score matrices (`on_gpu`)."""
+    and SDPA with dropout keeps its score matrices (`on_gpu`). Under fp16 XGLM's softmax keeps fp32 (`fp16`)."""
     return {"attn_implementation": f.attn_implementation, "liger_kernel": f.liger_kernel,
             "sdpa_out_copies": 1 if f.use_gpu and f.attn_implementation != "eager" else 2, "fp8": f.fp8,
-            "on_gpu": f.use_gpu}
+            "on_gpu": f.use_gpu, "fp16": f.precision == "fp16"}
 
 
 def configured_setting(ds: dict[str, Any], gradient_checkpointing: bool) -> Setting:

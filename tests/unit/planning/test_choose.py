@@ -295,12 +295,24 @@ def test_a_model_that_is_not_a_dense_llama_is_planned_with_a_caveat(tmp_path, ca
     from raytrain.planning.estimate import model_caveat
     from raytrain.tools.plan import main as plan_main
 
-    from transformers import GPT2Config, GPTNeoXConfig, Phi3Config
+    from transformers import (CodeGenConfig, FalconConfig, GPT2Config, GPTBigCodeConfig, GPTNeoConfig, GPTNeoXConfig,
+                              OPTConfig, Phi3Config, XGLMConfig)
 
     assert model_caveat(MistralConfig()) is None
     assert "activations are modelled on its own layers" in model_caveat(GPT2Config())
     assert "gpt_neox's activations are modelled on its own layers" in model_caveat(GPTNeoXConfig())
+    for config in (OPTConfig(), XGLMConfig(), GPTBigCodeConfig()):  # their dropout (0.1 by default) is planned
+        assert "activations are modelled on its own layers" in model_caveat(config), config.model_type
     assert "planned as a Llama-style decoder" in model_caveat(Phi3Config())
+    assert "count" not in model_caveat(Phi3Config(embd_pdrop=0.1))  # read, and known to be unused by the model
+    # A family planned as Llama's drops only attention probabilities in the plan: other dropout its config sets is
+    # named (GPT-Neo's classifier_dropout, 0.1 by default, belongs to a head a causal LM never runs)
+    assert model_caveat(FalconConfig(hidden_dropout=0.1)).endswith(
+        "its config sets hidden_dropout=0.1, which the plan does not count (it counts attention_dropout alone): each "
+        "dropout the model applies keeps a mask of its input's size, more activation memory than planned")
+    assert "resid_pdrop=0.1, embd_pdrop=0.05, which" in model_caveat(CodeGenConfig(resid_pdrop=0.1, embd_pdrop=0.05))
+    assert "count" not in model_caveat(GPTNeoConfig()) and "count" not in model_caveat(CodeGenConfig())
+    assert model_caveat(MistralConfig(attention_dropout=0.1)) is None
     caveat = model_caveat(MixtralConfig())
     assert "mixture of 8 experts (2 per token): its activations are modelled on what transformers' experts keep" in (
         caveat) and "every expert" not in caveat and "Llama's" not in caveat
