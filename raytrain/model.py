@@ -40,6 +40,7 @@ BYTE_EOS = "<|endoftext|>"
 
 # What save_pretrained writes as weights (safetensors, or the older pickle format), sharded or not.
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+GENERATION_CONFIG = "generation_config.json"  # a model's generation defaults: generate() reads its token ids there
 
 
 def model_source(cfg: ModelConfig, checkpoint: str | None = None) -> str:
@@ -119,29 +120,57 @@ def load_model_config(cfg: ModelConfig):
 # transformers 5.25's PreTrainedConfig.validate_token_ids: a `*_token_id` outside the vocabulary is a warning, not
 # an error (hub configs carry pad_token_id=-1), logged once per process by whatever builds or loads the config first.
 _TOKEN_ID_WARNING = "_token_id must be `None` or an integer within the vocabulary"
+# transformers 5.25's GenerationConfig.validate: a negative pad_token_id is a "minor issue", one warning that lists
+# every flag at fault. Each model built derives its generation config from the model's config (PreTrainedModel's
+# constructor: GenerationConfig.from_model_config), so a config.json's pad_token_id=-1 is said again by every
+# build, as by every read of the generation_config.json that save_pretrained derived from it. Only this list:
+# a generation config with other flags at fault still warns (raytrain's note names none of them).
+_PAD_FLAG_WARNING = "The following generation flags are not valid and may be ignored: ['pad_token_id']."
 
 
 class _TokenIdWarningFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return _TOKEN_ID_WARNING not in record.getMessage()
+        message = record.getMessage()
+        return _TOKEN_ID_WARNING not in message and not message.startswith(_PAD_FLAG_WARNING)
 
 
 @contextlib.contextmanager
 def token_id_warning_held():
-    """Holds back transformers' warning that the config has a `*_token_id` outside the vocabulary
-    ("Model config: eos_token_id must be `None` or an integer within the vocabulary ..."), and only it,
-    while the block loads or builds a config. Otherwise every process that does prints it: every Ray Data
-    tokenize task whose tokenizer is loaded from a model directory (AutoTokenizer reads its config.json),
-    every worker, and the driver; the driver says instead, once, what such an id does to the run
+    """Holds back transformers' warnings that the config has a `*_token_id` outside the vocabulary
+    ("Model config: eos_token_id must be `None` or an integer within the vocabulary ...") and that the
+    generation config's pad_token_id is negative ("The following generation flags are not valid and may be
+    ignored: ['pad_token_id']. ..."), and only them, while the block loads or builds a config, a generation
+    config or a model. Otherwise every process that does prints them: every Ray Data tokenize task whose
+    tokenizer is loaded from a model directory (AutoTokenizer reads its config.json), every worker, the driver
+    and the export; the driver says instead, once, what such an id does to the run and to generate()
     (token_ids_outside_vocab: an error before anything starts or a note). transformers' warning_once
     remembers the message as said, so a later build in the same process stays quiet too."""
-    logger = logging.getLogger("transformers.configuration_utils")
     held = _TokenIdWarningFilter()
-    logger.addFilter(held)
+    loggers = [logging.getLogger(name) for name in ("transformers.configuration_utils",
+                                                     "transformers.generation.configuration_utils")]
+    for logger in loggers:
+        logger.addFilter(held)
     try:
         yield
     finally:
-        logger.removeFilter(held)
+        for logger in loggers:
+            logger.removeFilter(held)
+
+
+def load_generation_config(cfg: ModelConfig):
+    """The model's GenerationConfig (generation_config.json of a local directory or hub repo), or None: a
+    new one at every call (the run's copy of it changes its token ids: raytrain.checkpoint.model_files)."""
+    if cfg.name_or_path is None:
+        return None
+    if os.path.isdir(cfg.name_or_path) and not os.path.isfile(os.path.join(cfg.name_or_path, GENERATION_CONFIG)):
+        return None
+    from transformers import GenerationConfig
+
+    try:
+        with token_id_warning_held():  # a pad_token_id outside the vocabulary: the driver's note says it
+            return GenerationConfig.from_pretrained(cfg.name_or_path)
+    except OSError:  # a hub model without one
+        return None
 
 
 def token_ids_outside_vocab(values: dict[str, Any], vocab_size: int | None) -> dict[str, Any]:
@@ -533,9 +562,8 @@ def _meta_build(config_json: str, config_class: type, trust_remote_code: bool):
     import torch
     from transformers import AutoModelForCausalLM
 
-    with token_id_warning_held():
+    with token_id_warning_held(), torch.device("meta"):  # the model's constructor derives its generation config
         hf_config = config_class.from_dict(json.loads(config_json))
-    with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config, trust_remote_code=trust_remote_code)
     numels = tuple(p.numel() for p in model.parameters())
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
@@ -704,21 +732,24 @@ def build_model(cfg: ModelConfig, hf_config, ds_config: dict[str, Any], from_che
     # tied weights tied. from_pretrained then loads each shard into its partition. Below stage 3 it
     # does nothing: DeepSpeed converts the model when the engine is built.
     hf_ds_config = HfDeepSpeedConfig(ds_config)
-    if cfg.pretrained and not from_checkpoint:
-        model = AutoModelForCausalLM.from_pretrained(
-            cfg.name_or_path, config=hf_config, attn_implementation=attn,
-            trust_remote_code=cfg.trust_remote_code)
-    else:
-        # What the init costs (initialize_weights_zero3), module by module: one all-gather of its
-        # parameters, _init_weights on rank 0 alone, one broadcast back into every rank's partition
-        # (GatheredParameters' modifier_rank); a rank holds at most one module's weights and its
-        # direct children's whole beside its partition (a Llama MLP's three projections: 0.42 GB in
-        # bf16 at 13B) and rank 0 draws every random number (13B, on the GPU) while the others wait:
-        # a few collectives per layer, like one forward's gathers, once per build. A build for a checkpoint
-        # restore pays it too: the checkpoint then replaces every weight, but skipping the init would
-        # mean patching transformers' build.
-        model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=attn,
-                                                 trust_remote_code=cfg.trust_remote_code)
+    # Each build derives the model's generation config from hf_config, and from_pretrained reads the model's
+    # generation_config.json: transformers would warn of a pad_token_id=-1 on every worker (the driver's note says it)
+    with token_id_warning_held():
+        if cfg.pretrained and not from_checkpoint:
+            model = AutoModelForCausalLM.from_pretrained(
+                cfg.name_or_path, config=hf_config, attn_implementation=attn,
+                trust_remote_code=cfg.trust_remote_code)
+        else:
+            # What the init costs (initialize_weights_zero3), module by module: one all-gather of its
+            # parameters, _init_weights on rank 0 alone, one broadcast back into every rank's partition
+            # (GatheredParameters' modifier_rank); a rank holds at most one module's weights and its
+            # direct children's whole beside its partition (a Llama MLP's three projections: 0.42 GB in
+            # bf16 at 13B) and rank 0 draws every random number (13B, on the GPU) while the others wait:
+            # a few collectives per layer, like one forward's gathers, once per build. A build for a checkpoint
+            # restore pays it too: the checkpoint then replaces every weight, but skipping the init would
+            # mean patching transformers' build.
+            model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=attn,
+                                                     trust_remote_code=cfg.trust_remote_code)
     del hf_ds_config  # built: from here transformers sees no ZeRO-3 (as before for from_pretrained)
     # from_pretrained returns the model in eval mode: without train() a fine-tune ran without dropout, without
     # checkpointing's recompute (transformers checkpoints only when training) and without Liger's fused loss

@@ -40,6 +40,16 @@ def transformers_log():
         logger.removeHandler(handler)
 
 
+def forget_said_warnings() -> None:
+    """transformers' warning_once says each message once per process (an lru_cache over its text), and the
+    tests share one process: forgotten, the next load or build says it again, as a new worker or export would.
+    The token-id warning names the vocabulary, so a vocabulary of a test's own avoids this; the generation
+    config's ("The following generation flags are not valid ...: ['pad_token_id']") is the same text for all."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.warning_once.cache_clear()
+
+
 def wait_until(predicate, timeout_s: float, what: str, alive=None, every_s: float = 0.2):
     """Poll `predicate` until true; fail naming `what` after `timeout_s`, or at once when `alive()`
     says the thing being waited on has ended (a run that exited cannot reach the state any more)."""

@@ -18,9 +18,8 @@ from collections.abc import Iterator
 
 from raytrain.checkpoint.layout import MODEL_DIR, filesystem, set_aside
 from raytrain.config import ModelConfig
-from raytrain.model import config_from_facts, load_tokenizer
-
-GENERATION_CONFIG = "generation_config.json"
+from raytrain.model import (GENERATION_CONFIG, config_from_facts, load_generation_config, load_tokenizer,
+                            token_id_warning_held)
 
 
 def model_files_uri(run_uri: str) -> str:
@@ -39,15 +38,23 @@ def write_model_files(run_uri: str, model: ModelConfig, facts) -> str | None:
 
     with tempfile.TemporaryDirectory(prefix="raytrain-model-") as tmp:
         hf_config = config_from_facts(facts, model)
-        hf_config.save_pretrained(tmp)  # a config with remote code copies its own module, not the model's
+        with token_id_warning_held():  # save_pretrained validates it again: the driver's note says it once
+            hf_config.save_pretrained(tmp)  # a config with remote code copies its own module, not the model's
         if model.trust_remote_code:
             _copy_model_code(model.name_or_path, hf_config, tmp)
         load_tokenizer(model).save_pretrained(tmp)
-        generation = _generation_config(model)
+        generation = load_generation_config(model)
         if generation is not None:
-            if not model.pretrained:  # random init learns the tokenizer's ids (raytrain.model.token_ids_from_tokenizer)
-                generation.eos_token_id, generation.bos_token_id = hf_config.eos_token_id, hf_config.bos_token_id
-            generation.save_pretrained(tmp)
+            # generate() reads the generation config's token ids, not config.json's: it takes the run's where the
+            # run set them, the tokenizer's that random init learns (raytrain.model.token_ids_from_tokenizer) and
+            # any model.config sets (the fixes raytrain.planning.resolve.advice names); every other value, and
+            # every other id, stays as the model's file has it
+            synced = {key for key in model.config if key.endswith("_token_id") and hasattr(generation, key)}
+            if not model.pretrained:
+                synced |= {"eos_token_id", "bos_token_id"}
+            for key in sorted(synced):
+                setattr(generation, key, getattr(hf_config, key))
+            save_generation_config(generation, tmp)
         uri = model_files_uri(run_uri)
         fs, path = filesystem(uri)
         found = fs.get_file_info(path).type
@@ -119,15 +126,11 @@ def _copy_model_code(name_or_path: str, hf_config, out_dir: str) -> None:
             custom_object_save(get_class_from_dynamic_module(ref, name_or_path), out_dir)
 
 
-def _generation_config(model: ModelConfig):
-    """The model's GenerationConfig (generation_config.json of a local directory or hub repo), or None."""
-    if model.name_or_path is None:
-        return None
-    if os.path.isdir(model.name_or_path) and not os.path.isfile(os.path.join(model.name_or_path, GENERATION_CONFIG)):
-        return None
-    from transformers import GenerationConfig
-
-    try:
-        return GenerationConfig.from_pretrained(model.name_or_path)
-    except OSError:  # a hub model without one
-        return None
+def save_generation_config(generation, out_dir: str) -> None:
+    """generation_config.json as GenerationConfig.save_pretrained writes it (the values that differ from
+    transformers' defaults), with the model's own values kept: save_pretrained refuses a generation config
+    changed since it was loaded that has a flag transformers only warns about as it loads one (a ValueError,
+    "Fix these issues to save the configuration"), such as the pad_token_id=-1 that save_pretrained derives
+    from a hub config.json's. raytrain changes only token ids (write_model_files, the export); the values
+    transformers warns about are the user's, and stay as written (the driver's note names the fix)."""
+    generation.to_json_file(os.path.join(out_dir, GENERATION_CONFIG), use_diff=True, keys_to_pop=["compile_config"])

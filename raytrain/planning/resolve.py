@@ -21,8 +21,8 @@ from raytrain.deepspeed_config import AUTO, DeepSpeedFacts, load_deepspeed, reso
 from raytrain.hardware import Target
 from raytrain.model import (attention_backends, causal_lm_class, causal_lm_class_name, config_from_facts,
                             document_start_ids, embedding_padding_row, flash_attention_version,
-                            fused_layers_enabled, load_model_config, load_tokenizer, param_stats,
-                            token_ids_from_tokenizer, token_ids_outside_vocab)
+                            fused_layers_enabled, load_generation_config, load_model_config, load_tokenizer,
+                            param_stats, token_ids_from_tokenizer, token_ids_outside_vocab)
 from raytrain.planning.activations import active_parameters
 from raytrain.planning.choose import resolve_auto
 from raytrain.planning.deepspeed_check import check_deepspeed
@@ -143,8 +143,17 @@ def advice(resolved: ResolvedRun) -> list[str]:
                      f"(1 CPU: 26k, 14 CPUs: 51k; docs/benchmarks.md); raise scaling.cpus_per_worker")
     model = resolved.config.model
     outside = token_ids_outside_vocab(resolved.model.hf_config, resolved.model.vocab_size)
+    pad = _generation_pad(resolved)
     if outside:
-        notes.append(_token_ids_note(resolved, outside))
+        notes.append(_token_ids_note(resolved, outside, pad))
+    if token_ids_outside_vocab({"pad_token_id": pad}, resolved.model.vocab_size) and outside.get("pad_token_id") != pad:
+        # the model's generation_config.json has one of its own: model.config.pad_token_id set to config.json's (or
+        # null, where that is outside the vocabulary too) goes into the run's generation config, not changing the model
+        kept = None if "pad_token_id" in outside else resolved.model.hf_config.get("pad_token_id")
+        notes.append(f"{model.name_or_path}'s generation_config.json has pad_token_id={pad!r}, outside the model's "
+                     f"vocabulary (0 to {resolved.model.vocab_size - 1}): {_GENERATE_PAD}; the export keeps it: set "
+                     f"model.config.pad_token_id={'null' if kept is None else kept} (the run's generation config "
+                     f"takes model.config's token ids)")
     if model.pretrained and "eos_token_id" not in outside:
         eos, ids = load_tokenizer(model).eos_token_id, resolved.model.hf_config.get("eos_token_id")
         if ids is None:  # generate() then stops only at max_new_tokens (the generation config has no EOS either)
@@ -172,10 +181,27 @@ def advice(resolved: ResolvedRun) -> list[str]:
     return notes
 
 
-def _token_ids_note(resolved: ResolvedRun, outside: dict[str, Any]) -> str:
+# What a pad_token_id outside the vocabulary does to generate() (transformers 5.25, checked on a tiny Llama): the rows
+# of a batch that have ended are given the pad id as their next token, which the embedding then looks up.
+_GENERATE_PAD = ("generate() with the exported model fails on a batch once one of its rows ends before the others "
+                 "(the rows that ended are filled with this id: index out of range)")
+
+
+def _generation_pad(resolved: ResolvedRun):
+    """The pad_token_id that generate() with the exported model reads: that of the model's
+    generation_config.json (which the run's copy keeps, raytrain.checkpoint.model_files, unless
+    model.config sets one), else config.json's, from which from_pretrained derives a generation config."""
+    model = resolved.config.model
+    generation = None if "pad_token_id" in model.config else load_generation_config(model)
+    return resolved.model.hf_config.get("pad_token_id") if generation is None else generation.pad_token_id
+
+
+def _token_ids_note(resolved: ResolvedRun, outside: dict[str, Any], generation_pad) -> str:
     """What the token ids of the model's config.json outside its vocabulary do to this run, in one line:
     transformers only warns about them ("may result in unexpected behavior"), in every process that loads
-    the config, which raytrain holds back (raytrain.model.token_id_warning_held). With model.pretrained=false
+    the config, which raytrain holds back (raytrain.model.token_id_warning_held), as it does the warning
+    about the generation config's pad_token_id that each model built derives from it. `generation_pad`: the
+    pad_token_id generate() with the exported model reads (`_generation_pad`). With model.pretrained=false
     the EOS and BOS ids are the tokenizer's already (token_ids_from_tokenizer); an id the model cannot be
     built with is an error before this (raytrain.model._check_token_ids_build)."""
     model, facts = resolved.config.model, resolved.model
@@ -192,11 +218,17 @@ def _token_ids_note(resolved: ResolvedRun, outside: dict[str, Any]) -> str:
             fix = facts.document_start_ids[-1] if facts.document_start_ids else None
             what = (f"packing starts every document with the tokenizer's BOS (token {fix}), not this id"
                     if fix is not None else "packing starts documents with no BOS (the tokenizer adds none)")
-        elif key == "pad_token_id" and (row := embedding_padding_row(hf_config, trust)) is not None:
-            token = (f"token {row} ({tokenizer.convert_ids_to_tokens(row)!r}) of the tokenizer"
-                     if row < len(tokenizer) else "no token of the tokenizer")
-            what = (f"{causal_lm_class_name(hf_config, trust)} makes it its embedding's padding row, row {row} "
-                    f"({token}), which gets no gradient")
+        elif key == "pad_token_id":
+            row = embedding_padding_row(hf_config, trust)
+            if row is None:
+                what = "raytrain does not use it"
+            else:
+                token = (f"token {row} ({tokenizer.convert_ids_to_tokens(row)!r}) of the tokenizer"
+                         if row < len(tokenizer) else "no token of the tokenizer")
+                what = (f"{causal_lm_class_name(hf_config, trust)} makes it its embedding's padding row, row {row} "
+                        f"({token}), which gets no gradient")
+            if generation_pad == value:
+                what += f", and {_GENERATE_PAD}"
         else:
             what = "raytrain does not use it"
         said.append(f"{key}={value!r}: {what}")

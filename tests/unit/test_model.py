@@ -18,7 +18,7 @@ from raytrain.model import (byte_tokenizer, config_from_facts, flops_per_token, 
                             model_source, token_id_warning_held)
 from raytrain.planning.resolve import advice, resolve_run, shape_from_config
 from raytrain.run_spec import ClusterShape
-from tests.helpers import transformers_log
+from tests.helpers import forget_said_warnings, transformers_log
 
 TINY = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=320)
 
@@ -416,8 +416,10 @@ def test_a_pad_token_id_outside_the_vocabulary_is_an_error_or_a_frozen_row_not_a
     assert [n for n in advice(run) if "vocabulary" in n] == [
         f"{tmp_path / 'neg'} has a token id in its config.json outside the model's vocabulary (0 to 256), which "
         f"transformers only warns about: pad_token_id=-1: LlamaForCausalLM makes it its embedding's padding row, "
-        f"row 256 (token 256 ('<|endoftext|>') of the tokenizer), which gets no gradient; the exported config.json "
-        f"keeps it: set model.config.pad_token_id=null"]
+        f"row 256 (token 256 ('<|endoftext|>') of the tokenizer), which gets no gradient, and generate() with the "
+        f"exported model fails on a batch once one of its rows ends before the others (the rows that ended are "
+        f"filled with this id: index out of range); the exported config.json keeps it: set "
+        f"model.config.pad_token_id=null"]
 
 
 def test_the_hold_is_only_transformers_token_id_warning_and_only_inside_the_block():
@@ -433,3 +435,106 @@ def test_the_hold_is_only_transformers_token_id_warning_and_only_inside_the_bloc
                        "and 9), got 78. This may result in unexpected behavior.")
     assert log == ["another warning", "Model config: pad_token_id must be `None` or an integer within the vocabulary "
                                       "(between 0 and 9), got 78. This may result in unexpected behavior."]
+
+
+_PAD_FLAG = "The following generation flags are not valid and may be ignored: ['pad_token_id']."
+
+
+def test_the_generation_configs_pad_warning_is_held_only_when_pad_token_id_is_its_only_flag():
+    """transformers' GenerationConfig warns in one line that lists every flag at fault: the list that is only
+    pad_token_id is what raytrain's note says; one with another flag says something more, and is not held."""
+    from transformers import GenerationConfig
+
+    forget_said_warnings()
+    with transformers_log() as log:
+        with token_id_warning_held():
+            GenerationConfig(pad_token_id=-1)
+            GenerationConfig(pad_token_id=-1, do_sample=False, temperature=0.5)
+        forget_said_warnings()
+        GenerationConfig(pad_token_id=-1)
+    assert [m.split(".")[0] for m in log] == [
+        "The following generation flags are not valid and may be ignored: ['pad_token_id', 'temperature']",
+        "The following generation flags are not valid and may be ignored: ['pad_token_id']"]
+
+
+def test_a_hub_configs_pad_token_id_of_minus_one_is_said_once_by_the_driver_not_by_every_build(tmp_path):
+    """A Llama config.json with pad_token_id=-1 (and the generation_config.json save_pretrained derives from it):
+    transformers warns "The following generation flags are not valid and may be ignored: ['pad_token_id']" as
+    every model is built (PreTrainedModel's constructor derives its generation config from the config) and as the
+    generation config is read: on the driver, once per worker, in the export. The driver's note says what it
+    does instead: a frozen embedding row, and batched generate() with the export fails."""
+    from transformers import GenerationConfig
+
+    from raytrain.checkpoint.model_files import write_model_files
+    from raytrain.model import build_model
+
+    path = _pretrained(tmp_path, vocab_size=334, pad_token_id=-1)  # a vocabulary of its own (see forget_said_...)
+    assert GenerationConfig.from_pretrained(path).pad_token_id == -1  # as save_pretrained derived it
+    cfg = RunConfig(model=ModelConfig(name_or_path=path, pretrained=True))
+    forget_said_warnings()
+    with transformers_log() as driver:
+        run = resolve_run(cfg, shape_from_config(cfg))
+        said = [n for n in advice(run) if "vocabulary" in n]
+        write_model_files(str(tmp_path / "run"), cfg.model, run.model)
+    forget_said_warnings()  # a worker is a new process
+    with transformers_log() as worker:
+        build_model(cfg.model, config_from_facts(run.model, cfg.model), {"zero_optimization": {"stage": 0}})
+    assert driver == [] and worker == []
+    assert said == [
+        f"{path} has a token id in its config.json outside the model's vocabulary (0 to 333), which transformers "
+        f"only warns about: pad_token_id=-1: LlamaForCausalLM makes it its embedding's padding row, row 333 (no token "
+        f"of the tokenizer), which gets no gradient, and generate() with the exported model fails on a batch once "
+        f"one of its rows ends before the others (the rows that ended are filled with this id: index out of range); "
+        f"the exported config.json keeps it: set model.config.pad_token_id=null"]
+    # the run's copy keeps the model's value (the export writes it), and a build outside raytrain still warns
+    assert GenerationConfig.from_pretrained(tmp_path / "run" / "model").pad_token_id == -1
+    forget_said_warnings()
+    with transformers_log() as log:
+        LlamaForCausalLM(config_from_facts(run.model, cfg.model))
+    assert [m for m in log if m.startswith(_PAD_FLAG)], log
+
+
+def test_what_the_note_says_a_pad_token_id_of_minus_one_does_to_generate_is_what_it_does():
+    """The note's claim, on transformers' own generate(): a batch whose first row ends (its EOS) before the
+    second gets the pad id as the first row's next token, and the embedding cannot look up -1."""
+    import torch
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**{**TINY, "vocab_size": 64}, pad_token_id=-1, bos_token_id=None,
+                                         eos_token_id=None)).eval()
+    prompts = torch.tensor([[5, 6, 7], [9, 10, 11]])
+    first = model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=1)[:, -1]
+    assert first[0] != first[1]  # the seed's model: the two rows' first tokens differ
+    model.generation_config.eos_token_id = int(first[0])  # the first row ends after one token, the second goes on
+    with pytest.raises(IndexError, match="index out of range"):
+        model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=3)
+    model.generation_config.pad_token_id = None  # the fix the note names: generate() pads with EOS
+    assert model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=3).shape == (2, 6)
+
+
+def test_a_generation_config_json_pad_token_id_outside_the_vocabulary_has_its_own_note(tmp_path):
+    """config.json's pad_token_id within the vocabulary (or none), generation_config.json's -1: generate() reads
+    the generation config's. The fix that note names goes into the run's generation config, config.json as it was."""
+    from transformers import GenerationConfig
+
+    from raytrain.checkpoint.model_files import write_model_files
+
+    path = _pretrained(tmp_path, vocab_size=335)
+    # as a hub repo may carry it (GenerationConfig.save_pretrained refuses to write a new one with -1)
+    (tmp_path / "llama" / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": -1}))
+
+    def notes(**config):
+        cfg = RunConfig(model=ModelConfig(name_or_path=path, pretrained=True, config=config))
+        run = resolve_run(cfg, shape_from_config(cfg))
+        write_model_files(str(tmp_path / "runs" / str(len(config))), cfg.model, run.model)
+        return [n for n in advice(run) if "vocabulary" in n]
+
+    assert notes() == [
+        f"{path}'s generation_config.json has pad_token_id=-1, outside the model's vocabulary (0 to 334): generate() "
+        f"with the exported model fails on a batch once one of its rows ends before the others (the rows that ended "
+        f"are filled with this id: index out of range); the export keeps it: set model.config.pad_token_id=null (the "
+        f"run's generation config takes model.config's token ids)"]
+    assert GenerationConfig.from_pretrained(tmp_path / "runs" / "0" / "model").pad_token_id == -1
+    assert notes(pad_token_id=None) == []
+    assert GenerationConfig.from_pretrained(tmp_path / "runs" / "1" / "model").pad_token_id is None

@@ -40,6 +40,32 @@ def test_the_run_keeps_the_resolved_config_the_tokenizer_and_the_generation_conf
         assert copy is None  # a run from before: the export falls back to the original tokenizer
 
 
+def test_the_runs_generation_config_keeps_a_pad_token_id_of_minus_one_and_takes_the_runs_token_ids(tmp_path):
+    """A hub Llama's pair of files (config.json and the generation_config.json save_pretrained derived from it, both
+    with pad_token_id=-1), trained from random init: the run's copy takes the tokenizer's EOS, which transformers'
+    GenerationConfig.save_pretrained refused ("Fix these issues to save the configuration": a traceback before any
+    worker started). The model's pad_token_id stays as written; model.config's token ids go in (generate() reads
+    this file, not config.json)."""
+    import json
+
+    from transformers import LlamaForCausalLM
+
+    source = tmp_path / "model"
+    LlamaForCausalLM(LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                 vocab_size=257, pad_token_id=-1)).save_pretrained(source)
+    (source / "model.safetensors").unlink()  # a config to train from random init, as a hub id's would be
+    byte_tokenizer().save_pretrained(source)
+    for name, config in (("r", {}), ("fixed", {"pad_token_id": None})):
+        model = ModelConfig(name_or_path=str(source), config=config)
+        write_model_files(str(tmp_path / name), model, facts(model))
+    kept = json.loads((tmp_path / "r" / "model" / "generation_config.json").read_text())
+    assert kept["pad_token_id"] == -1 and kept["eos_token_id"] == 256 and "bos_token_id" not in kept
+    assert {k: v for k, v in kept.items() if k not in ("eos_token_id", "bos_token_id")} == {
+        k: v for k, v in json.loads((source / "generation_config.json").read_text()).items()
+        if k not in ("eos_token_id", "bos_token_id")}  # every other value as the model's file has it
+    assert GenerationConfig.from_pretrained(tmp_path / "fixed" / "model").pad_token_id is None
+
+
 def test_the_built_in_model_has_no_generation_config_to_keep(tmp_path):
     write_model_files(str(tmp_path / "r"), ModelConfig(), facts(ModelConfig()))
     files = os.listdir(tmp_path / "r" / "model")
