@@ -45,11 +45,12 @@ import time
 from collections.abc import Callable
 
 from raytrain.checkpoint.layout import METADATA, MODEL_DIR, check_is_checkpoint, filesystem
-from raytrain.checkpoint.model_files import local_model_files
+from raytrain.checkpoint.model_files import local_model_files, save_generation_config
 from raytrain.config import ConfigError
 from raytrain.config_files import first_line
 from raytrain.console import Meter, say
-from raytrain.model import causal_lm_class, causal_lm_class_name, config_from_facts, load_tokenizer
+from raytrain.model import (GENERATION_CONFIG, causal_lm_class, causal_lm_class_name, config_from_facts,
+                            load_tokenizer, token_id_warning_held)
 from raytrain.run_spec import RunSpec
 
 PROGRESS_EVERY_S = 5.0
@@ -171,7 +172,8 @@ def write_config(spec: RunSpec, model_dir: str | None, out_dir: str) -> None:
     # would make from_pretrained(dtype="auto") round the trained weights.
     hf_config.dtype = "float32"
     hf_config.architectures = [causal_lm_class_name(hf_config, model.trust_remote_code)]  # as save_pretrained
-    hf_config.save_pretrained(out_dir)
+    with token_id_warning_held():  # save_pretrained validates it: the ids are the run's, said by its driver
+        hf_config.save_pretrained(out_dir)
     for name in _code_files(code_dir) if code_dir else ():  # the modeling code: from_pretrained imports it
         if not os.path.exists(os.path.join(out_dir, name)):
             shutil.copyfile(os.path.join(code_dir, name), os.path.join(out_dir, name))
@@ -188,16 +190,18 @@ def write_tokenizer(spec: RunSpec, model_dir: str | None, out_dir: str) -> None:
 
     if model_dir and os.path.isdir(model_dir):
         trust = spec.config.model.trust_remote_code  # without it a tokenizer with code asks on stdin
-        AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust).save_pretrained(out_dir)
-        if os.path.isfile(os.path.join(model_dir, "generation_config.json")):
-            generation = GenerationConfig.from_pretrained(model_dir)
+        with token_id_warning_held():  # AutoTokenizer reads the run's config.json: its ids as the run trained them
+            AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust).save_pretrained(out_dir)
+        if os.path.isfile(os.path.join(model_dir, GENERATION_CONFIG)):
+            with token_id_warning_held():  # a pad_token_id=-1, kept as the run's driver said
+                generation = GenerationConfig.from_pretrained(model_dir)
             # generate() stops on the generation config's EOS only. One without any (derived from a config.json
             # that had none) takes the exported config's, as transformers derives one (from_model_config): so a
             # model.config.eos_token_id set for such a model reaches generate() (raytrain.planning.resolve.advice).
             eos = spec.model.hf_config.get("eos_token_id")
             if generation.eos_token_id is None and eos is not None:
                 generation.eos_token_id = eos
-            generation.save_pretrained(out_dir)
+            save_generation_config(generation, out_dir)  # every other value as the run's copy has it
         return
     try:
         tokenizer = load_tokenizer(spec.config.model)
@@ -223,7 +227,7 @@ def saved_layout(spec: RunSpec) -> Callable[[dict], dict] | None:
     from transformers.core_model_loading import revert_weight_conversion
 
     hf_config = config_from_facts(spec.model, spec.config.model)
-    with torch.device("meta"):
+    with token_id_warning_held(), torch.device("meta"):  # the constructor derives the model's generation config
         model = causal_lm_class(hf_config)(hf_config)
     meta = dict(model.named_parameters())  # as DeepSpeed's merge names them, each tied tensor once
     whole = revert_weight_conversion(model, dict(meta))

@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from raytrain.checkpoint.export import _materialise, _one_name_per_tensor, export
 from raytrain.console import Meter
 from raytrain.model import byte_tokenizer
-from tests.helpers import init_gloo
+from tests.helpers import forget_said_warnings, init_gloo, transformers_log
 
 TINY = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
             vocab_size=320, max_position_embeddings=64)
@@ -74,12 +74,17 @@ def _train_one_step(rank, out_dir, overrides):
     torch.save(trained, f"{out_dir}/trained.pt")
 
 
-def _exported(tmp_path, source, overrides, trust_remote_code=False):
-    """Train one step from `source`, delete `source`, export: (loaded model, trained weights, out dir)."""
+def _exported(tmp_path, source, overrides, trust_remote_code=False, log=None):
+    """Train one step from `source`, delete `source`, export: (loaded model, trained weights, out dir).
+    `log`: a list that gets what transformers logged during the export, as in a process of its own."""
     mp.start_processes(_train_one_step, args=(str(tmp_path), overrides), nprocs=1, join=True, start_method="spawn")
     shutil.rmtree(source)  # the export reads the run's own copy, not the directory the run started from
     out = tmp_path / "out"
-    export(str(tmp_path / "run" / "checkpoint_step_00000001"), str(out))
+    forget_said_warnings()  # python -m raytrain.tools.export: a process of its own
+    with transformers_log() as said:
+        export(str(tmp_path / "run" / "checkpoint_step_00000001"), str(out))
+    if log is not None:
+        log.extend(said)
     model = AutoModelForCausalLM.from_pretrained(out, dtype="auto", trust_remote_code=trust_remote_code)
     return model, torch.load(tmp_path / "trained.pt"), out
 
@@ -96,12 +101,19 @@ def test_a_tied_bf16_model_exports_as_save_pretrained_writes_it(tmp_path):
     # two names for one tensor. The source's bf16 must not stay in config.json: the weights are fp32.
     # Its config has no EOS (so neither has the generation config save_pretrained derives from it): the
     # run sets one (raytrain.planning.resolve.advice names the key), which generate() must see.
+    # And pad_token_id=-1, as many hub Llama configs carry it: the export writes it as the run had it (the run's
+    # driver said what it does), without transformers' warnings about it (GenerationConfig.save_pretrained
+    # refused to write the generation config with the EOS set: "Fix these issues to save the configuration").
     source = tmp_path / "llama"
-    config = LlamaConfig(**TINY, tie_word_embeddings=True, eos_token_id=None, bos_token_id=None)
+    config = LlamaConfig(**TINY, tie_word_embeddings=True, eos_token_id=None, bos_token_id=None, pad_token_id=-1)
     LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(source)
     byte_tokenizer().save_pretrained(source)
+    log = []
     model, trained, out = _exported(tmp_path, source, [f"model.name_or_path={source}", "model.pretrained=true",
-                                                       "model.config.eos_token_id=256"])
+                                                       "model.config.eos_token_id=256"], log=log)
+    assert log == []  # neither "pad_token_id must be `None` or an integer ..." nor "... generation flags ..."
+    assert json.loads((out / "config.json").read_text())["pad_token_id"] == -1
+    assert json.loads((out / "generation_config.json").read_text())["pad_token_id"] == -1
     _assert_is_the_trained_model(model, trained)
     assert model.lm_head.weight is model.model.embed_tokens.weight  # tied again by from_pretrained
     with safe_open(out / "model.safetensors", "pt") as f:
