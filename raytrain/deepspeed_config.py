@@ -198,9 +198,16 @@ def _resolve_precision(ds: dict[str, Any], training: TrainingConfig, use_gpu: bo
         ds.pop("bf16", None)
         ds["bf16"] = ds.pop("bfloat16")
     sections = {name: _section(ds, name, '{"enabled": true}') for name in ("bf16", "fp16")}
+    # Checked against the values the JSON states, before any "auto" is filled: the default JSON's bf16
+    # "auto", filled from training.precision=bf16, is no bf16 the user turned on, so bf16 beside a
+    # stated fp16 true is a contradiction with training.precision, not "both true".
+    stated = [name for name, section in sections.items() if section.get("enabled") is True]
+    if len(stated) == 2:
+        raise ConfigError("deepspeed.fp16.enabled and deepspeed.bf16.enabled are both true: enable one of them")
+    if training.precision is not None and stated and stated[0] != training.precision:
+        raise _precision_contradiction(training.precision, stated[0], True)
     # "auto" follows training.precision, else the precision the JSON itself turns on (fp16 true beside
     # bf16 "auto" is an fp16 run, not both), else bf16 on GPUs.
-    stated = [name for name, section in sections.items() if section.get("enabled") is True]
     default = "bf16" if use_gpu and sections["bf16"].get("enabled") is not False else "fp32"
     wanted = training.precision or (stated[0] if len(stated) == 1 else default)
     delegated = False
@@ -212,8 +219,6 @@ def _resolve_precision(ds: dict[str, Any], training: TrainingConfig, use_gpu: bo
         # fp16 "auto"): add it, or the run would be fp32 on GPUs without a word, at twice the memory.
         ds[wanted] = sections[wanted] = {**sections[wanted], "enabled": True}
     bf16, fp16 = (sections[name].get("enabled") is True for name in ("bf16", "fp16"))
-    if bf16 and fp16:
-        raise ConfigError("deepspeed.fp16.enabled and deepspeed.bf16.enabled are both true: enable one of them")
     actual = "bf16" if bf16 else "fp16" if fp16 else "fp32"
     if training.precision is not None and actual != training.precision:
         # The user's training.precision must take effect: used where the JSON leaves its section's
@@ -221,9 +226,7 @@ def _resolve_precision(ds: dict[str, Any], training: TrainingConfig, use_gpu: bo
         other = "fp16" if training.precision == "bf16" else "bf16"
         name = actual if actual != "fp32" else training.precision
         if training.precision == "fp32" or sections[other].get("enabled") is True or "enabled" in sections[name]:
-            raise ConfigError(f"training.precision={training.precision} contradicts deepspeed.{name}.enabled="
-                              f"{json.dumps(sections[name].get('enabled'))}: set it in one place (remove "
-                              f"training.precision, or make deepspeed.{name}.enabled \"auto\")")
+            raise _precision_contradiction(training.precision, name, sections[name].get("enabled"))
         ds[training.precision] = {**sections[training.precision], "enabled": True}
         fp16 = training.precision == "fp16"
     if fp16 and not use_gpu and training.precision == "fp16":
@@ -232,6 +235,11 @@ def _resolve_precision(ds: dict[str, Any], training: TrainingConfig, use_gpu: bo
     if fp16 and not use_gpu:
         raise ConfigError("deepspeed.fp16.enabled=true needs GPUs, and this run is on CPU (scaling.use_gpu=false): "
                           "set deepspeed.fp16.enabled=false (or use bf16), or run on GPUs with scaling.use_gpu=true")
+
+
+def _precision_contradiction(precision: str, name: str, enabled: Any) -> ConfigError:
+    return ConfigError(f"training.precision={precision} contradicts deepspeed.{name}.enabled={json.dumps(enabled)}: "
+                       f"set it in one place (remove training.precision, or make deepspeed.{name}.enabled \"auto\")")
 
 
 def _resolve_hpz(zero: dict[str, Any], world_size: int, use_gpu: bool, gpus_per_node: int | None) -> None:

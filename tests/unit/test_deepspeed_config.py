@@ -170,3 +170,19 @@ def test_precision_from_training_or_the_json(ds, precision, use_gpu, want):
 def test_precision_the_json_states_otherwise_is_refused(ds, precision, match):
     with pytest.raises(ConfigError, match=match + r': set it in one place \(remove training.precision, or make'):
         resolve(ds, precision=precision)
+
+
+@pytest.mark.parametrize("ds", [{"bf16": {"enabled": "auto"}, "fp16": {"enabled": True}},  # the default JSON's bf16
+                                {"fp16": {"enabled": True}}])
+def test_a_precision_filled_from_training_is_no_second_precision_turned_on(ds):
+    """training.precision=bf16 filled bf16's "auto", then "both true" was reported, naming neither
+    training.precision nor what the user wrote (fp16.enabled=true)."""
+    with pytest.raises(ConfigError) as e:
+        resolve({"zero_optimization": {"stage": 3}, **ds}, precision="bf16")
+    assert str(e.value) == ('training.precision=bf16 contradicts deepspeed.fp16.enabled=true: set it in one place '
+                            '(remove training.precision, or make deepspeed.fp16.enabled "auto")')
+    with pytest.raises(ConfigError) as e:  # both stated: that, whatever training.precision says
+        resolve({"bf16": {"enabled": True}, "fp16": {"enabled": True}}, precision="bf16")
+    assert str(e.value) == "deepspeed.fp16.enabled and deepspeed.bf16.enabled are both true: enable one of them"
+    # no training.precision: the fp16 the JSON states is the run's precision, bf16's "auto" follows it
+    assert DeepSpeedFacts.of(resolve({"zero_optimization": {"stage": 3}, **ds})).precision == "fp16"
