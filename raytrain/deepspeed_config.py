@@ -175,10 +175,14 @@ def _resolve_batch(ds: dict[str, Any], training: TrainingConfig, world_size: int
             gas, named[keys[2]] = training.gradient_accumulation_steps or 1, "gradient_accumulation_steps"
         fixed, fixed_key = (mbs, named[keys[1]]) if mbs is not None else (gas, named[keys[2]])
         if tbs % (fixed * world_size):
+            # Offer only the alternatives that can work: no number of workers helps when `fixed` itself
+            # does not divide train_batch_size, and no value of `fixed` when the world size does not.
+            others = ([f"a number of workers (scaling.num_workers) that divides {tbs // fixed}"] if tbs % fixed == 0
+                      else [f"a {fixed_key} that divides {tbs // world_size}"] if tbs % world_size == 0 else [])
             raise ConfigError(
                 f"deepspeed.train_batch_size={tbs} is not divisible by {fixed_key}={fixed} x world size "
-                f"{world_size}: choose a train_batch_size that is a multiple of {fixed * world_size}, "
-                f"or a number of workers (scaling.num_workers) that divides {tbs // fixed}")
+                f"{world_size}: choose a train_batch_size that is a multiple of {fixed * world_size}"
+                + "".join(f", or {other}" for other in others))
         derived = tbs // (fixed * world_size)
         if mbs is None:
             mbs = derived

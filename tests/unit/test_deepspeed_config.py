@@ -186,3 +186,19 @@ def test_a_precision_filled_from_training_is_no_second_precision_turned_on(ds):
     assert str(e.value) == "deepspeed.fp16.enabled and deepspeed.bf16.enabled are both true: enable one of them"
     # no training.precision: the fp16 the JSON states is the run's precision, bf16's "auto" follows it
     assert DeepSpeedFacts.of(resolve({"zero_optimization": {"stage": 3}, **ds})).precision == "fp16"
+
+
+@pytest.mark.parametrize("tbs, world_size, training, fix", [
+    # 16 is not divisible by 3: no number of workers helps, a different accumulation does
+    (16, 2, {"gradient_accumulation_steps": 3}, "a multiple of 6, or a training.gradient_accumulation_steps that "
+                                                "divides 8"),
+    (512, 6, {"gradient_accumulation_steps": 4}, "a multiple of 24, or a number of workers (scaling.num_workers) "
+                                                 "that divides 128"),
+    (15, 2, {"micro_batch_size_per_gpu": 4}, "a multiple of 8"),  # neither divides 15: only train_batch_size
+])
+def test_a_train_batch_size_that_does_not_divide_offers_only_fixes_that_work(tbs, world_size, training, fix):
+    with pytest.raises(ConfigError) as e:
+        resolve({"train_batch_size": tbs, "zero_optimization": {"stage": 3}}, world_size=world_size, **training)
+    name, value = next(iter(training.items()))
+    assert str(e.value) == (f"deepspeed.train_batch_size={tbs} is not divisible by training.{name}={value} x world "
+                            f"size {world_size}: choose a train_batch_size that is {fix}")
