@@ -489,6 +489,13 @@ _SETS_ITS_OWN_LR = {"OneCycle": "cycle_min_lr / cycle_max_lr and cycle_first_ste
                     "LRRangeTest": "lr_range_test_min_lr and lr_range_test_step_size"}
 
 
+# DeepSpeed's schedulers (lr_schedules.py, 0.19.8) whose warmup_max_lr, left out, is a number of their own,
+# not the optimizer's lr (WarmupLR falls back to that; WarmupCosineLR scales it by ratios): the run would
+# warm up to this instead of training.learning_rate. raytrain's default learning_rate is the same 1e-3, so
+# only a learning_rate the user wrote is refused (tests/unit/test_config.py pins both).
+_OWN_DEFAULT_PEAK_LR = {"WarmupDecayLR": 0.001}
+
+
 def _refuse_ignored_training_values(cfg: RunConfig, given: set[str]) -> None:
     """A training value the user wrote must take effect: refuse one that a concrete value in the
     DeepSpeed JSON contradicts, or that the JSON's own optimizer or scheduler would silently leave
@@ -520,6 +527,10 @@ def _refuse_ignored_training_values(cfg: RunConfig, given: set[str]) -> None:
                 # These take no warmup_num_steps or warmup_max_lr: writing one there would be refused next.
                 refuse(key, f"deepspeed.scheduler ({scheduler_type}) sets the learning rate itself, from its "
                             f"own {_SETS_ITS_OWN_LR[scheduler_type]}", "set those in deepspeed.scheduler.params")
+            if written is _ABSENT and key == "learning_rate" and scheduler_type in _OWN_DEFAULT_PEAK_LR:
+                refuse(key, f"deepspeed.scheduler ({scheduler_type}) has no params.warmup_max_lr, so DeepSpeed would "
+                            f"warm up to its own default, {_OWN_DEFAULT_PEAK_LR[scheduler_type]}",
+                       'write "warmup_max_lr": "auto" there')
             if written is _ABSENT and (name == "optimizer" or key == "warmup_steps"):
                 refuse(key, f"deepspeed.{name} ({section.get('type')}) has no params.{ds_key}, so DeepSpeed would use "
                             f"its own default", f'write "{ds_key}": "auto" there')

@@ -220,6 +220,39 @@ def test_the_schedulers_that_set_their_own_learning_rate_take_no_warmup():
         assert ("warmup_num_steps" not in takes) == (name in _SETS_ITS_OWN_LR), name
 
 
+WARMUP_DECAY = {"type": "WarmupDecayLR", "params": {"total_num_steps": "auto", "warmup_num_steps": "auto"}}
+
+
+def test_a_learning_rate_a_schedulers_own_default_peak_would_replace_is_refused():
+    """WarmupDecayLR without warmup_max_lr warms up to 0.001 whatever the optimizer's lr: a written
+    training.learning_rate=3e-4 never took effect."""
+    ds = {"zero_optimization": {"stage": 3}, "scheduler": WARMUP_DECAY}
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"deepspeed={json.dumps(ds)}", "training.learning_rate=3e-4"])
+    assert str(e.value) == ('training.learning_rate=0.0003 would be ignored: deepspeed.scheduler (WarmupDecayLR) has '
+                            'no params.warmup_max_lr, so DeepSpeed would warm up to its own default, 0.001: write '
+                            '"warmup_max_lr": "auto" there, or remove training.learning_rate')
+    load_config(None, [f"deepspeed={json.dumps(ds)}"])  # the default learning_rate is that same 0.001
+    auto = {**ds, "scheduler": {**WARMUP_DECAY, "params": {**WARMUP_DECAY["params"], "warmup_max_lr": "auto"}}}
+    load_config(None, [f"deepspeed={json.dumps(auto)}", "training.learning_rate=3e-4"])
+    warmup = {**ds, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": "auto"}}}  # peaks at the lr
+    load_config(None, [f"deepspeed={json.dumps(warmup)}", "training.learning_rate=3e-4"])
+
+
+def test_the_schedulers_with_a_default_peak_of_their_own_are_known():
+    import inspect
+
+    from deepspeed.runtime import lr_schedules
+
+    from raytrain.config import _OWN_DEFAULT_PEAK_LR, TrainingConfig
+
+    for name in lr_schedules.VALID_LR_SCHEDULES:
+        peak = inspect.signature(getattr(lr_schedules, name).__init__).parameters.get("warmup_max_lr")
+        assert (peak.default if peak is not None else None) == _OWN_DEFAULT_PEAK_LR.get(name), name
+    # why a default learning_rate is not refused under them: it is the peak they warm up to
+    assert set(_OWN_DEFAULT_PEAK_LR.values()) == {TrainingConfig().learning_rate}
+
+
 def test_training_values_the_deepspeed_json_agrees_with_or_leaves_auto_pass(tmp_path):
     ds = tmp_path / "ds.json"
     ds.write_text(json.dumps(OWN_OPTIMIZER))
