@@ -495,6 +495,12 @@ _SETS_ITS_OWN_LR = {"OneCycle": "cycle_min_lr / cycle_max_lr and cycle_first_ste
 # only a learning_rate the user wrote is refused (tests/unit/test_config.py pins both).
 _OWN_DEFAULT_PEAK_LR = {"WarmupDecayLR": 0.001}
 
+# DeepSpeed's optimizers (engine._configure_basic_optimizer, 0.19.8; by the lower-case name it matches)
+# whose classes take no betas or eps: Lion (FusedLion, DeepSpeedCPULion), Adagrad (torch's,
+# DeepSpeedCPUAdagrad), mup's MuSGD (torch's SGD). Advice to write "eps": "auto" there would be refused
+# next, as not a parameter of the class (tests/unit/test_config.py pins this against their signatures).
+_TAKES_NO = {"lion": {"eps"}, "adagrad": {"betas"}, "musgd": {"betas", "eps"}}
+
 
 def _refuse_ignored_training_values(cfg: RunConfig, given: set[str]) -> None:
     """A training value the user wrote must take effect: refuse one that a concrete value in the
@@ -531,6 +537,10 @@ def _refuse_ignored_training_values(cfg: RunConfig, given: set[str]) -> None:
                 refuse(key, f"deepspeed.scheduler ({scheduler_type}) has no params.warmup_max_lr, so DeepSpeed would "
                             f"warm up to its own default, {_OWN_DEFAULT_PEAK_LR[scheduler_type]}",
                        'write "warmup_max_lr": "auto" there')
+            optimizer_type = str(section.get("type")) if name == "optimizer" else ""
+            if written is _ABSENT and ds_key in _TAKES_NO.get(optimizer_type.lower(), ()):
+                raise ConfigError(f"training.{key}={json.dumps(value)} would be ignored: deepspeed.optimizer "
+                                  f"({optimizer_type}) takes no {ds_key}{where}: remove training.{key}")
             if written is _ABSENT and (name == "optimizer" or key == "warmup_steps"):
                 refuse(key, f"deepspeed.{name} ({section.get('type')}) has no params.{ds_key}, so DeepSpeed would use "
                             f"its own default", f'write "{ds_key}": "auto" there')

@@ -253,6 +253,55 @@ def test_the_schedulers_with_a_default_peak_of_their_own_are_known():
     assert set(_OWN_DEFAULT_PEAK_LR.values()) == {TrainingConfig().learning_rate}
 
 
+@pytest.mark.parametrize("optimizer, training, message", [
+    ("Lion", "training.adam_epsilon=1e-6", "training.adam_epsilon=1e-06 would be ignored: deepspeed.optimizer (Lion) "
+                                           "takes no eps: remove training.adam_epsilon"),
+    ("Adagrad", "training.adam_betas=[0.9, 0.99]", "training.adam_betas=[0.9, 0.99] would be ignored: "
+                                                   "deepspeed.optimizer (Adagrad) takes no betas: remove "
+                                                   "training.adam_betas"),
+    # a parameter the optimizer does take: the usual advice
+    ("Lion", "training.adam_betas=[0.9, 0.99]", 'training.adam_betas=[0.9, 0.99] would be ignored: deepspeed.optimizer '
+                                                '(Lion) has no params.betas, so DeepSpeed would use its own default: '
+                                                'write "betas": "auto" there, or remove training.adam_betas'),
+])
+def test_a_training_value_the_json_optimizer_takes_no_parameter_for_is_refused_with_remove(optimizer, training,
+                                                                                           message):
+    """Advice to write "eps": "auto" under Lion was refused next: eps is not a parameter of FusedLion."""
+    ds = {"zero_optimization": {"stage": 3}, "optimizer": {"type": optimizer, "params": {"lr": "auto"}}}
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"deepspeed={json.dumps(ds)}", training])
+    assert str(e.value) == message
+
+
+def test_the_optimizers_that_take_no_betas_or_eps_are_known():
+    import inspect
+
+    import torch
+    from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
+    from deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
+    from deepspeed.ops.lamb import FusedLamb
+    from deepspeed.ops.lion import DeepSpeedCPULion, FusedLion
+    from deepspeed.runtime import config as ds_config
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    from raytrain.config import _TAKES_NO
+
+    # what engine._configure_basic_optimizer (0.19.8) builds for each name, with and without an offloaded
+    # optimizer; mup's MuAdam/MuAdamW/MuSGD pass their keyword arguments to torch's Adam/AdamW/SGD, and
+    # Muon passes betas and eps on to its Adam half
+    built = {"adam": [FusedAdam, DeepSpeedCPUAdam, torch.optim.Adam],
+             "adamw": [FusedAdam, DeepSpeedCPUAdam, torch.optim.AdamW],
+             "adagrad": [torch.optim.Adagrad, DeepSpeedCPUAdagrad], "lamb": [FusedLamb],
+             "lion": [FusedLion, DeepSpeedCPULion], "muadam": [torch.optim.Adam], "muadamw": [torch.optim.AdamW],
+             "musgd": [torch.optim.SGD]}
+    takes = {name: [set(inspect.signature(c.__init__).parameters) for c in classes] for name, classes in built.items()}
+    takes["muon"] = [set(DeepSpeedEngine._ADAM_HALF_KEYS)]
+    assert set(takes) == set(ds_config.DEEPSPEED_OPTIMIZERS)
+    for name, signatures in takes.items():
+        for parameters in signatures:
+            assert {"betas", "eps"} - parameters == _TAKES_NO.get(name, set()), name
+
+
 def test_training_values_the_deepspeed_json_agrees_with_or_leaves_auto_pass(tmp_path):
     ds = tmp_path / "ds.json"
     ds.write_text(json.dumps(OWN_OPTIMIZER))
