@@ -36,6 +36,7 @@ from raytrain.deepspeed_config import load_deepspeed, resolve_deepspeed
 from raytrain.hardware import Target
 from raytrain.model import param_stats
 from raytrain.planning import zero_layout
+from raytrain.planning.deepspeed_check import refuse_old_offload_spellings
 from raytrain.planning.estimate import (Estimate, MemoryFacts, Setting, configured_setting, estimate, memory_facts,
                                         model_caveat)
 from raytrain.planning.memory import (GPU_RESERVE_FRACTION, HOST_RESERVE_FRACTION, DoesNotFit, capped_gpu_memory, fits,
@@ -130,6 +131,7 @@ def resolve_auto(cfg: RunConfig, shape: ClusterShape, hf_config,
                  target: Target | None) -> tuple[RunConfig, Choice | None]:
     """`cfg` with its "auto" settings chosen for `shape` and `target` (unchanged when it has none)."""
     ds_raw = load_deepspeed(cfg.deepspeed)
+    refuse_old_offload_spellings(ds_raw)  # the search reads offload_optimizer / offload_param only
     autos = find_autos(cfg, ds_raw)
     if not autos:
         return cfg, None

@@ -16,19 +16,24 @@
    `dict.get` hands them on ("false" is true). Both are refused; which keys DeepSpeed reads as
    numbers is found from DeepSpeed itself (the default it passes to `get`, or its model refusing
    the string once it no longer spells a number).
-4. raytrain's own rules, where DeepSpeed has none or only finds out inside the workers: optimizer
-   and scheduler params against the one class DeepSpeed builds with them, an optimizer ZeRO was not
-   tested with, offload and hpZ combinations, the micro-batch's token count.
+4. raytrain's own rules, where DeepSpeed has none or only finds out inside the workers: DeepSpeed's
+   old cpu_offload spellings (raytrain reads only the offload sections), optimizer and scheduler
+   params against the one class DeepSpeed builds with them, an optimizer ZeRO was not tested with,
+   offload and hpZ combinations, the micro-batch's token count.
 
-Every failure is one ConfigError line naming `deepspeed.<dotted.key>` and the fix.
+Every failure is one ConfigError line naming `deepspeed.<dotted.key>` and the fix. What DeepSpeed logs
+while it parses goes to stderr: stdout carries --dry-run's JSON.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import difflib
 import json
+import logging
 import re
+import sys
 import typing
 from collections.abc import KeysView
 from typing import Any
@@ -61,17 +66,70 @@ def check_deepspeed(ds: dict[str, Any], *, world_size: int, seq_len: int, use_gp
         # DeepSpeed refuses it for every optimizer type (in the workers; its parsing only logs a warning).
         raise ConfigError("deepspeed.optimizer.params.max_grad_norm is not an optimizer parameter: clip with "
                           "deepspeed.gradient_clipping instead (\"auto\" or absent: training.gradient_clipping)")
+    refuse_old_offload_spellings(ds)  # before DeepSpeed maps them (and warns)
     parsed = ds
     if use_gpu and isinstance(ds.get("aio"), dict) and ds["aio"].get("use_gds") is True:
         # DeepSpeed asserts GPUDirect Storage against the accelerator of the process that parses
         # (swap_tensor/aio_config.py, 0.19.8): the driver's, maybe a CPU, not the GPU workers'.
         parsed = {**ds, "aio": {**ds["aio"], "use_gds": False}}
-    reads = _parse(parsed, world_size)
-    _refuse_unread_keys(ds, reads)
-    _refuse_quoted_numbers(parsed, reads, world_size)
-    _check_param_values(ds)
-    _check_constructor_params(ds)
+    with _deepspeed_logs_on_stderr():
+        reads = _parse(parsed, world_size)
+        _refuse_unread_keys(ds, reads)
+        _refuse_quoted_numbers(parsed, reads, world_size)
+        _check_param_values(ds)
+        _check_constructor_params(ds)
     _raytrain_rules(ds, world_size, seq_len)
+
+
+# DeepSpeed's old offload switches (runtime/zero/config.py, 0.19.8): the first two it still maps onto
+# offload_optimizer / offload_param with a deprecation warning, the third it reads into nothing. raytrain's
+# planner, memory facts and optimizer choice read the new sections only: with cpu_offload it would build
+# torch's AdamW for a run DeepSpeed offloads, and every worker fails in deepspeed.initialize ("ZeRO-Offload
+# with a client provided optimizer").
+_OLD_OFFLOAD_SPELLINGS = {
+    "cpu_offload": 'which raytrain does not read (its plan and optimizer would assume no offload): write '
+                   '"offload_optimizer": {"device": "cpu"} in zero_optimization instead, or remove it for no offload',
+    "cpu_offload_param": 'which raytrain does not read (its plan and optimizer would assume no offload): write '
+                         '"offload_param": {"device": "cpu"} in zero_optimization instead, or remove it for no offload',
+    "cpu_offload_use_pin_memory": 'which neither DeepSpeed nor raytrain reads: write "pin_memory": true inside '
+                                  'offload_optimizer (and offload_param) instead, or remove it (pinned is the default)',
+}
+
+
+def refuse_old_offload_spellings(ds: dict[str, Any]) -> None:
+    """Refuse DeepSpeed's deprecated cpu_offload* keys, naming their replacement. Called by check_deepspeed and,
+    before the planner reads the offload sections, by raytrain.planning.choose.resolve_auto."""
+    zero = ds.get("zero_optimization")
+    for key, fix in _OLD_OFFLOAD_SPELLINGS.items():
+        if isinstance(zero, dict) and key in zero:
+            raise ConfigError(f"deepspeed.zero_optimization.{key} is DeepSpeed's old spelling, {fix}")
+
+
+@contextlib.contextmanager
+def _deepspeed_logs_on_stderr():
+    """DeepSpeed's logger writes to stdout (deepspeed/utils/logging.py, 0.19.8: a StreamHandler on sys.stdout),
+    and its config classes log while they parse (a deprecated key's warning): on the driver that line would
+    land in --dry-run's JSON. Meanwhile its lines go to stderr (same format and level), beside raytrain's notes."""
+    compat.import_deepspeed_quietly()  # the handler is made by the import
+    logger = logging.getLogger("DeepSpeed")
+    moved = [h for h in logger.handlers if type(h) is logging.StreamHandler]
+    if not moved:
+        yield
+        return
+    # A handler of its own, not setStream on DeepSpeed's: that flushes the old stream, which under a
+    # test runner may be a capture closed since the import.
+    stderr = logging.StreamHandler(sys.stderr)
+    stderr.setLevel(moved[0].level)
+    stderr.setFormatter(moved[0].formatter)
+    for handler in moved:
+        logger.removeHandler(handler)
+    logger.addHandler(stderr)
+    try:
+        yield
+    finally:
+        logger.removeHandler(stderr)
+        for handler in moved:
+            logger.addHandler(handler)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,8 +2,12 @@
 by the keys DeepSpeed actually reads, and by raytrain's own rules: each mistake is one line naming
 deepspeed.<dotted.key>, and a config DeepSpeed accepts stays accepted."""
 
+import logging
+import sys
+
 import pytest
 
+from raytrain import compat
 from raytrain.config import ConfigError
 from raytrain.planning.deepspeed_check import check_deepspeed
 
@@ -121,3 +125,44 @@ def test_a_micro_batch_beyond_int32_tokens_is_refused():
         check(big, world_size=4)
     check({"train_batch_size": 4 * 2**24, "train_micro_batch_size_per_gpu": 2**24, "gradient_accumulation_steps": 1},
           world_size=4, seq_len=64)  # 2^30 tokens: allowed
+
+
+# ---------------------------------------------------------------------------------------------
+# DeepSpeed's old offload spellings: DeepSpeed still honours them, raytrain's planner, its memory
+# facts and its optimizer choice read offload_optimizer / offload_param only.
+
+Z = "deepspeed.zero_optimization"
+
+
+@pytest.mark.parametrize("key, message", [
+    ("cpu_offload", f'{Z}.cpu_offload is DeepSpeed\'s old spelling, which raytrain does not read (its plan and '
+                    f'optimizer would assume no offload): write "offload_optimizer": {{"device": "cpu"}} in '
+                    f'zero_optimization instead, or remove it for no offload'),
+    ("cpu_offload_param", f'{Z}.cpu_offload_param is DeepSpeed\'s old spelling, which raytrain does not read (its plan '
+                          f'and optimizer would assume no offload): write "offload_param": {{"device": "cpu"}} in '
+                          f'zero_optimization instead, or remove it for no offload'),
+    ("cpu_offload_use_pin_memory", f'{Z}.cpu_offload_use_pin_memory is DeepSpeed\'s old spelling, which neither '
+                                   f'DeepSpeed nor raytrain reads: write "pin_memory": true inside offload_optimizer '
+                                   f'(and offload_param) instead, or remove it (pinned is the default)'),
+])
+def test_deepspeeds_old_offload_spellings_are_refused_naming_the_new_one(key, message):
+    for stage, value in ((3, True), (2, True), (3, False)):
+        with pytest.raises(ConfigError) as e:
+            check({"zero_optimization": {"stage": stage, key: value}})
+        assert str(e.value) == message
+
+
+def test_what_deepspeed_logs_while_it_parses_goes_to_stderr(capsys):
+    """A deprecated key DeepSpeed still maps (and raytrain need not read) passes with DeepSpeed's warning,
+    which its logger writes to stdout: under --dry-run, into the JSON."""
+    compat.import_deepspeed_quietly()
+    handler = next(h for h in logging.getLogger("DeepSpeed").handlers if type(h) is logging.StreamHandler)
+    # the command line's: the process's stdout (not setStream: it would flush a capture closed since the import)
+    before, handler.stream = handler.stream, sys.stdout
+    try:
+        check(zero(stage3_gather_fp16_weights_on_model_save=True))
+    finally:
+        handler.stream = before
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "Config parameter stage3_gather_fp16_weights_on_model_save is deprecated" in err
