@@ -39,7 +39,7 @@ from collections.abc import KeysView
 from typing import Any
 
 from raytrain import compat
-from raytrain.config import ConfigError
+from raytrain.config import DEFAULT_DEEPSPEED, ConfigError
 from raytrain.config_files import first_line
 
 MAX_TOKENS_PER_MICRO_BATCH = 2**31 - 1
@@ -578,12 +578,28 @@ def _raytrain_rules(ds: dict[str, Any], world_size: int, seq_len: int) -> None:
         # DeepSpeed builds the hpZ groups inside deepspeed.initialize and fails there.
         raise ConfigError(f"deepspeed.zero_optimization.zero_hpz_partition_size={hpz} does not divide world size "
                           f"{world_size}: use the GPUs per node or a divisor of {world_size}")
+    _check_steps_per_print(ds.get("steps_per_print"))
     micro = ds["train_micro_batch_size_per_gpu"]
     if micro * seq_len > MAX_TOKENS_PER_MICRO_BATCH:
         raise ConfigError(f"deepspeed.train_micro_batch_size_per_gpu={micro} x data.seq_len={seq_len} = "
                           f"{micro * seq_len:,} tokens per micro-batch, more than {MAX_TOKENS_PER_MICRO_BATCH:,} "
                           f"(int32 indexing; the token ids alone would take {micro * seq_len * 8 / 2**30:,.0f} GiB "
                           f"per GPU): lower the micro-batch (training.micro_batch_size_per_gpu)")
+
+
+def _check_steps_per_print(every: Any) -> None:
+    """DeepSpeed reads steps_per_print with a plain get (default None: never print) and, after every step,
+    prints when (step + 1) % steps_per_print == 0 (runtime/engine.py, 0.19.8): 0 (or false) is a
+    ZeroDivisionError in every worker at step 1, a string a TypeError. 1e9 in JSON is a float: it works."""
+    if every is None or (isinstance(every, (int, float)) and not isinstance(every, bool) and every >= 1
+                         and (isinstance(every, int) or every.is_integer())):
+        return
+    if isinstance(every, str) and _spelled(every) == "number":
+        raise _quoted(("steps_per_print",), every, "number")
+    raise ConfigError(f"deepspeed.steps_per_print={json.dumps(every)} must be a positive integer (DeepSpeed takes "
+                      f"each step's number modulo it, and 0 is a ZeroDivisionError in every worker at step 1): write a "
+                      f"number of steps >= 1, or leave it out (raytrain's default, "
+                      f"{DEFAULT_DEEPSPEED['steps_per_print']}, keeps DeepSpeed's own progress line quiet)")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -166,3 +166,29 @@ def test_what_deepspeed_logs_while_it_parses_goes_to_stderr(capsys):
     out, err = capsys.readouterr()
     assert out == ""
     assert "Config parameter stage3_gather_fp16_weights_on_model_save is deprecated" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# steps_per_print: DeepSpeed prints when (step + 1) % steps_per_print == 0, after every step.
+
+
+@pytest.mark.parametrize("value", [10, 1e9, None])  # 1e9 is a float in JSON; null: DeepSpeed never prints
+def test_steps_per_print_positive_or_null_passes(value):
+    check({"steps_per_print": value})
+
+
+@pytest.mark.parametrize("value, shown", [(0, "0"), (-5, "-5"), (False, "false"), (2.5, "2.5"), ("auto", '"auto"')])
+def test_steps_per_print_that_is_not_a_positive_integer_is_refused(value, shown):
+    with pytest.raises(ConfigError) as e:
+        check({"steps_per_print": value})
+    assert str(e.value) == (f"deepspeed.steps_per_print={shown} must be a positive integer (DeepSpeed takes each "
+                            f"step's number modulo it, and 0 is a ZeroDivisionError in every worker at step 1): write "
+                            f"a number of steps >= 1, or leave it out (raytrain's default, 1000000000, keeps "
+                            f"DeepSpeed's own progress line quiet)")
+
+
+def test_steps_per_print_as_a_string_is_refused_as_one():
+    with pytest.raises(ConfigError) as e:
+        check({"steps_per_print": "10"})
+    assert str(e.value) == ('deepspeed.steps_per_print is the string "10", but DeepSpeed reads a number there: '
+                            'write 10 without quotes')
