@@ -78,7 +78,7 @@ def check_deepspeed(ds: dict[str, Any], *, world_size: int, seq_len: int, use_gp
         _refuse_quoted_numbers(parsed, reads, world_size)
         _check_param_values(ds)
         _check_constructor_params(ds)
-    _raytrain_rules(ds, world_size, seq_len)
+    _raytrain_rules(ds, world_size, seq_len, use_gpu)
 
 
 # DeepSpeed's old offload switches (runtime/zero/config.py, 0.19.8): the first two it still maps onto
@@ -555,7 +555,7 @@ def _deepspeed_class(module: str, name: str):
 # 4. raytrain's rules.
 
 
-def _raytrain_rules(ds: dict[str, Any], world_size: int, seq_len: int) -> None:
+def _raytrain_rules(ds: dict[str, Any], world_size: int, seq_len: int, use_gpu: bool) -> None:
     zero = ds.get("zero_optimization") or {}
     if isinstance(zero.get("stage"), bool):
         # pydantic's lax mode reads true as stage 1 and false as stage 0: a ZeRO that shards nothing
@@ -578,6 +578,8 @@ def _raytrain_rules(ds: dict[str, Any], world_size: int, seq_len: int) -> None:
         # DeepSpeed builds the hpZ groups inside deepspeed.initialize and fails there.
         raise ConfigError(f"deepspeed.zero_optimization.zero_hpz_partition_size={hpz} does not divide world size "
                           f"{world_size}: use the GPUs per node or a divisor of {world_size}")
+    if stage == 3 and not use_gpu:
+        _refuse_zero_quantization_on_cpu(zero)
     _check_steps_per_print(ds.get("steps_per_print"))
     micro = ds["train_micro_batch_size_per_gpu"]
     if micro * seq_len > MAX_TOKENS_PER_MICRO_BATCH:
@@ -585,6 +587,25 @@ def _raytrain_rules(ds: dict[str, Any], world_size: int, seq_len: int) -> None:
                           f"{micro * seq_len:,} tokens per micro-batch, more than {MAX_TOKENS_PER_MICRO_BATCH:,} "
                           f"(int32 indexing; the token ids alone would take {micro * seq_len * 8 / 2**30:,.0f} GiB "
                           f"per GPU): lower the micro-batch (training.micro_batch_size_per_gpu)")
+
+
+def _refuse_zero_quantization_on_cpu(zero: dict[str, Any]) -> None:
+    """ZeRO++'s quantized all-gather and reduce-scatter (stage 3 only) load DeepSpeed's QuantizerBuilder, which
+    its CPU accelerator has no kernels for (accelerator/cpu_accelerator.py, 0.19.8: NotImplementedBuilder):
+    every worker fails in deepspeed.initialize (weights) or at the first backward (gradients). Asked of
+    DeepSpeed's CPU accelerator, so the rule goes once a DeepSpeed version has them."""
+    keys = [k for k in ("zero_quantized_weights", "zero_quantized_nontrainable_weights", "zero_quantized_gradients")
+            if zero.get(k) is True]
+    if not keys:
+        return
+    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+
+    if CPU_Accelerator().get_op_builder("QuantizerBuilder").__name__ != "NotImplementedBuilder":
+        return
+    raise ConfigError(f"deepspeed.zero_optimization.{keys[0]}=true needs GPUs (DeepSpeed has no CPU kernels for "
+                      f"ZeRO++'s quantization: \"This op had not been implemented on CPU backend\" in every worker), "
+                      f"and this run is on CPU (scaling.use_gpu=false): set it to false, or run on GPUs with "
+                      f"scaling.use_gpu=true")
 
 
 def _check_steps_per_print(every: Any) -> None:

@@ -192,3 +192,19 @@ def test_steps_per_print_as_a_string_is_refused_as_one():
         check({"steps_per_print": "10"})
     assert str(e.value) == ('deepspeed.steps_per_print is the string "10", but DeepSpeed reads a number there: '
                             'write 10 without quotes')
+
+
+# ---------------------------------------------------------------------------------------------
+# ZeRO++ quantization: DeepSpeed's CPU accelerator has no quantizer kernels.
+
+
+@pytest.mark.parametrize("key", ["zero_quantized_weights", "zero_quantized_gradients",
+                                 "zero_quantized_nontrainable_weights"])
+def test_zero_quantization_on_a_cpu_run_is_refused(key):
+    check(zero(**{key: True}), use_gpu=True)  # the GPU workers have the kernels
+    check(zero(**{key: False}), use_gpu=False)
+    with pytest.raises(ConfigError) as e:
+        check(zero(**{key: True}), use_gpu=False)
+    assert str(e.value) == (f"{Z}.{key}=true needs GPUs (DeepSpeed has no CPU kernels for ZeRO++'s quantization: "
+                            f"\"This op had not been implemented on CPU backend\" in every worker), and this run is on "
+                            f"CPU (scaling.use_gpu=false): set it to false, or run on GPUs with scaling.use_gpu=true")
