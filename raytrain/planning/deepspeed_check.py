@@ -227,8 +227,7 @@ def _from_pydantic(error, ds: dict[str, Any], log: _Log) -> ConfigError:
     key = _dotted((*prefix, *loc))
     value = first.get("input")
     if first["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
-        valid = _model_keys(error.title, loc[:-1])
-        return _unknown(key, valid)
+        return _one_setting_twice(error.title, loc, prefix, ds) or _unknown(key, _model_keys(error.title, loc[:-1]))
     message = first["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
     if first["type"] in ("model_type", "dict_type", "model_attributes_type"):
         return ConfigError(f"{key} must be a mapping (a JSON object), got {_shown(value)}: "
@@ -278,8 +277,28 @@ def _section_of(loc: tuple, ds: dict[str, Any], log: _Log) -> tuple:
     return log.enumerated[-1] if log.enumerated else ()
 
 
-def _model_keys(title: str, inner: tuple) -> list[str]:
-    """The keys a DeepSpeed pydantic model (by its class name) accepts at `inner` under it."""
+def _one_setting_twice(title: str, loc: tuple, prefix: tuple, ds: dict[str, Any]) -> ConfigError | None:
+    """A field given under both of its names ("stage3_prefetch_bucket_size" and "prefetch_bucket_size",
+    DeepSpeed's alias and field name): pydantic reads the alias and refuses the name as an unknown key,
+    whose closest valid key is itself."""
+    path = (*prefix, *loc[:-1])
+    model, section = _model(title, loc[:-1]), _get(ds, path)
+    if model is None or not isinstance(section, dict):
+        return None
+    for name, field in model.model_fields.items():
+        names = (field.alias, name)
+        if field.alias and field.alias != name and loc[-1] in names and set(names) <= set(section):
+            both = " and ".join(f"{_dotted((*path, k))}={json.dumps(section[k], default=str)}" for k in names)
+            default = _get(DEFAULT_DEEPSPEED, path)
+            # raytrain's defaults write the alias ("auto"): a dotted override of the field name adds the second
+            hint = next((f"; raytrain's default config writes {k}, so an override of its value must use that name"
+                         for k in names if isinstance(default, dict) and k in default), "")
+            return ConfigError(f"{both} are one setting under two names (DeepSpeed reads either): keep one{hint}")
+    return None
+
+
+def _model(title: str, inner: tuple):
+    """The DeepSpeed pydantic model (by its class name) of the section at `inner` under it, or None."""
     from pydantic import BaseModel
 
     def subclasses(cls):
@@ -295,6 +314,12 @@ def _model_keys(title: str, inner: tuple) -> list[str]:
             (f for f in model.model_fields.values() if f.alias == part), None)
         inside = (field.annotation, *typing.get_args(field.annotation)) if field is not None else ()
         model = next((tp for tp in inside if isinstance(tp, type) and issubclass(tp, BaseModel)), None)
+    return model
+
+
+def _model_keys(title: str, inner: tuple) -> list[str]:
+    """The keys a DeepSpeed pydantic model (by its class name) accepts at `inner` under it."""
+    model = _model(title, inner)
     if model is None:
         return []
     return sorted({f.alias or name for name, f in model.model_fields.items()} | set(model.model_fields))
