@@ -145,6 +145,14 @@ CLASSES: dict[str, list[tuple[list[str], str]]] = {
          "deepspeed.zero_optimization.offload_param.device must be 'none', 'cpu' or 'nvme'"),
         (["deepspeed.zero_optimization.reduce_bucket_size=-1"],
          "deepspeed.zero_optimization.reduce_bucket_size must be greater than 0"),
+        # DeepSpeed's old offload spelling: raytrain would plan and build its optimizer without the offload
+        (['deepspeed={%s, "cpu_offload": true}}' % Z3], "deepspeed.zero_optimization.cpu_offload is DeepSpeed's old "
+                                                        "spelling, which raytrain does not read"),
+        (['deepspeed={"steps_per_print": 0, %s}}' % Z3], "deepspeed.steps_per_print=0 must be a positive integer"),
+        (['deepspeed={%s, "zero_quantized_gradients": true}}' % Z3],
+         "deepspeed.zero_optimization.zero_quantized_gradients=true needs GPUs"),
+        (["deepspeed.zero_optimization.prefetch_bucket_size=1000"], "deepspeed.zero_optimization.prefetch_bucket_size="
+                                                                    "1000 are one setting under two names"),
         (["training.micro_batch_size_per_gpu=1000000000000"], "deepspeed.train_micro_batch_size_per_gpu=1000000000000 x "
                                                               "data.seq_len=128"),
         (['deepspeed={"train_micro_batch_size_per_gpu": 1000000000000, %s}}' % Z3],
