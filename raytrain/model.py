@@ -363,6 +363,13 @@ _PRECISION_OF_DTYPE = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "f
                        "float32": "fp32", "fp32": "fp32", "float": "fp32"}
 
 
+# What every transformers config has (PreTrainedConfig's own fields: return_dict, id2label, architectures, ...),
+# left out of the fields listed for an unknown override: a model's own are the ones meant.
+_GENERIC_FIELDS = {"_name_or_path", "architectures", "chunk_size_feed_forward", "dtype", "id2label",
+                   "is_encoder_decoder", "label2id", "model_type", "output_attentions", "output_hidden_states",
+                   "problem_type", "return_dict", "transformers_version", "torch_dtype", "use_cache"}
+
+
 def _check_override_keys(hf_config, overrides: dict[str, Any]) -> None:
     """Each override of `hf_config` (the model's config as loaded) names a field it has, and a value
     transformers would not take without a word: an id past the vocabulary (it only warns, as hub
@@ -383,9 +390,16 @@ def _check_override_keys(hf_config, overrides: dict[str, Any]) -> None:
             raise ConfigError(f"model.config.{key}={value!r} does not set the training precision, which the DeepSpeed "
                               f"config holds: remove it and set training.precision={precision} (or the DeepSpeed "
                               f"JSON's bf16/fp16 sections)")
+        if key.lstrip("_") == "attn_implementation":
+            # Not a config field but how transformers builds the model (PreTrainedConfig keeps it as
+            # _attn_implementation): raytrain passes model.attn_implementation to each worker's build, which
+            # replaces the config's, so `_attn_implementation` here was accepted and never used.
+            raise ConfigError(f"model.config.{key}={value!r} does not choose the attention backend, "
+                              f"model.attn_implementation does: remove it and set model.attn_implementation={value}")
         if not hasattr(hf_config, key):
             close = difflib.get_close_matches(key, known, n=1)
-            hint = f"; did you mean model.config.{close[0]}?" if close else ""
+            own = sorted(set(known) - _GENERIC_FIELDS)  # without every config's (return_dict, id2label, ...)
+            hint = f"; did you mean model.config.{close[0]}?" if close else f"; its fields: {', '.join(own)}"
             if key == "rope_theta" and isinstance(getattr(hf_config, "rope_parameters", None), dict):
                 # transformers 5 keeps it in rope_parameters; given beside them it would be ignored
                 hint = (f"; it is part of model.config.rope_parameters (now "

@@ -538,3 +538,18 @@ def test_a_generation_config_json_pad_token_id_outside_the_vocabulary_has_its_ow
     assert GenerationConfig.from_pretrained(tmp_path / "runs" / "0" / "model").pad_token_id == -1
     assert notes(pad_token_id=None) == []
     assert GenerationConfig.from_pretrained(tmp_path / "runs" / "1" / "model").pad_token_id is None
+
+
+def test_the_attention_backend_given_as_a_config_field_points_to_model_attn_implementation():
+    """model.config.attn_implementation was "no such field" with no fix; model.config._attn_implementation was
+    taken and never used (each worker's build is given model.attn_implementation, which replaces it)."""
+    for key in ("attn_implementation", "_attn_implementation"):
+        with pytest.raises(ConfigError, match=re.escape(
+                f"model.config.{key}='eager' does not choose the attention backend, model.attn_implementation "
+                f"does: remove it and set model.attn_implementation=eager")):
+            load_model_config(ModelConfig(config={key: "eager"}))
+    # a key with no close match lists the config's own fields, the fix
+    with pytest.raises(ConfigError, match=r"^model.config.foo: LlamaConfig has no such field; its fields: "
+                                          r"attention_bias, attention_dropout, bos_token_id, .*, vocab_size$"):
+        load_model_config(ModelConfig(config={"foo": 1}))
+
