@@ -18,7 +18,7 @@ import os
 import re
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from raytrain.config import ConfigError, ModelConfig
 from raytrain.config_files import first_line
@@ -66,9 +66,10 @@ def load_model_config(cfg: ModelConfig):
     Overrides are applied as a worker rebuilds the config (the config class constructed from its
     values: `config_from_facts`), so the class's own validators and conversions run here; a value
     they refuse, or that the model cannot be built with (a meta-device build), is one line naming
-    the key. So are a model that is not a decoder-only causal LM, and, with model.pretrained=true,
-    an override that changes the shape or number of the weights to load (each worker's
-    from_pretrained would fail, or leave new weights randomly initialised)."""
+    the key. So are a model that is not a decoder-only causal LM, key/value heads that do not divide the
+    query heads of an attention that repeats them (each worker's first forward would fail), and, with
+    model.pretrained=true, an override that changes the shape or number of the weights to load (each
+    worker's from_pretrained would fail, or leave new weights randomly initialised)."""
     from transformers import AutoConfig, LlamaConfig
 
     if cfg.name_or_path is None:
@@ -83,6 +84,7 @@ def load_model_config(cfg: ModelConfig):
         hf_config = _validated(builtin, cfg.config)
         if cfg.config:
             _check_overrides_build(hf_config, cfg, builtin)
+            _check_kv_heads(hf_config, cfg)
         return hf_config
     if os.path.isfile(cfg.name_or_path):
         raise ConfigError(f"model.name_or_path={cfg.name_or_path} is a file; give its directory "
@@ -112,8 +114,9 @@ def load_model_config(cfg: ModelConfig):
     _check_token_ids_build(hf_config, cfg)
     if cfg.config:
         _check_overrides_build(hf_config, cfg, build)
-        if cfg.pretrained:
-            _check_same_weights(loaded, hf_config, cfg, build)
+    _check_kv_heads(hf_config, cfg)
+    if cfg.config and cfg.pretrained:
+        _check_same_weights(loaded, hf_config, cfg, build)
     return hf_config
 
 
@@ -291,7 +294,7 @@ def _attends_ahead(hf_config, trust_remote_code: bool) -> bool:
 
     if type(hf_config) in MODEL_FOR_MASKED_LM_MAPPING:
         return True
-    return _meta_build(*_config_key(hf_config), trust_remote_code)[2]
+    return _meta_build(*_config_key(hf_config), trust_remote_code).attends_ahead
 
 
 def _check_overrides_build(hf_config, cfg: ModelConfig, build) -> None:
@@ -356,6 +359,49 @@ def _shape_change(before: dict, after: dict) -> str:
     if added:
         return f"adds {added[0]}" + (f" and {len(added) - 1} more" if len(added) > 1 else "") + ", randomly initialised"
     return f"drops {removed[0]}" + (f" and {len(removed) - 1} more" if len(removed) > 1 else "")
+
+
+def _check_kv_heads(hf_config, cfg: ModelConfig) -> None:
+    """num_key_value_heads must divide num_attention_heads where the model's attention shares key/value heads as
+    Llama's does (`_kv_heads`): 4 query heads over 3 key/value heads build (the meta build passes) and the config
+    class takes them, then each worker's first forward fails ("The size of tensor a (4) must match the size of
+    tensor b (3)"). Only attention classes seen to repeat their k_proj's heads are checked: JetMoE (its query heads
+    are num_key_value_heads x num_experts_per_tok), GPT-BigCode, Inkling and the MLA families (GLM-4-MoE-Lite) read
+    num_key_value_heads otherwise and run with 4 over 3; Falcon's fused query_key_value is not looked at (its
+    new_decoder_architecture fails such a config in its own reshape, in every worker)."""
+    try:  # a per-layer value (Gemma 4) raises on the global attribute: not checked
+        heads, kv = hf_config.num_attention_heads, hf_config.num_key_value_heads
+        built = _meta_build(*_config_key(hf_config), cfg.trust_remote_code).kv_heads
+    except Exception:  # a model that cannot be built is named by the checks that build it
+        return
+    if not (isinstance(heads, int) and isinstance(kv, int) and 0 < kv and heads % kv):
+        return
+    # the classes that make num_key_value_heads key heads and repeat each num_attention_heads // num_key_value_heads
+    # times (Falcon's, Inkling's and GPT-BigCode's num_key_value_groups is their own: they run)
+    uneven = [(name, groups) for name, key_heads, groups in built if key_heads == kv and groups == heads // kv]
+    if not uneven:
+        return
+    attention, groups = uneven[0]
+    aliases = getattr(hf_config, "attribute_map", None) or {}
+    fields = {"num_attention_heads", "num_key_value_heads"}
+    given = [key for key in cfg.config if key in fields or aliases.get(key) in fields]
+    divisors = [d for d in range(1, heads + 1) if heads % d == 0]
+    divisors = ", ".join(map(str, divisors[:-1])) + f" or {divisors[-1]}" if len(divisors) > 1 else str(heads)
+    if given:
+        where = ", ".join(f"model.config.{key}={cfg.config[key]!r}" for key in given)
+        if all(aliases.get(key, key) == "num_attention_heads" for key in given):
+            fix = f"set model.config.num_attention_heads to a multiple of num_key_value_heads={kv}"
+        else:
+            fix = f"set model.config.num_key_value_heads to a divisor of num_attention_heads={heads}: {divisors}"
+    else:
+        where = f"{cfg.name_or_path}'s config.json"
+        fix = (f"correct num_key_value_heads in its config.json (a divisor of {heads}: {divisors}; the one the "
+               f"weights were saved with)" if cfg.pretrained else
+               f"set model.config.num_key_value_heads to a divisor of num_attention_heads={heads}: {divisors}")
+    raise ConfigError(f"{where}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv}, and "
+                      f"{attention} shares each key/value head among num_attention_heads // num_key_value_heads = "
+                      f"{groups} query heads, {kv * groups} of {heads} (every worker's first forward fails on the "
+                      f"size mismatch); {fix}")
 
 
 # model.config.dtype (torch_dtype is its older name) -> the training.precision that does what it asks.
@@ -552,27 +598,35 @@ def flops_per_token(num_params: int, num_layers: int, hidden: int, seq_len: int)
 def param_stats(hf_config, trust_remote_code: bool = False) -> ParamStats:
     """Parameter sizes from the config alone: the model is built on the meta device (no memory is
     allocated; shared parameters such as tied embeddings count once). Cached per config."""
-    return _meta_build(*_config_key(hf_config), trust_remote_code)[0]
+    return _meta_build(*_config_key(hf_config), trust_remote_code).stats
 
 
 def weight_shapes(hf_config, trust_remote_code: bool = False) -> dict[str, tuple[int, ...]]:
     """{name: shape} of every distinct parameter of the model `hf_config` builds (meta device, cached):
     what a checkpoint of it holds (a tied lm_head is not listed: it is the embedding)."""
-    return dict(_meta_build(*_config_key(hf_config), trust_remote_code)[1])
+    return dict(_meta_build(*_config_key(hf_config), trust_remote_code).shapes)
 
 
 def embedding_padding_row(hf_config, trust_remote_code: bool = False) -> int | None:
     """The row of the input embedding that the model makes its padding row (torch's padding_idx, counted
     from 0: a pad_token_id of -1 is the last row), or None: that row gets no gradient (meta build, cached)."""
-    return _meta_build(*_config_key(hf_config), trust_remote_code)[3]
+    return _meta_build(*_config_key(hf_config), trust_remote_code).padding_row
 
 
 def _config_key(hf_config) -> tuple[str, type]:
     return json.dumps(hf_config.to_dict(), sort_keys=True, default=str), type(hf_config)
 
 
+class _MetaBuild(NamedTuple):
+    stats: ParamStats
+    shapes: tuple[tuple[str, tuple[int, ...]], ...]
+    attends_ahead: bool  # _attends_ahead
+    padding_row: int | None  # embedding_padding_row
+    kv_heads: tuple[tuple[str, int, int], ...]  # _check_kv_heads
+
+
 @functools.lru_cache(maxsize=8)
-def _meta_build(config_json: str, config_class: type, trust_remote_code: bool):
+def _meta_build(config_json: str, config_class: type, trust_remote_code: bool) -> _MetaBuild:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -588,7 +642,31 @@ def _meta_build(config_json: str, config_class: type, trust_remote_code: bool):
         padding_row = getattr(model.get_input_embeddings(), "padding_idx", None)
     except NotImplementedError:  # a model with its own code that does not say which module it is
         padding_row = None
-    return stats, tuple((name, tuple(p.shape)) for name, p in model.named_parameters()), attends_ahead, padding_row
+    shapes = tuple((name, tuple(p.shape)) for name, p in model.named_parameters())
+    return _MetaBuild(stats, shapes, attends_ahead, padding_row, _kv_heads(model))
+
+
+def _kv_heads(model) -> tuple[tuple[str, int, int], ...]:
+    """(class, key/value heads, num_key_value_groups) of each distinct attention class that shares key/value
+    heads among query heads as Llama's does (GQA): the key heads its projection makes (k_proj's rows, or a fused
+    qkv_proj's after the query heads' rows) and how many times its forward repeats each (repeat_kv) before the
+    scores. Classes with neither projection (JetMoE's kv_proj, MLA's kv_b_proj) are not listed."""
+    found = {}
+    heads = getattr(model.config, "num_attention_heads", None)
+    for module in model.modules():
+        groups, head_dim = getattr(module, "num_key_value_groups", None), getattr(module, "head_dim", None)
+        if not (isinstance(groups, int) and isinstance(head_dim, int) and head_dim > 0):
+            continue
+        key_heads = None
+        for projection, query_rows in (("k_proj", 0), ("qkv_proj", heads)):
+            weights = [p for p in getattr(getattr(module, projection, None), "parameters", list)() if p.dim() >= 2]
+            if weights and isinstance(query_rows, int) and weights[0].shape[-2] % head_dim == 0:
+                # Moshi's k_proj holds its Linear one level down; Ergo's qkv_proj rows: queries, keys, values
+                key_heads = (weights[0].shape[-2] // head_dim - query_rows) // (2 if query_rows else 1)
+                break
+        if key_heads is not None:
+            found.setdefault(type(module).__name__, (key_heads, groups))
+    return tuple((name, key_heads, groups) for name, (key_heads, groups) in found.items())
 
 
 def config_from_facts(facts, cfg: ModelConfig, code_dir: str | None = None):

@@ -241,7 +241,8 @@ def test_mamba2_hybrids_with_an_infinite_time_step_limit_reach_the_workers_confi
 
 
 @pytest.mark.parametrize("config, attn, what", [
-    (Gemma2Config(**TINY, head_dim=8), "sdpa",
+    # (Gemma2's default num_key_value_heads, 4, over TINY's 2 query heads fails every worker's forward: refused)
+    (Gemma2Config(**TINY, head_dim=8, num_key_value_heads=2), "sdpa",
      "'sdpa': Gemma2ForCausalLM does not support it (it supports eager, flash_attention_2, flash_attention_3, "
      "flash_attention_4, flex_attention): set model.attn_implementation=eager"),
     (BloomConfig(hidden_size=16, n_layer=1, n_head=2, vocab_size=320), "flex_attention",
@@ -256,8 +257,8 @@ def test_an_attention_backend_the_model_class_cannot_run_is_refused_on_the_drive
         _resolve(tmp_path, config, attn_implementation=attn)
 
 
-@pytest.mark.parametrize("config, chosen", [(Gemma2Config(**TINY, head_dim=8), "eager"), (LlamaConfig(**TINY), "sdpa")],
-                         ids=["gemma2", "llama"])
+@pytest.mark.parametrize("config, chosen", [(Gemma2Config(**TINY, head_dim=8, num_key_value_heads=2), "eager"),
+                                            (LlamaConfig(**TINY), "sdpa")], ids=["gemma2", "llama"])
 def test_the_default_attention_is_sdpa_where_the_class_has_it_else_eager(tmp_path, config, chosen):
     """model.attn_implementation's default "auto", made concrete in the run's config (what the planner and the
     workers read), as transformers' own default picks: a Gemma2 run with no attention setting trains."""
@@ -538,6 +539,44 @@ def test_a_generation_config_json_pad_token_id_outside_the_vocabulary_has_its_ow
     assert GenerationConfig.from_pretrained(tmp_path / "runs" / "0" / "model").pad_token_id == -1
     assert notes(pad_token_id=None) == []
     assert GenerationConfig.from_pretrained(tmp_path / "runs" / "1" / "model").pad_token_id is None
+
+
+def test_key_value_heads_that_do_not_divide_the_query_heads_are_refused_where_the_forward_would_fail(tmp_path):
+    """4 query heads over 3 key/value heads: the config class takes it and the model builds, then every worker's
+    first forward fails. Only attention that repeats each key/value head num_attention_heads //
+    num_key_value_heads times (Llama's, and most families') is refused: JetMoE's runs with it."""
+    import torch
+    from transformers import AutoModelForCausalLM, JetMoeConfig
+
+    def forward(config):
+        AutoModelForCausalLM.from_config(config)(torch.tensor([[1, 2, 3]]))
+
+    with pytest.raises(ConfigError, match=re.escape(
+            "model.config.num_key_value_heads=3: num_attention_heads=4 is not a multiple of num_key_value_heads=3, "
+            "and LlamaAttention shares each key/value head among num_attention_heads // num_key_value_heads = 1 "
+            "query heads, 3 of 4 (every worker's first forward fails on the size mismatch); set "
+            "model.config.num_key_value_heads to a divisor of num_attention_heads=4: 1, 2 or 4")):
+        load_model_config(ModelConfig(config={"num_key_value_heads": 3}))  # the built-in model
+    uneven = LlamaConfig(**{**TINY, "hidden_size": 32, "num_attention_heads": 4}, num_key_value_heads=3)
+    with pytest.raises(RuntimeError, match=r"The size of tensor a \(4\) must match the size of tensor b \(3\)"):
+        forward(uneven)  # what each worker's first step raised
+    uneven.save_pretrained(tmp_path / "json")
+    with pytest.raises(ConfigError, match=re.escape(
+            f"{tmp_path / 'json'}'s config.json: num_attention_heads=4 is not a multiple of num_key_value_heads=3, "
+            f"and LlamaAttention shares each") + ".*; set model.config.num_key_value_heads to a divisor of "
+            "num_attention_heads=4: 1, 2 or 4$"):
+        load_model_config(ModelConfig(name_or_path=str(tmp_path / "json")))
+    LlamaConfig(**{**TINY, "hidden_size": 32, "num_attention_heads": 4}, num_key_value_heads=4).save_pretrained(
+        tmp_path / "even")
+    with pytest.raises(ConfigError, match=r"^model.config.num_attention_heads=2: num_attention_heads=2 is not a "
+                                          r"multiple of num_key_value_heads=4, .* = 0 query heads, 0 of 2 .*; set "
+                                          r"model.config.num_attention_heads to a multiple of num_key_value_heads=4$"):
+        load_model_config(ModelConfig(name_or_path=str(tmp_path / "even"), config={"num_attention_heads": 2}))
+    assert load_model_config(ModelConfig(name_or_path=str(tmp_path / "even"), config={"num_key_value_heads": 2}))
+    jetmoe = JetMoeConfig(**{**TINY, "hidden_size": 32, "num_attention_heads": 4}, num_key_value_heads=3)
+    forward(jetmoe)  # runs: its query heads are num_key_value_heads x num_experts_per_tok
+    jetmoe.save_pretrained(tmp_path / "jetmoe")
+    assert load_model_config(ModelConfig(name_or_path=str(tmp_path / "jetmoe"))).num_key_value_heads == 3
 
 
 def test_the_attention_backend_given_as_a_config_field_points_to_model_attn_implementation():
