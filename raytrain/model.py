@@ -69,7 +69,9 @@ def load_model_config(cfg: ModelConfig):
     the key. So are a model that is not a decoder-only causal LM, key/value heads that do not divide the
     query heads of an attention that repeats them (each worker's first forward would fail), and, with
     model.pretrained=true, an override that changes the shape or number of the weights to load (each
-    worker's from_pretrained would fail, or leave new weights randomly initialised)."""
+    worker's from_pretrained would fail, or leave new weights randomly initialised) and, for a local
+    directory, weight files that are missing, unreadable or of another shape than the config's
+    (`_check_weight_files`: headers only)."""
     from transformers import AutoConfig, LlamaConfig
 
     if cfg.name_or_path is None:
@@ -117,6 +119,8 @@ def load_model_config(cfg: ModelConfig):
     _check_kv_heads(hf_config, cfg)
     if cfg.config and cfg.pretrained:
         _check_same_weights(loaded, hf_config, cfg, build)
+    if cfg.pretrained and os.path.isdir(cfg.name_or_path):  # a hub id's weights are not read on the driver
+        _check_weight_files(hf_config, cfg)
     return hf_config
 
 
@@ -404,6 +408,103 @@ def _check_kv_heads(hf_config, cfg: ModelConfig) -> None:
                       f"size mismatch); {fix}")
 
 
+def _weight_file(path: str, hf_config) -> str:
+    """The weight file from_pretrained reads in the directory `path`, as transformers 5.25's
+    _get_resolved_checkpoint_files picks it: config.json's transformers_weights if set, else the first of
+    WEIGHT_FILES there (safetensors before the pickle format, a whole file before an index)."""
+    explicit = getattr(hf_config, "transformers_weights", None)
+    if isinstance(explicit, str):
+        return explicit
+    return next(f for f in WEIGHT_FILES if os.path.isfile(os.path.join(path, f)))
+
+
+def _check_weight_files(hf_config, cfg: ModelConfig) -> None:
+    """model.pretrained=true with a local directory: the weight files from_pretrained reads are there, and hold
+    what the model built from the config has, before each worker reads them (a FileNotFoundError for a shard
+    its index names, safetensors' "header too large" for a damaged file, a size mismatch for weights of another
+    config, each in every worker). Cheap at any size: safetensors headers only (names and shapes, no tensor read;
+    30 shards of a 70B model, ~1 MB of JSON), and the meta-device build param_stats makes anyway. Pickled weights
+    (pytorch_model.bin) cannot be read without loading them: only their files are looked for."""
+    path = cfg.name_or_path
+    chosen = _weight_file(path, hf_config)
+    fix = (f"give the directory save_pretrained wrote (copy or download {path} again), or drop model.pretrained to "
+           f"train from random init")
+    if chosen.endswith(".index.json"):
+        index = os.path.join(path, chosen)
+        try:
+            with open(index, encoding="utf-8") as f:
+                weight_map = json.load(f)["weight_map"]
+            shards = sorted(set(weight_map.values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ConfigError(f"model.pretrained=true but {index} is not an index of weight files (a JSON object "
+                              f"whose weight_map names a shard per weight; {type(e).__name__}: {first_line(e)}): "
+                              f"{fix}") from None
+        missing = [s for s in shards if not os.path.isfile(os.path.join(path, s))]
+        if missing:
+            more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+            raise ConfigError(f"model.pretrained=true but {index} names shards that are not in {path}: {missing[0]}"
+                              f"{more} ({len(missing)} of {len(shards)} files): {fix}")
+    else:
+        shards = [chosen]
+        if not os.path.isfile(os.path.join(path, chosen)):  # config.json's transformers_weights
+            raise ConfigError(f"model.pretrained=true but {path} has no {chosen} (its config.json's "
+                              f"transformers_weights): {fix}")
+    if not chosen.endswith((".safetensors", ".safetensors.index.json")):
+        return
+    from safetensors import safe_open
+
+    saved: dict[str, tuple[tuple[int, ...], str]] = {}  # tensor name -> (shape, file)
+    for shard in shards:
+        file = os.path.join(path, shard)
+        try:
+            with safe_open(file, framework="pt") as f:  # the header: names, dtypes, shapes and offsets
+                saved.update({name: (tuple(f.get_slice(name).get_shape()), file) for name in f.keys()})
+        except Exception as e:  # safetensors' SafetensorError ("header too large", "file not fully covered"), OSError
+            raise ConfigError(f"model.pretrained=true but {file} is not a readable safetensors file "
+                              f"({type(e).__name__}: {first_line(e)}; damaged, cut short or not a weight file): "
+                              f"{fix}") from None
+    _check_saved_names(saved, hf_config, cfg)
+
+
+def _check_saved_names(saved: dict[str, tuple[tuple[int, ...], str]], hf_config, cfg: ModelConfig) -> None:
+    """Each of the model's weights is in `saved` ({tensor name: (shape, file)}) with its shape, as from_pretrained
+    matches them: by name, the base model's prefix added where the checkpoint leaves it out, either name of a tied
+    weight. Tensors the model has no weight for (old checkpoints' rotary inv_freq, GPT-2's attn.bias buffers) are
+    ignored by from_pretrained, and here. A checkpoint that transformers converts on load (a name one of the
+    model's weight conversions matches: MoE experts saved one by one, renamed modules) and a quantized one
+    (quantization_config: packed weights of their own names and shapes) are not compared."""
+    names = _meta_build(*_config_key(hf_config), cfg.trust_remote_code).names
+    if names.renamed is None or getattr(hf_config, "quantization_config", None) is not None:
+        return
+    if any(pattern.search(name) for pattern in names.renamed for name in saved):
+        return
+    known = {alias for aliases in names.aliases for alias in aliases}
+
+    def model_name(name: str) -> str:
+        with_prefix = f"{names.prefix}.{name}"
+        return with_prefix if names.prefix and name not in known and with_prefix in known else name
+
+    found = {model_name(name): value for name, value in saved.items()}
+    expected = weight_shapes(hf_config, cfg.trust_remote_code)
+    source = f"{cfg.name_or_path}/config.json" + (" with model.config's overrides" if cfg.config else "")
+    differ = [(alias, found[alias], expected[aliases[0]]) for aliases in names.aliases for alias in aliases
+              if alias in found and found[alias][0] != expected[aliases[0]]]
+    if differ:
+        name, (shape, file), want = differ[0]
+        more = f" (and {len(differ) - 1} more weights differ)" if len(differ) > 1 else ""
+        raise ConfigError(f"model.pretrained=true but {file} holds {name} as {list(shape)}, where the model "
+                          f"{source} describes has {list(want)}{more}: give the config.json the weights were saved "
+                          f"with, or drop model.pretrained to train from random init")
+    missing = [aliases[0] for aliases in names.aliases if not any(alias in found for alias in aliases)
+               and not any(re.search(pattern, aliases[0]) for pattern in names.optional)]
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise ConfigError(f"model.pretrained=true but the weights in {cfg.name_or_path} have no {missing[0]}{more} "
+                          f"of the {len(names.aliases)} the model {source} describes has (from_pretrained would "
+                          f"initialise them randomly): give the weights saved with this config.json, or drop "
+                          f"model.pretrained to train from random init")
+
+
 # model.config.dtype (torch_dtype is its older name) -> the training.precision that does what it asks.
 _PRECISION_OF_DTYPE = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "half": "fp16",
                        "float32": "fp32", "fp32": "fp32", "float": "fp32"}
@@ -617,11 +718,28 @@ def _config_key(hf_config) -> tuple[str, type]:
     return json.dumps(hf_config.to_dict(), sort_keys=True, default=str), type(hf_config)
 
 
+class _CheckpointNames(NamedTuple):
+    """How from_pretrained matches a checkpoint's tensor names to the model's parameters (`_check_weight_files`)."""
+
+    prefix: str
+    """The base model's attribute (Llama's "model", GPT-2's "transformer"): a checkpoint saved from the base
+    model names its weights without it, and from_pretrained adds it."""
+    aliases: tuple[tuple[str, ...], ...]
+    """The names of each distinct parameter: a tied lm_head is the embedding, and either name loads it."""
+    optional: tuple[str, ...]
+    """The model's _keys_to_ignore_on_load_missing (patterns): weights a checkpoint may leave out unsaid."""
+    renamed: tuple[Any, ...] | None
+    """The compiled source patterns of the model's weight conversions (transformers 5's conversion_mapping:
+    renamed keys, MoE experts fused on load, legacy LayerNorm.gamma, ...); a checkpoint with a name one of
+    them matches is loaded through them, so its names are not the model's. None: not known."""
+
+
 class _MetaBuild(NamedTuple):
     stats: ParamStats
     shapes: tuple[tuple[str, tuple[int, ...]], ...]
     attends_ahead: bool  # _attends_ahead
     padding_row: int | None  # embedding_padding_row
+    names: _CheckpointNames
     kv_heads: tuple[tuple[str, int, int], ...]  # _check_kv_heads
 
 
@@ -643,7 +761,23 @@ def _meta_build(config_json: str, config_class: type, trust_remote_code: bool) -
     except NotImplementedError:  # a model with its own code that does not say which module it is
         padding_row = None
     shapes = tuple((name, tuple(p.shape)) for name, p in model.named_parameters())
-    return _MetaBuild(stats, shapes, attends_ahead, padding_row, _kv_heads(model))
+    return _MetaBuild(stats, shapes, attends_ahead, padding_row, _checkpoint_names(model), _kv_heads(model))
+
+
+def _checkpoint_names(model) -> _CheckpointNames:
+    aliases: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(p), []).append(name)
+    try:  # transformers 5's, as from_pretrained collects them (legacy renamings included)
+        from transformers.conversion_mapping import get_model_conversion_mapping
+
+        renamed = tuple(t.compiled_sources for t in get_model_conversion_mapping(model))
+    except Exception:  # another transformers (no such module or attribute), or a mapping it refuses: not known
+        renamed = None
+    return _CheckpointNames(prefix=getattr(model, "base_model_prefix", "") or "",
+                            aliases=tuple(tuple(names) for names in aliases.values()),
+                            optional=tuple(sorted(getattr(model, "_keys_to_ignore_on_load_missing", None) or ())),
+                            renamed=renamed)
 
 
 def _kv_heads(model) -> tuple[tuple[str, int, int], ...]:

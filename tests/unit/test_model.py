@@ -1,8 +1,9 @@
 """raytrain.model on the driver: the one line that says where the weights come from, a
-pretrained run refused before any worker starts when there are no weights to load or when
-model.config would change their shapes, models that are not decoder-only causal LMs refused, the
-tokenizer's one-line errors naming the setting it came from, and the token ids a model built from
-a config takes from the tokenizer it trains with."""
+pretrained run refused before any worker starts when there are no weights to load, when its weight
+files are missing, damaged or of another shape, or when model.config would change their shapes,
+models that are not decoder-only causal LMs refused, the tokenizer's one-line errors naming the
+setting it came from, and the token ids a model built from a config takes from the tokenizer it
+trains with."""
 
 import json
 import re
@@ -539,6 +540,99 @@ def test_a_generation_config_json_pad_token_id_outside_the_vocabulary_has_its_ow
     assert GenerationConfig.from_pretrained(tmp_path / "runs" / "0" / "model").pad_token_id == -1
     assert notes(pad_token_id=None) == []
     assert GenerationConfig.from_pretrained(tmp_path / "runs" / "1" / "model").pad_token_id is None
+
+
+_DROP = "give the directory save_pretrained wrote (copy or download {} again), or drop model.pretrained to train " \
+        "from random init"
+
+
+def test_a_pretrained_directorys_weight_files_are_read_on_the_driver_not_first_in_every_worker(tmp_path):
+    """Each passed the driver and failed every worker's from_pretrained: a shard the index names missing
+    (FileNotFoundError), a damaged safetensors file (SafetensorError), weights of another config (a size
+    mismatch). The driver reads the safetensors headers only (names and shapes), never a tensor."""
+    def refused(path):
+        with pytest.raises(ConfigError) as e:
+            load_model_config(ModelConfig(name_or_path=str(path), pretrained=True))
+        return str(e.value)
+
+    sharded = tmp_path / "sharded"
+    LlamaForCausalLM(LlamaConfig(**TINY)).save_pretrained(sharded, max_shard_size="10KB")  # 4 shards
+    (sharded / "model-00002-of-00004.safetensors").unlink()
+    assert refused(sharded) == (f"model.pretrained=true but {sharded}/model.safetensors.index.json names shards that "
+                                f"are not in {sharded}: model-00002-of-00004.safetensors (1 of 4 files): "
+                                f"{_DROP.format(sharded)}")
+    (sharded / "model.safetensors.index.json").write_text('{"weight_map": ')  # a copy cut short
+    assert refused(sharded).startswith(f"model.pretrained=true but {sharded}/model.safetensors.index.json is not an "
+                                       f"index of weight files (a JSON object whose weight_map names a shard per "
+                                       f"weight; JSONDecodeError: ")
+
+    damaged = Path(_pretrained(tmp_path))
+    whole = (damaged / "model.safetensors").read_bytes()
+    for content, reason in ((b"garbage" * 10, "header too large"),
+                            (whole[: len(whole) // 2], "incomplete metadata, file not fully covered")):
+        (damaged / "model.safetensors").write_bytes(content)
+        assert refused(damaged) == (f"model.pretrained=true but {damaged}/model.safetensors is not a readable "
+                                    f"safetensors file (SafetensorError: Error while deserializing header: {reason}; "
+                                    f"damaged, cut short or not a weight file): {_DROP.format(damaged)}")
+
+    other = tmp_path / "other"  # weights of intermediate_size=24 beside a config.json that says 32
+    LlamaForCausalLM(LlamaConfig(**{**TINY, "intermediate_size": 24})).save_pretrained(other)
+    LlamaConfig(**TINY).save_pretrained(other)
+    assert refused(other) == (f"model.pretrained=true but {other}/model.safetensors holds "
+                              f"model.layers.0.mlp.gate_proj.weight as [24, 16], where the model {other}/config.json "
+                              f"describes has [32, 16] (and 2 more weights differ): give the config.json the weights "
+                              f"were saved with, or drop model.pretrained to train from random init")
+
+
+def test_weights_a_pretrained_checkpoint_lacks_are_refused_not_randomly_initialised(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    path = Path(_pretrained(tmp_path))
+    weights = load_file(path / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if k != "lm_head.weight"}, path / "model.safetensors",
+              metadata={"format": "pt"})
+    with pytest.raises(ConfigError, match=re.escape(
+            f"model.pretrained=true but the weights in {path} have no lm_head.weight of the 12 the model "
+            f"{path}/config.json describes has (from_pretrained would initialise them randomly): give the weights "
+            f"saved with this config.json, or drop model.pretrained to train from random init")):
+        load_model_config(ModelConfig(name_or_path=str(path), pretrained=True))
+
+
+def test_checkpoints_from_pretrained_reads_as_they_are_pass(tmp_path):
+    """Names as from_pretrained matches them: saved from the base model (no "model." prefix), a tied lm_head
+    left out, tensors the model has no weight for (old checkpoints' rotary inv_freq, GPT-2's attn.bias), MoE
+    experts saved one by one (converted on load); pickled weights are only looked for."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+
+    def loads(path) -> bool:
+        return load_model_config(ModelConfig(name_or_path=str(path), pretrained=True)) is not None
+
+    tied = LlamaConfig(**TINY, tie_word_embeddings=True)
+    LlamaForCausalLM(tied).model.save_pretrained(tmp_path / "base")  # LlamaModel: embed_tokens.weight, layers.0...
+    tied.save_pretrained(tmp_path / "base")
+    weights = load_file(tmp_path / "base" / "model.safetensors")
+    assert "embed_tokens.weight" in weights and "lm_head.weight" not in weights
+    weights["layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(4)
+    save_file(weights, tmp_path / "base" / "model.safetensors", metadata={"format": "pt"})
+    assert loads(tmp_path / "base")
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=320, n_positions=64))
+    gpt2.config.save_pretrained(tmp_path / "gpt2")  # the hub's gpt2 layout: no "transformer.", attn.bias buffers
+    hub_layout = {k.removeprefix("transformer."): v.contiguous() for k, v in gpt2.transformer.state_dict().items()}
+    save_file({**hub_layout, "h.0.attn.bias": torch.ones(1, 1, 64, 64)}, tmp_path / "gpt2" / "model.safetensors",
+              metadata={"format": "pt"})
+    assert loads(tmp_path / "gpt2")
+
+    mixtral = AutoConfig.for_model("mixtral", **TINY, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)
+    AutoModelForCausalLM.from_config(mixtral).save_pretrained(tmp_path / "mixtral")
+    assert loads(tmp_path / "mixtral")
+
+    (tmp_path / "pickled").mkdir()
+    LlamaConfig(**TINY).save_pretrained(tmp_path / "pickled")
+    (tmp_path / "pickled" / "pytorch_model.bin").write_bytes(b"")  # not read: the pickle format loads whole
+    assert loads(tmp_path / "pickled")
 
 
 def test_key_value_heads_that_do_not_divide_the_query_heads_are_refused_where_the_forward_would_fail(tmp_path):
