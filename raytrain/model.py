@@ -71,7 +71,8 @@ def load_model_config(cfg: ModelConfig):
     model.pretrained=true, an override that changes the shape or number of the weights to load (each
     worker's from_pretrained would fail, or leave new weights randomly initialised) and, for a local
     directory, weight files that are missing, unreadable or of another shape than the config's
-    (`_check_weight_files`: headers only)."""
+    (`_check_weight_files`: headers only). A hub id the hub cannot be reached for, with nothing of it in
+    the local cache, is one line at once, not after huggingface_hub's retries (`hub_unreachable`)."""
     from transformers import AutoConfig, LlamaConfig
 
     if cfg.name_or_path is None:
@@ -96,8 +97,13 @@ def load_model_config(cfg: ModelConfig):
         raise ConfigError(f"model.pretrained=true but {cfg.name_or_path} holds no weights ({', '.join(WEIGHT_FILES)}): "
                           f"give a directory written by save_pretrained, or drop model.pretrained to train from "
                           f"random init")
+    unreachable = None if os.path.isdir(cfg.name_or_path) else hub_unreachable(cfg.name_or_path)
+    if unreachable:
+        raise ConfigError(f"model.name_or_path={cfg.name_or_path!r}: cannot load its config: "
+                          f"{unreachable_fix(cfg.name_or_path, unreachable, 'model.name_or_path')}")
     try:
-        with token_id_warning_held():  # the driver says it once, in words (raytrain.planning.resolve.advice)
+        # the driver says the token-id warning once, in words (raytrain.planning.resolve.advice)
+        with token_id_warning_held(), hub_retries_held():
             loaded = AutoConfig.from_pretrained(cfg.name_or_path, trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError) as e:
         raise ConfigError(f"model.name_or_path={cfg.name_or_path!r}: cannot load its config ({first_line(e)}); "
@@ -174,7 +180,7 @@ def load_generation_config(cfg: ModelConfig):
     from transformers import GenerationConfig
 
     try:
-        with token_id_warning_held():  # a pad_token_id outside the vocabulary: the driver's note says it
+        with token_id_warning_held(), hub_retries_held():  # a pad_token_id outside the vocabulary: the note says it
             return GenerationConfig.from_pretrained(cfg.name_or_path)
     except OSError:  # a hub model without one
         return None
@@ -258,7 +264,7 @@ def _load_fix(spec: str, error: BaseException, key: str) -> str:
                 "(only for code you trust)")
     if os.path.isdir(spec):
         return "give a directory written by save_pretrained (with config.json), or a hub id"
-    if os.path.isabs(spec) or spec.startswith((".", "~")) or spec.count("/") > 1:  # a hub id is NAME or ORG/NAME
+    if not _looks_like_hub_id(spec):
         return f"there is no directory {spec}: check the path"
     # Not a local directory, so transformers read it as a hub id: a typo, no network, or
     # HF_HUB_OFFLINE=1 with the model not in the local cache all end here.
@@ -267,6 +273,81 @@ def _load_fix(spec: str, error: BaseException, key: str) -> str:
     offline = " (HF_HUB_OFFLINE=1 is set: only the local hub cache is read)" if constants.is_offline_mode() else ""
     return (f"no local directory {spec!r}, so it is a Hugging Face hub id{offline}: check the name and the "
             f"network, or download it first (hf download {spec} --local-dir DIR) and set {key}=DIR")
+
+
+# huggingface_hub 2.4's lines for each failed try of a request it retries (utils/_http.py's _http_backoff_base; its
+# hf_api has its own): when a HEAD for a file fails and the file is not in the local hub cache, hf_hub_download tries
+# five times more, 1 + 2 + 4 + 8 + 8 s apart, two lines a try, and AutoTokenizer asks for config.json twice: 23 lines
+# over 50 s before raytrain's one line. `hub_unreachable` spares the wait where there is no network at all.
+_HUB_RETRY_LINES = (" thrown while requesting ", "Retrying in ", "Rate limited. Waiting ")
+_HUB_RETRY_LOGGERS = ("huggingface_hub.utils._http", "huggingface_hub.hf_api")
+
+
+class _HubRetryFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(line in message for line in _HUB_RETRY_LINES)
+
+
+@contextlib.contextmanager
+def hub_retries_held():
+    """Holds back huggingface_hub's lines about a request it retries ("'[Errno -2] Name or service not known'
+    thrown while requesting HEAD https://huggingface.co/gpt2/resolve/main/config.json", "Retrying in 1s [Retry
+    1/5].") while the block loads a model's config, a tokenizer or a hub dataset, and only them: a load that
+    still fails says so in raytrain's one line (naming the id and the fix), one that succeeds had nothing to say."""
+    held = _HubRetryFilter()
+    loggers = [logging.getLogger(name) for name in _HUB_RETRY_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(held)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(held)
+
+
+def _looks_like_hub_id(spec: str) -> bool:
+    """A hub id is NAME or ORG/NAME; anything else that is not a directory is a path that is not there."""
+    return not (os.path.isabs(spec) or spec.startswith((".", "~")) or spec.count("/") > 1)
+
+
+def hub_unreachable(repo_id: str, repo_type: str = "model") -> str | None:
+    """Why the Hugging Face hub cannot be reached for `repo_id`, when a load of it would only fail after
+    huggingface_hub's retries (~23 s per file asked for): one HEAD request, no retry, fails before any answer (no
+    network, a name that does not resolve, a refused connection) and the local hub cache holds nothing of the
+    repo. Else None, and the load runs as it would without this: with a network (the HEAD answered, whatever
+    it said; one request more), HF_HUB_OFFLINE=1 (only the cache is read, no request), or with some of the repo
+    in the cache (transformers may read it from there). A network that drops this one request stops the run
+    at once, where the retries might have got through: running it again retries."""
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.file_download import repo_folder_name
+    from huggingface_hub.utils import _http
+
+    if constants.is_offline_mode() or not _looks_like_hub_id(repo_id):
+        return None
+    if os.path.isdir(os.path.join(constants.HF_HUB_CACHE, repo_folder_name(repo_id=repo_id, repo_type=repo_type))):
+        return None
+    # What hf_hub_download retries on (no answer at all): httpx's timeouts, network and protocol errors
+    unanswered = getattr(_http, "_DEFAULT_RETRY_ON_EXCEPTIONS", ())
+    try:
+        get_hf_file_metadata(hf_hub_url(repo_id, "config.json" if repo_type == "model" else "README.md",
+                                        repo_type=repo_type))
+    except unanswered as e:
+        return f"{constants.ENDPOINT}: {first_line(e)}"
+    except Exception:  # an answer (404, 401, ...) or an id the hub refuses: the load says what it is
+        return None
+    return None
+
+
+def unreachable_fix(spec: str, why: str, key: str, repo_type: str = "model") -> str:
+    """The one line's text after `key`='spec': for `hub_unreachable`'s `why`."""
+    from huggingface_hub import constants
+
+    download = f"hf download {spec}" + (" --repo-type dataset" if repo_type == "dataset" else "") + " --local-dir DIR"
+    where = f"set {key}=DIR" if repo_type == "model" else f"set {key} to its data files in DIR"
+    return (f"no local directory {spec!r}, so it is a Hugging Face hub id, but the hub cannot be reached ({why}) "
+            f"and the local hub cache ({constants.HF_HUB_CACHE}) has no copy of it: check the network (or "
+            f"HF_ENDPOINT, HF_HUB_CACHE), or download it where there is one ({download}) and {where}")
 
 
 def _check_causal_lm(hf_config, cfg: ModelConfig) -> None:
@@ -599,9 +680,12 @@ def _cached_tokenizer(spec: str | None, trust_remote_code: bool, key: str = "mod
     if os.path.isfile(spec):
         raise ConfigError(f"{key}={spec} is a file; give its directory "
                           f"({key}={os.path.dirname(os.path.abspath(spec))})")
+    unreachable = None if os.path.isdir(spec) else hub_unreachable(spec)
+    if unreachable:
+        raise ConfigError(f"{key}={spec!r}: cannot load its tokenizer: {unreachable_fix(spec, unreachable, key)}")
     try:
         # From a model directory AutoTokenizer reads its config.json: in every tokenize task's process
-        with token_id_warning_held():
+        with token_id_warning_held(), hub_retries_held():
             tok = AutoTokenizer.from_pretrained(spec, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
         first = first_line(e)

@@ -74,6 +74,7 @@ from typing import Any
 from raytrain.config import ConfigError, DataConfig
 from raytrain.config_files import first_line
 from raytrain.console import say
+from raytrain.model import hub_retries_held, hub_unreachable, unreachable_fix
 from raytrain.run_spec import DataFacts
 
 FORMATS = ("text", "json", "csv", "parquet", "hf", "tokenized")
@@ -929,8 +930,13 @@ def _inspect_hub(data: DataConfig, hub_id: str, key: str, split: tuple[str, str]
     import datasets
 
     split_key, split_name = split
+    unreachable = hub_unreachable(hub_id, repo_type="dataset")  # else ~25 s of retries before the error
+    if unreachable:
+        raise ConfigError(f"{key}={hub_id!r}: cannot open the hub dataset: "
+                          f"{unreachable_fix(hub_id, unreachable, key, repo_type='dataset')}")
     try:
-        hub = datasets.load_dataset(hub_id, split=split_name, streaming=True)
+        with hub_retries_held():  # its lines for each retried request: the error below says what failed
+            hub = datasets.load_dataset(hub_id, split=split_name, streaming=True)
     except Exception as e:  # datasets raises many types (network, missing split, missing repo)
         raise ConfigError(f"{key}: cannot open the hub dataset {hub_id!r} split {split_name!r} "
                           f"({first_line(e)}): check the id, {split_key} and your network/token") from None

@@ -6,7 +6,12 @@ setting it came from, and the token ids a model built from a config takes from t
 trains with."""
 
 import json
+import os
 import re
+import subprocess
+import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -686,3 +691,67 @@ def test_the_attention_backend_given_as_a_config_field_points_to_model_attn_impl
                                           r"attention_bias, attention_dropout, bos_token_id, .*, vocab_size$"):
         load_model_config(ModelConfig(config={"foo": 1}))
 
+
+def test_an_unreachable_hub_is_one_line_in_seconds_not_a_minute_of_retry_lines(tmp_path):
+    """With no network a hub id's load printed huggingface_hub's retry lines ("'[Errno -2] Name or service not
+    known' thrown while requesting HEAD ...", "Retrying in 1s [Retry 1/5].": 12 to 23 of them) over 25 to 52 s
+    before raytrain's line. Here the hub is a closed local port (HF_ENDPOINT, read at import: a process of its own)
+    and the hub cache an empty directory: each load is refused in one line at once, and nothing else is said."""
+    code = textwrap.dedent("""
+        from raytrain.config import ConfigError, DataConfig, ModelConfig
+        from raytrain.data.sources import inspect_source
+        from raytrain.model import load_model_config, load_tokenizer
+
+        for load in (lambda: load_model_config(ModelConfig(name_or_path="raytrain-test/absent")),
+                     lambda: load_tokenizer(ModelConfig(tokenizer="raytrain-test/absent")),
+                     lambda: inspect_source(DataConfig(format="hf"), "raytrain-test/absent")):
+            try:
+                load()
+            except ConfigError as e:
+                print(e)
+    """)
+    offline = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
+    env = {k: v for k, v in os.environ.items() if k not in offline}
+    env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HUB_CACHE=str(tmp_path / "hub"))
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    took_s = time.monotonic() - started
+    retries = [line for line in done.stderr.splitlines() if "Retrying in" in line or "thrown while" in line]
+    assert not retries, done.stderr
+    why = "http://127.0.0.1:9: [Errno 111] Connection refused"
+    fix = (f"check the network (or HF_ENDPOINT, HF_HUB_CACHE), or download it where there is one (hf download "
+           f"raytrain-test/absent")
+    assert done.stdout.splitlines() == [
+        f"{key}='raytrain-test/absent': cannot {what}: no local directory 'raytrain-test/absent', so it is a Hugging "
+        f"Face hub id, but the hub cannot be reached ({why}) and the local hub cache ({tmp_path / 'hub'}) has no copy "
+        f"of it: {fix}{download}" for key, what, download in (
+            ("model.name_or_path", "load its config", " --local-dir DIR) and set model.name_or_path=DIR"),
+            ("model.tokenizer", "load its tokenizer", " --local-dir DIR) and set model.tokenizer=DIR"),
+            ("data.path", "open the hub dataset", " --repo-type dataset --local-dir DIR) and set data.path to its "
+                                                  "data files in DIR"))], done.stderr
+    assert took_s < 30, took_s  # the retries alone were 23 s a file (1 + 2 + 4 + 8 + 8), asked for 4 times
+
+
+def test_the_hub_hold_is_only_huggingface_hubs_retry_lines_and_only_inside_the_block():
+    import logging
+
+    from raytrain.model import hub_retries_held
+
+    logger = logging.getLogger("huggingface_hub.utils._http")
+    said: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(record.getMessage())
+
+    keep = Keep()
+    logger.addHandler(keep)
+    try:
+        with hub_retries_held():
+            logger.warning("'[Errno 111] Connection refused' thrown while requesting HEAD http://127.0.0.1:9/x")
+            logger.warning("Retrying in 1s [Retry 1/5].")
+            logger.warning("another warning")
+        logger.warning("Retrying in 2s [Retry 2/5].")
+    finally:
+        logger.removeHandler(keep)
+    assert said == ["another warning", "Retrying in 2s [Retry 2/5]."]
