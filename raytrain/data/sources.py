@@ -740,6 +740,12 @@ def _check_csv_header(source: Source, path: str, data: DataConfig, key: str) -> 
     if data.text_column not in columns:
         tsv = " (tab-separated: the file's name ends in .tsv)" if csv_delimiter(path) == "\t" else ""
         names = ", ".join(map(repr, columns[:20])) + (f" and {len(columns) - 20} more" if len(columns) > 20 else "")
+        if not tsv and len(columns) == 1 and "\t" in columns[0]:
+            # A tab-separated file named .csv: read with commas, its header is one column holding the tabs, and
+            # data.text_column (the fix the line below names) could never match it
+            raise ConfigError(f"{key}: {path} looks tab-separated (its header {names} has tabs and no commas), but "
+                              f"only a file whose name ends in .tsv (compressed or not) is read with tabs: rename it "
+                              f"to end in .tsv")
         raise ConfigError(f"data.text_column={data.text_column!r} is not a column of {path}{tsv} (its header: "
                           f"{names or 'empty'}): set data.text_column")
 

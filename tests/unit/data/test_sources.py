@@ -307,6 +307,21 @@ def test_a_csv_files_header_must_name_the_text_column(tmp_path):
     assert [csv_delimiter(p) for p in ("a.csv", "a.TSV", "a.tsv.zst", "a.txt")] == [",", "\t", "\t", ","]
 
 
+
+def test_a_tab_separated_file_named_csv_is_told_to_be_named_tsv(tmp_path):
+    """Read with commas, its header is one column holding the tabs: "set data.text_column" could never fix it."""
+    (tmp_path / "t.csv").write_text("id\ttext\n1\thello world\n")
+    with pytest.raises(ConfigError, match=re.escape(
+            f"data.path: {tmp_path / 't.csv'} looks tab-separated (its header 'id\\ttext' has tabs and no commas), "
+            f"but only a file whose name ends in .tsv (compressed or not) is read with tabs: rename it to end in "
+            f".tsv") + "$"):
+        inspect_source(DataConfig(), str(tmp_path / "t.csv"))
+    (tmp_path / "t.csv").rename(tmp_path / "t.tsv")  # the fix
+    assert inspect_source(DataConfig(), str(tmp_path / "t.tsv")).format == "csv"
+    (tmp_path / "c.csv").write_text("id,body\tnote\n")  # commas too: a CSV whose column names hold a tab
+    with pytest.raises(ConfigError, match="\\(its header: 'id', 'body\\\\tnote'\\): set data.text_column$"):
+        inspect_source(DataConfig(), str(tmp_path / "c.csv"))
+
 def test_an_eval_fraction_of_one_text_file_read_as_one_document_is_refused(tmp_path):
     """One document is all trained on or all held out: the run stopped only once it was tokenized."""
     from raytrain.data.sources import inspect_sources
