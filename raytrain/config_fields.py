@@ -30,7 +30,7 @@ from typing import Annotated, Any, Literal
 import pydantic.dataclasses
 from pydantic import ConfigDict, Field, Strict, ValidationError
 
-from raytrain.config_files import ConfigError
+from raytrain.config_files import ConfigError, yaml_11_number
 
 Int = Annotated[int, Strict()]
 Float = Annotated[float, Strict(), Field(allow_inf_nan=False)]  # an int is a float too: `learning_rate: 1`
@@ -136,6 +136,12 @@ def one_line(error: ValidationError, cls: type, key: str) -> ConfigError:
     hint = ""
     if isinstance(value, datetime.date) and "a string" in describe(tp):
         hint = f": YAML reads an unquoted {value.isoformat()} as a date; quote it (\"{value.isoformat()}\")"
+    elif yaml_11_number(value) is not None and re.search(r"\b(an integer|a number)\b", describe(tp)):
+        # 022, 1_000, 1:1: numbers in YAML 1.1 (octal 18, 1000, base-60 61), text in 1.2 (raytrain.config_files)
+        octal = re.fullmatch(r"([-+]?)0+([0-7]+)", value)
+        octal = f"; octal is written {octal[1]}0o{octal[2]}" if octal else ""
+        hint = (f": not a number in YAML 1.2, which raytrain reads (YAML 1.1 made it {yaml_11_number(value)!r}): "
+                f"write it without the leading 0, '_' or ':'{octal}")
     elif value is None and describe(tp).startswith("a mapping"):
         hint = f": YAML reads a section with nothing under it (all commented out) as null; write {where}: {{}} or delete it"
     return ConfigError(f"{where} must be {describe(tp)}, got {_shown(value)}{hint}")

@@ -8,8 +8,16 @@ YAML is read with `RunConfigLoader`, PyYAML's SafeLoader with two changes, for f
 alike:
 - a key given twice in one mapping (at any depth, e.g. the same section twice) is an error;
   PyYAML's default keeps the last one and silently drops the first;
-- floats follow YAML 1.2: `1e-3` and `5E-4` are numbers (YAML 1.1, PyYAML's default, reads a float
-  without a dot as a string, so `training.learning_rate=1e-3` failed as "got str").
+- numbers follow YAML 1.2's core schema: `1e-3` and `5E-4` are floats (YAML 1.1, PyYAML's default,
+  reads a float without a dot as a string, so `training.learning_rate=1e-3` failed as "got str"), and
+  what YAML 1.1 rewrote into another number stays the text it is: `022` (1.1: octal 18), `1:1`
+  (1.1: base 60, 61), `1_000` and `0b11`. An integer with a leading 0 is text in either reading
+  (1.2 would read `022` as 22, not what a user who meant octal typed): `checkpoint.name=0755` is the
+  name "0755", and `training.max_steps=022` is an error naming the value as typed. Octal is `0o22`,
+  hex `0x12`. YAML 1.1's booleans stay (`yes`/`no`/`on`/`off` are true/false): the README's examples
+  and users' files rely on them, and a type error names them where a string was meant;
+- network.env values are environment variables, strings: a number there is kept as typed
+  (`NCCL_IB_TIMEOUT=022` is "022", `1e-3` "1e-3"), never re-printed from the number YAML made of it.
 """
 
 from __future__ import annotations
@@ -34,16 +42,23 @@ def first_line(error: BaseException) -> str:
 
 
 class RunConfigLoader(yaml.SafeLoader):
-    """SafeLoader + duplicate keys refused + YAML 1.2 floats (module docstring)."""
+    """SafeLoader + duplicate keys refused + YAML 1.2 numbers (module docstring)."""
 
 
-# YAML 1.2 core schema floats that YAML 1.1 reads as strings: an exponent without a dot (1e-3,
-# 5E-4, 2e+5) or with an unsigned exponent (1.5e3). PyYAML tries a tag's resolvers in order for
-# the first character, so these go first; plain integers ("123") still resolve to int.
-_FLOAT_12 = re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+_INT, _FLOAT, _STR = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:str"
+# YAML 1.2 core schema numbers in place of YAML 1.1's (whose int resolver also takes 0NNN as octal, 1:1 as
+# base 60, 0b11 and 1_000; its float resolver 1:1.5 and 1_0.5, and no exponent without a dot), less a decimal
+# integer with a leading 0 (module docstring). A plain scalar matching neither is a string. PyYAML's own
+# int and float constructors read every form these let through as YAML 1.2 does ("0o17" is int("0o17", 8)).
+_INT_12 = re.compile(r"^(?:[-+]?(?:0|[1-9][0-9]*)|0o[0-7]+|0x[0-9a-fA-F]+)$")
+_FLOAT_12 = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+\.[0-9]*|[0-9]+(?:\.[0-9]*)?[eE][-+]?[0-9]+)"
+                       r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
 RunConfigLoader.yaml_implicit_resolvers = {
-    first: ([("tag:yaml.org,2002:float", _FLOAT_12)] if first in "-+0123456789" else []) + list(resolvers)
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    first: [(tag, regexp) for tag, regexp in yaml.SafeLoader.yaml_implicit_resolvers.get(first, [])
+            if tag not in (_INT, _FLOAT)]
+    + [(tag, regexp) for tag, regexp, firsts in ((_INT, _INT_12, "-+0123456789"), (_FLOAT, _FLOAT_12, "-+.0123456789"))
+       if first in firsts]
+    for first in set(yaml.SafeLoader.yaml_implicit_resolvers) | set("-+.0123456789")}
 
 
 def _refuse_duplicates(node: yaml.Node, where: str, path: str = "") -> None:
@@ -68,14 +83,48 @@ def _refuse_duplicates(node: yaml.Node, where: str, path: str = "") -> None:
             _refuse_duplicates(item, where, f"{path}[{i}]")
 
 
-def _load(text: str, where: str) -> Any:
-    """One YAML document read with RunConfigLoader (duplicates: ConfigError; syntax: yaml.YAMLError)."""
+def yaml_11_number(text: Any) -> int | float | None:
+    """The number YAML 1.1 (PyYAML's default) reads `text` as, where RunConfigLoader reads it as a string
+    (022, 1:1, 1_000, 0b11); else None. For the type error of a number field given one: it names both."""
+    if not isinstance(text, str) or not text or text[0] not in "-+.0123456789":
+        return None
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return None
+    return value if type(value) in (int, float) else None
+
+
+# The section whose values are environment variables (raytrain.config.NetworkConfig.env): strings as typed.
+_ENV_SECTION = "network.env"
+
+
+def _env_values_as_written(node: yaml.Node, path: str) -> None:
+    """Retag the plain numbers under network.env (`path`: where `node` sits in the run config) as strings,
+    so each is constructed from its text: `0x10` stays "0x10" and `1e-3` "1e-3", where str() of the number
+    YAML read would pass NCCL "16" and "0.001" (NCCL parses its integers itself, strtoll with base 0). Quoted
+    values are strings already; booleans, null and lists keep their tags (the field refuses them, naming
+    the key)."""
+    if path.startswith(_ENV_SECTION + ".") and path.count(".") == _ENV_SECTION.count(".") + 1:
+        if isinstance(node, yaml.ScalarNode) and node.style is None and node.tag in (_INT, _FLOAT):
+            node.tag = _STR
+    elif isinstance(node, yaml.MappingNode) and (not path or _ENV_SECTION == path
+                                                 or _ENV_SECTION.startswith(path + ".")):
+        for key_node, value_node in node.value:
+            if isinstance(key_node, yaml.ScalarNode):
+                _env_values_as_written(value_node, f"{path}.{key_node.value}" if path else str(key_node.value))
+
+
+def _load(text: str, where: str, path: str = "") -> Any:
+    """One YAML document read with RunConfigLoader (duplicates: ConfigError; syntax: yaml.YAMLError); `path`: the
+    key it is the value of in the run config ("" for a whole file, the KEY of an override)."""
     loader = RunConfigLoader(text)
     try:
         node = loader.get_single_node()
         if node is None:
             return None
         _refuse_duplicates(node, where)
+        _env_values_as_written(node, path)
         return loader.construct_document(node)
     finally:
         loader.dispose()
@@ -155,7 +204,7 @@ def parse_override(item: str) -> tuple[str, Any]:
         # number or list with a '#' after it is then a type error naming the key, not a shorter value).
         return key, raw
     try:
-        return key, _load(raw, f"override {key}")
+        return key, _load(raw, f"override {key}", key)
     except yaml.YAMLError:
         return key, raw  # not YAML (e.g. "a: b: c"): the plain string, as written
 

@@ -90,6 +90,32 @@ def test_yaml_12_floats_in_files_and_overrides(tmp_path):
     assert yaml.safe_load("a: 1e-3") == {"a": "1e-3"}  # PyYAML's own loader is left as it was
 
 
+def test_yaml_11_integers_are_not_rewritten_into_other_numbers(tmp_path):
+    # YAML 1.1 (PyYAML's default) read 022 as octal 18 and 1:1 as base-60 61: NCCL got "18" and "61", and
+    # checkpoint.name=0755 was refused as "got 493", none of which the user wrote
+    env = ["network.env.NCCL_IB_TIMEOUT=022", "network.env.NCCL_IB_SL=1:1", "network.env.NCCL_BUFFSIZE=0x400000",
+           "network.env.NCCL_IB_RETRY_CNT=7", "network.env.NCCL_NET_GDR_LEVEL=1e-3"]
+    assert load_config(None, env).network.env == {"NCCL_IB_TIMEOUT": "022", "NCCL_IB_SL": "1:1",
+                                                  "NCCL_BUFFSIZE": "0x400000", "NCCL_IB_RETRY_CNT": "7",
+                                                  "NCCL_NET_GDR_LEVEL": "1e-3"}  # as typed: env vars are strings
+    path = tmp_path / "run.yaml"
+    path.write_text("network:\n  env: {NCCL_IB_TIMEOUT: 022, NCCL_IB_SL: 1:1}\ncheckpoint:\n  name: 0755\n"
+                    "training:\n  max_steps: 0x10\n  seed: 0o17\n")
+    cfg = load_config(str(path))
+    assert cfg.network.env == {"NCCL_IB_TIMEOUT": "022", "NCCL_IB_SL": "1:1"} and cfg.checkpoint.name == "0755"
+    assert (cfg.training.max_steps, cfg.training.seed) == (16, 15)  # YAML 1.2's hex and octal
+    assert load_config(None, ["network={env: {NCCL_IB_TIMEOUT: 022}}"]).network.env == {"NCCL_IB_TIMEOUT": "022"}
+    assert load_config(None, ["checkpoint.name=1_0"]).checkpoint.name == "1_0"
+    for value, was in (("022", "18"), ("1_000", "1000"), ("1:1", "61")):
+        with pytest.raises(ConfigError) as e:
+            load_config(None, [f"training.max_steps={value}"])
+        octal = "; octal is written 0o22" if value == "022" else ""
+        assert str(e.value) == (f"training.max_steps must be an integer >= 1, got str '{value}': not a number in "
+                                f"YAML 1.2, which raytrain reads (YAML 1.1 made it {was}): write it without the "
+                                f"leading 0, '_' or ':'{octal}")
+    assert load_config(None, ["scaling.use_gpu=yes"]).scaling.use_gpu is True  # YAML 1.1's booleans stay
+
+
 def test_yaml_duplicate_keys_at_any_depth_name_the_file_line_and_key(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("training:\n  max_steps: 5\nscaling:\n  num_workers: 2\n  num_workers: 4\n")
