@@ -2,7 +2,9 @@
 
 Every way a file can be wrong is a one-line `ConfigError` naming the file (and line) and the fix:
 it does not exist, is a directory, cannot be read, is not UTF-8, is not valid YAML/JSON, holds the
-same key twice, or is not a mapping. The typed tree built from this data is raytrain.config.
+same key twice, is not a mapping, or is another kind of file than the one expected (a Ray cluster file
+or a DeepSpeed JSON given as the run config, a run config given as deepspeed=FILE). The typed tree built
+from this data is raytrain.config.
 
 YAML is read with `RunConfigLoader`, PyYAML's SafeLoader with two changes, for files and overrides
 alike:
@@ -176,11 +178,26 @@ def read_yaml_file(path: str) -> dict[str, Any]:
     if _RAY_UP_KEYS.intersection(data):  # else "unknown key cluster_name; did you mean cluster?": the wrong way
         raise ConfigError(f"config file {path} is a Ray cluster file (for ray up), not a run config: "
                           f"pass a run config such as configs/llama-1b-1gpu.yaml")
+    deepspeed = [key for key in data if key in _DEEPSPEED_KEYS]
+    if deepspeed and not (RUN_CONFIG_SECTIONS - _DEEPSPEED_KEYS).intersection(data):
+        # JSON is YAML: a ds_config.json given to --config read as a run config whose first key was unknown
+        raise ConfigError(f"config file {path} is a DeepSpeed config ({', '.join(deepspeed[:3])}), not a run config: "
+                          f"pass it as deepspeed={path} (and a run config, if any, with --config)")
     return data
 
 
 # Top-level keys of a `ray up` cluster file (cluster/*.yaml) that no run config has.
 _RAY_UP_KEYS = frozenset({"cluster_name", "provider", "available_node_types", "head_node_type"})
+# The run config's sections (raytrain.config.RunConfig's fields; tests/unit/test_config.py keeps them equal).
+RUN_CONFIG_SECTIONS = frozenset({"model", "data", "training", "scaling", "checkpoint", "cluster", "network", "tracking",
+                                 "deepspeed"})
+# Top-level keys of a DeepSpeed config (deepspeed/runtime/constants.py, 0.19.8): the ones its users' files open
+# with. "checkpoint" is one too, and a run config's section: it tells neither apart.
+_DEEPSPEED_KEYS = frozenset({"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                             "zero_optimization", "fp16", "bf16", "amp", "optimizer", "scheduler", "gradient_clipping",
+                             "steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer",
+                             "activation_checkpointing", "communication_data_type", "prescale_gradients",
+                             "flops_profiler", "checkpoint"})
 
 
 def parse_override(item: str) -> tuple[str, Any]:
@@ -235,8 +252,26 @@ def read_json_file(path: str, key: str) -> dict[str, Any]:
     try:
         data = json.loads(text, object_pairs_hook=refuse_duplicates)
     except json.JSONDecodeError as e:
+        _refuse_yaml(path, key, text)
         raise ConfigError(f"{key}: {path} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}): "
                           f"fix it there") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{key}: {path} must hold a JSON object, got {type(data).__name__}")
     return data
+
+
+def _refuse_yaml(path: str, key: str, text: str) -> None:
+    """A ConfigError for a YAML file given where a JSON one goes (`text`: not valid JSON): a run config
+    (`deepspeed=configs/seed-8gpu.yaml`, the two files swapped) is named as one, any other .yaml/.yml as
+    YAML. Nothing for a file that is neither: the JSON error says where it is wrong."""
+    try:
+        data = _load(text, f"{key}: {path}")
+    except (yaml.YAMLError, ConfigError):
+        data = None
+    sections = sorted(RUN_CONFIG_SECTIONS.intersection(data)) if isinstance(data, dict) else []
+    if sections and not _DEEPSPEED_KEYS.issuperset(sections):
+        raise ConfigError(f"{key}: {path} is a run config (sections {', '.join(sections)}), not DeepSpeed's JSON: "
+                          f"pass it with --config {path}")
+    if path.lower().endswith((".yaml", ".yml")):
+        raise ConfigError(f"{key}: {path} is YAML, and {key}= takes DeepSpeed's JSON config: write it as JSON, or "
+                          f"put its settings under {key}: in a run config (--config)")

@@ -1,10 +1,14 @@
 """Config loading: precedence, typing, and one-line errors for every kind of mistake."""
 
+import dataclasses
 import json
+import pathlib
 
 import pytest
 
-from raytrain.config import ConfigError, RunConfig, load_config
+from raytrain.config import ConfigError, RunConfig, load_config, read_json_file
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_defaults_build_a_complete_tree():
@@ -124,6 +128,36 @@ def test_yaml_duplicate_keys_at_any_depth_name_the_file_line_and_key(tmp_path):
     path.write_text("deepspeed:\n  zero_optimization: {stage: 3}\n  zero_optimization: {stage: 2}\n")
     with pytest.raises(ConfigError, match=r"line 3: key deepspeed.zero_optimization is given twice"):
         load_config(str(path))
+
+
+def test_a_deepspeed_json_and_a_run_config_given_in_each_others_place_are_named(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)  # the shipped pair: configs/seed-8gpu.yaml names configs/seed-ds.json
+    # JSON is YAML: the DeepSpeed file was read as a run config whose first key was unknown
+    with pytest.raises(ConfigError) as e:
+        load_config("configs/seed-ds.json")
+    assert str(e.value) == ("config file configs/seed-ds.json is a DeepSpeed config (train_batch_size, "
+                            "gradient_accumulation_steps, zero_optimization), not a run config: pass it as "
+                            "deepspeed=configs/seed-ds.json (and a run config, if any, with --config)")
+    with pytest.raises(ConfigError) as e:  # was: "is not valid JSON (Expecting value at line 1, column 1): fix it there"
+        read_json_file("configs/seed-8gpu.yaml", "deepspeed")  # what the run reads deepspeed=FILE with
+    assert str(e.value) == ("deepspeed: configs/seed-8gpu.yaml is a run config (sections checkpoint, data, deepspeed, "
+                            "model, scaling, training), not DeepSpeed's JSON: pass it with --config "
+                            "configs/seed-8gpu.yaml")
+    ds_yaml = tmp_path / "ds.yaml"  # DeepSpeed's settings, in YAML: not a run config, and not JSON either
+    ds_yaml.write_text("zero_optimization:\n  stage: 3\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"deepspeed={ds_yaml}", "deepspeed.zero_optimization.stage=2"])  # reads the file
+    assert str(e.value) == (f"deepspeed: {ds_yaml} is YAML, and deepspeed= takes DeepSpeed's JSON config: write it as "
+                            f"JSON, or put its settings under deepspeed: in a run config (--config)")
+    run = tmp_path / "run.yaml"  # a run config with a deepspeed section (and DeepSpeed's own checkpoint key) is one
+    run.write_text("checkpoint: {name: r}\ndeepspeed: {train_batch_size: 8}\n")
+    assert load_config(str(run)).deepspeed == {"train_batch_size": 8}
+
+
+def test_the_loaders_list_of_sections_is_the_run_configs():
+    from raytrain.config_files import RUN_CONFIG_SECTIONS
+
+    assert RUN_CONFIG_SECTIONS == {f.name for f in dataclasses.fields(RunConfig)}
 
 
 def test_unreadable_config_files_are_named(tmp_path):
