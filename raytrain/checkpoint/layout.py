@@ -154,10 +154,11 @@ def latest_checkpoint(run: str):
 
 def check_is_checkpoint(path: str, key: str) -> None:
     """A one-line ConfigError unless `path` (local or URI) is a raytrain checkpoint DeepSpeed can load:
-    its raytrain.json (valid JSON), DeepSpeed's `latest` file, the tag directory it names, and in that
-    directory every rank's shard files for the world size raytrain.json records (`missing_shards`). A
-    universal copy, or a directory with raytrain.json alone, is none. A path pyarrow cannot open (an
-    unknown scheme, no credentials) is one line too."""
+    its raytrain.json (valid JSON, with the keys the driver reads: `_missing_metadata`), DeepSpeed's
+    `latest` file, the tag directory it names, and in that directory every rank's shard files for the
+    world size raytrain.json records (`missing_shards`). A universal copy, or a directory with
+    raytrain.json alone, is none. A path pyarrow cannot open (an unknown scheme, no credentials) is
+    one line too."""
     from raytrain.config_files import first_line
 
     try:
@@ -230,7 +231,7 @@ def missing_shards(tag_dir: str, meta: dict[str, Any]) -> list[str]:
 
 def read_metadata(checkpoint) -> dict[str, Any]:
     """raytrain.json of a ray.train.Checkpoint (local or remote storage); a ConfigError naming the
-    file when it is not JSON (cut short, edited by hand)."""
+    file when it is not JSON (cut short, edited by hand), or lacks a key the driver reads."""
     fs = checkpoint.filesystem
     path = f"{checkpoint.path.rstrip('/')}/{METADATA}"
     # Ray's Checkpoint.path drops a URI's scheme: put it back, so the path in the message can be pasted.
@@ -250,4 +251,23 @@ def _read_json(fs, path: str, shown: str) -> dict[str, Any]:
     if not isinstance(meta, dict):
         raise ConfigError(f"{shown} holds {type(meta).__name__}, not raytrain's record of a checkpoint: choose "
                           f"another checkpoint (an earlier checkpoint_step_* of the run)")
+    missing = _missing_metadata(meta)
+    if missing:
+        raise ConfigError(f"{shown} lacks {', '.join(missing)}, which raytrain writes into every checkpoint's "
+                          f"record (the file was edited, or written by another program): choose another checkpoint "
+                          f"(an earlier checkpoint_step_* of the run), or for a run's own latest checkpoint pass "
+                          f"--fresh to start over")
     return meta
+
+
+def _missing_metadata(meta: dict[str, Any]) -> list[str]:
+    """The keys of raytrain.json the driver reads before any worker starts (the step it resumes at, the model
+    and data settings `check_resume` compares) that `meta` lacks or holds as another type: without them the
+    run stopped on a KeyError traceback. The rest (history, metrics, the whole spec the export rebuilds) is
+    read where it is used."""
+    spec = meta.get("spec")
+    config = spec.get("config") if isinstance(spec, dict) else None
+    wanted = {"step (an integer)": type(meta.get("step")) is int,
+              "spec.model": isinstance(spec, dict) and isinstance(spec.get("model"), dict),
+              "spec.config.data": isinstance(config, dict) and isinstance(config.get("data"), dict)}
+    return [key for key, present in wanted.items() if not present]

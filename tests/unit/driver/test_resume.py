@@ -202,6 +202,29 @@ def test_a_truncated_raytrain_json_is_one_line_naming_the_file(tmp_path, capsys)
 
 
 @pytest.mark.usefixtures("no_ray_driver")
+def test_a_raytrain_json_without_the_runs_spec_is_one_line_naming_what_it_lacks(tmp_path, capsys):
+    # `{}` with every shard there: check_resume's meta["spec"] was a KeyError traceback, exit 1
+    source = checkpoint(tmp_path / "a" / "checkpoint_step_00000004", 4)
+    (tmp_path / "a" / "checkpoint_step_00000004" / "raytrain.json").write_text("{}")
+    lacks = (f"{source}/raytrain.json lacks step (an integer), spec.model, spec.config.data, which raytrain writes "
+             f"into every checkpoint's record (the file was edited, or written by another program): choose another "
+             f"checkpoint (an earlier checkpoint_step_* of the run), or for a run's own latest checkpoint pass --fresh "
+             f"to start over")
+    rc, err = dry(capsys, "--resume-from", source, f"checkpoint.storage_path={tmp_path / 'runs'}", *TWO)
+    assert (rc, err) == (2, [f"raytrain: error: {lacks}"])
+    from raytrain.tools.export import main as export_main
+
+    assert export_main([source, str(tmp_path / "hf")]) == 2  # the export reads the same record
+    assert capsys.readouterr().err.strip().splitlines() == [f"raytrain: error: {lacks}"]
+    # the run's own latest checkpoint, found through Ray Train's record, says the same
+    run = run_with_checkpoints(tmp_path / "runs", "r1", [4])
+    (tmp_path / "runs" / "r1" / "checkpoint_step_00000004" / "raytrain.json").write_text('{"step": 4}')
+    with pytest.raises(ConfigError, match=rf"^{run}/checkpoint_step_00000004/raytrain.json lacks spec.model, "
+                                          r"spec.config.data, .* pass --fresh to start over$"):
+        place(tmp_path / "runs", "checkpoint.name=r1")
+
+
+@pytest.mark.usefixtures("no_ray_driver")
 def test_resuming_with_other_data_settings_notes_what_differs(tmp_path, capsys):
     source = checkpoint(tmp_path / "old" / "checkpoint_step_00000008", 8)
     storage = f"checkpoint.storage_path={tmp_path / 'runs'}"
