@@ -120,6 +120,48 @@ def exists(uri: str) -> bool:
     return fs.get_file_info(path).type != pyarrow.fs.FileType.NotFound
 
 
+# What storage that cannot be reached needs, by filesystem: the error quoted before it says which of them.
+_REACH_FIX = {"s3": "the driver's AWS credentials (AWS_ACCESS_KEY_ID, a profile or an instance profile), the bucket's "
+                    "region and endpoint (AWS_ENDPOINT_URL for an S3-compatible store)",
+              "gcs": "the driver's Google credentials (GOOGLE_APPLICATION_CREDENTIALS or workload identity)",
+              "abfs": "the driver's Azure credentials (AZURE_CLIENT_ID and its secret, or a managed identity)"}
+# How long the probe lets GCS retry: pyarrow's GcsFileSystem retries a request for up to 15 minutes by default
+# (google-cloud-cpp's policy; without a network, measured: no answer in 5 minutes), which made the probe a hang.
+# S3's retries end after ~6 s of their own (Arrow's connect retry strategy; measured against a closed port).
+_PROBE_RETRY_S = 20
+
+
+def check_reachable(uri: str, key: str) -> None:
+    """A one-line ConfigError, naming `key` and the fix, unless pyarrow can open `uri`'s filesystem and look
+    `uri` up (whether it exists or not), as the run's first read there does: after ray.init, an unreachable
+    bucket (no network, no credentials, a wrong endpoint or region) was a 32-line pyarrow OSError traceback.
+    Costs a round trip or two to the store (S3: the bucket's region, then a HEAD and a LIST); fails within
+    the filesystem's retries (S3 ~6 s, GCS `_PROBE_RETRY_S`)."""
+    import datetime
+
+    import pyarrow
+
+    try:
+        fs, path = filesystem(uri)
+        if fs.type_name == "gcs":  # its pickling arguments are its constructor's: the same filesystem, bounded
+            rebuild, (kwargs,) = fs.__reduce__()
+            fs = rebuild({**kwargs, "retry_time_limit": datetime.timedelta(seconds=_PROBE_RETRY_S)})
+        fs.get_file_info(path)
+    except (OSError, ValueError, pyarrow.lib.ArrowException) as e:  # ArrowInvalid is a ValueError; Azure's an
+        raise unreachable(f"{key}={uri}", uri, e) from None          # ArrowException (measured, pyarrow 26)
+
+
+def unreachable(shown: str, uri: str, error: BaseException) -> ConfigError:
+    """The one line for storage `shown` ("KEY=URI") that pyarrow could not reach at `uri`, quoting its `error`."""
+    from raytrain.config_files import first_line
+
+    scheme = uri.partition("://")[0].lower()
+    where = _REACH_FIX.get({"gs": "gcs", "abfss": "abfs"}.get(scheme, scheme), "the driver's credentials for it")
+    said = first_line(error)
+    said = said if len(said) <= 300 else said[:300] + "..."
+    return ConfigError(f"{shown}: cannot reach it ({said}): check the URI, {where}, and this machine's network")
+
+
 class BrokenRun(ConfigError):
     """Ray Train's record of a run names a checkpoint that is gone (deleted from storage by hand):
     Ray Train refuses to continue that run, so raytrain does too, in one line."""
@@ -131,18 +173,22 @@ def latest_checkpoint(run: str):
     Read through Ray Train's own `Result.from_path`, which is what a restarted worker group's
     `ray.train.get_checkpoint()` is based on; a run directory without Ray Train's bookkeeping
     (never reached its first checkpoint) has none. Raises BrokenRun when the record names a
-    checkpoint that no longer exists.
+    checkpoint that no longer exists, and a ConfigError naming checkpoint.storage_path (`run` is
+    STORAGE/NAME) when the storage cannot be reached.
     """
+    import pyarrow
     import ray.train
     from raytrain.compat import CheckpointManagerInitializationError, no_run_snapshot_line
 
-    if not exists(run):
-        return None
+    storage, _, name = run.rstrip("/").rpartition("/")
     try:
+        if not exists(run):
+            return None
         with no_run_snapshot_line():  # Ray Train's 3-line INFO on reading a run's record: raytrain says it continues
             result = ray.train.Result.from_path(run)
+    except (OSError, pyarrow.lib.ArrowException) as e:  # storage that cannot be reached: see check_reachable
+        raise unreachable(f"checkpoint.storage_path={storage} (run {name!r})", run, e) from None
     except CheckpointManagerInitializationError:
-        storage, _, name = run.rstrip("/").rpartition("/")
         raise BrokenRun(f"run {name!r} in {storage}: Ray Train's record of its checkpoints names one that was deleted "
                         f"from storage, so the run cannot continue: pass --fresh to start over (the old run is "
                         f"kept under another name), or choose a new checkpoint.name (resume one of its remaining "

@@ -63,10 +63,8 @@ def check_ray_address(address: str | None) -> None:
 
 def check_writable_dir(path: str, key: str, instead: str = "a cloud URI") -> None:
     """`path` is a directory raytrain can write, or one it can create (without creating it); the
-    errors name `instead` as the other way out.
-
-    A cloud URI (s3://, gs://, ...) is not checked here: opening it needs credentials and the
-    network, and the run's first write reports it."""
+    errors name `instead` as the other way out. A URI (s3://, gs://, ...) is storage this driver
+    can reach (`check_storage_uri`)."""
     if "://" in path:
         check_storage_uri(path, key)
         return
@@ -87,29 +85,29 @@ def check_writable_dir(path: str, key: str, instead: str = "a cloud URI") -> Non
 
 
 def check_storage_uri(uri: str, key: str) -> None:
-    """`uri`'s scheme is one pyarrow (Ray Train's storage layer) has a filesystem for. Nothing is
-    opened: a bucket's credentials and reachability are the run's first write's to report. An unknown
-    scheme (az://, s3a://, wasbs://) otherwise raised ArrowInvalid after ray.init, or in the dry run
-    as a traceback."""
+    """`uri`'s scheme is one pyarrow (Ray Train's storage layer) has a filesystem for, and this driver can
+    reach it (layout.check_reachable: the driver reads the run's record there before any worker starts,
+    a dry run too). An unknown scheme (az://, s3a://, wasbs://) otherwise raised ArrowInvalid after
+    ray.init, or in the dry run as a traceback; an unreachable bucket, a 32-line OSError traceback after
+    ray.init. Costs a round trip or two to the store (seconds at most when it does not answer)."""
     import pyarrow.fs
 
     scheme = uri.partition("://")[0].lower()
-    if scheme in _ARROW_SCHEMES:
-        return
-    try:  # a scheme registered outside pyarrow's list (a later pyarrow, an fsspec handler): let pyarrow say
-        pyarrow.fs.FileSystem.from_uri(uri)
-    except (ValueError, OSError, pyarrow.lib.ArrowException) as e:  # ArrowInvalid is a ValueError
-        if "Unrecognized filesystem type" not in str(e):
-            return  # a known scheme that could not be opened here (credentials, network): the run reports it
-        azure = (" (Azure storage is abfs://CONTAINER@ACCOUNT.dfs.core.windows.net/PATH: cluster/ib.yaml)"
-                 if scheme in _AZURE_SCHEMES else "")
-        raise ConfigError(f"{key}={uri}: pyarrow has no filesystem for the scheme {scheme}:// : use s3://, gs://, "
-                          f"abfs://, hdfs:// or a local path{azure} (an S3-compatible store is s3:// with "
-                          f"AWS_ENDPOINT_URL)") from None
+    if scheme not in _ARROW_SCHEMES:
+        try:  # a scheme registered outside pyarrow's list (a later pyarrow, an fsspec handler): let pyarrow say
+            pyarrow.fs.FileSystem.from_uri(uri)
+        except (ValueError, OSError, pyarrow.lib.ArrowException) as e:  # ArrowInvalid is a ValueError
+            if "Unrecognized filesystem type" in str(e):
+                azure = (" (Azure storage is abfs://CONTAINER@ACCOUNT.dfs.core.windows.net/PATH: cluster/ib.yaml)"
+                         if scheme in _AZURE_SCHEMES else "")
+                raise ConfigError(f"{key}={uri}: pyarrow has no filesystem for the scheme {scheme}:// : use s3://, "
+                                  f"gs://, abfs://, hdfs:// or a local path{azure} (an S3-compatible store is s3:// "
+                                  f"with AWS_ENDPOINT_URL)") from None
+    layout.check_reachable(uri, key)
 
 
-# pyarrow.fs.FileSystem.from_uri's schemes, answered without calling it: for s3:// and gs:// it resolves
-# the bucket's region and credentials over the network (seconds, or a hang without one).
+# pyarrow.fs.FileSystem.from_uri's schemes: any other is asked whether pyarrow knows it before the probe, so that
+# one it does not know is named as such, with the schemes that work.
 _ARROW_SCHEMES = frozenset({"s3", "gs", "gcs", "hdfs", "viewfs", "file", "mock", "abfs", "abfss"})
 # Azure's other spellings (adlfs/fsspec's az://, Hadoop's wasb(s):// and adl://): pyarrow reads none of them.
 _AZURE_SCHEMES = frozenset({"az", "wasb", "wasbs", "adl"})

@@ -204,7 +204,7 @@ def dry_run(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_memory_
     advice, then the memory planner's verdict), which the caller prints once every check has passed.
     Writes nothing. The checkpoint a real run would resume (`fresh` as for `fit`)
     is checked as a real run checks it: it reads raytrain.json and Ray Train's record, which for a
-    cloud storage path needs its credentials.
+    cloud storage path needs its credentials (the storage path is looked up first: checks.check_storage_uri).
 
     Memory is planned against the stated sizes, else this machine (its GPUs for a GPU run)."""
     cfg = _local_paths(check_config(cfg))

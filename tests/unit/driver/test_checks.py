@@ -8,10 +8,12 @@ import json
 import os
 import pathlib
 import socket
+import time
 
 import pytest
 
 from raytrain import hardware
+from raytrain.checkpoint import layout
 from raytrain.config import ConfigError, load_config
 from raytrain.data.sources import inspect_sources
 from raytrain.driver.checks import (check_placement, check_writable_dir, dry_run_target, idle_settings,
@@ -30,7 +32,6 @@ def test_a_storage_path_is_checked_without_being_created(tmp_path):
         check_writable_dir(str(tmp_path / "f"), "checkpoint.storage_path")
     with pytest.raises(ConfigError, match=r"checkpoint.storage_path=.*f/runs: .*f, on its path, is a file"):
         check_writable_dir(str(tmp_path / "f" / "runs"), "checkpoint.storage_path")
-    check_writable_dir("s3://bucket/runs", "checkpoint.storage_path")  # a URI: checked by the run's first write
 
 
 def test_an_azure_scheme_pyarrow_cannot_open_is_refused_naming_abfs():
@@ -43,7 +44,48 @@ def test_an_azure_scheme_pyarrow_cannot_open_is_refused_naming_abfs():
     with pytest.raises(ConfigError, match=r"scheme nofs:// : use s3://, gs://, abfs://, hdfs:// or a local path "
                                           r"\(an S3-compatible"):  # no Azure hint for other schemes
         check_writable_dir("nofs://b/x", "checkpoint.storage_path")
-    check_writable_dir("abfs://raytrain@acct.dfs.core.windows.net/runs", "checkpoint.storage_path")
+    with pytest.raises(ConfigError, match=r"^checkpoint.storage_path=abfs://raytrain@acct.dfs.core.windows.net/runs: "
+                                          r"cannot reach it \("):  # a scheme pyarrow knows: probed, not refused
+        check_writable_dir("abfs://raytrain@acct.dfs.core.windows.net/runs", "checkpoint.storage_path")
+
+
+@pytest.fixture
+def closed_s3_endpoint(monkeypatch):
+    """An S3 endpoint nothing answers on (a local port just closed), with dummy credentials: what pyarrow's
+    s3:// URIs then reach, refused at once, and retried for ~6 s of Arrow's own (no network needed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return port
+
+
+UNREACHABLE_FIX = ("): check the URI, the driver's AWS credentials (AWS_ACCESS_KEY_ID, a profile or an instance "
+                   "profile), the bucket's region and endpoint (AWS_ENDPOINT_URL for an S3-compatible store), and "
+                   "this machine's network")
+
+
+@pytest.mark.usefixtures("no_ray_driver")
+def test_storage_the_driver_cannot_reach_is_one_line_before_ray_in_a_dry_run_too(closed_s3_endpoint, capsys):
+    # was: the dry run passed (exit 0), and the real run died after ray.init in resume_checkpoint with a
+    # 32-line pyarrow OSError traceback (layout.latest_checkpoint's first look at the run directory)
+    start = time.monotonic()
+    rc = main(["--dry-run", "--host-memory-gib", "64", "checkpoint.storage_path=s3://bucket/runs"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert err[0].startswith("raytrain: error: checkpoint.storage_path=s3://bucket/runs: cannot reach it (When "
+                             "getting information for key 'runs' in bucket 'bucket': AWS Error NETWORK_CONNECTION"), err
+    assert f"Failed to connect to 127.0.0.1:{closed_s3_endpoint} " in err[0] and err[0].endswith(UNREACHABLE_FIX), err
+    # the run's own look at its directory (resume_checkpoint, after ray.init): the same line, naming the run
+    with pytest.raises(ConfigError) as e:
+        layout.latest_checkpoint("s3://bucket/runs/r1")
+    assert str(e.value).startswith("checkpoint.storage_path=s3://bucket/runs (run 'r1'): cannot reach it (When "
+                                   "getting information for key 'runs/r1' in bucket 'bucket'"), str(e.value)
+    assert str(e.value).endswith(UNREACHABLE_FIX)
+    assert time.monotonic() - start < 60  # Arrow's retries end (~6 s each here): bounded, never a hang
 
 
 def test_the_config_is_resolved_before_ray_unless_only_the_cluster_knows_the_shape(monkeypatch):
