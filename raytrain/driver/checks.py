@@ -27,7 +27,8 @@ from collections.abc import Mapping, Sequence
 from raytrain import hardware
 from raytrain.checkpoint import layout
 from raytrain.checkpoint.export import check_out_dir
-from raytrain.config import ClusterConfig, ConfigError, RunConfig, ScalingConfig
+from raytrain.config import (ClusterConfig, ConfigError, DataConfig, RunConfig, ScalingConfig,
+                             TrainingConfig)
 from raytrain.config_fields import ray_address
 from raytrain.data.sources import Sources
 from raytrain.deepspeed_config import load_deepspeed
@@ -375,11 +376,13 @@ def check_dry_run_placement(cfg: RunConfig, *sizes: float | None) -> None:
 
 
 def idle_settings(cfg: RunConfig, use_gpu: bool, num_workers: int | None = None) -> list[str]:
-    """Settings of the scaling and cluster sections that have no effect on this run: a note each, naming
-    the key and why (a setting that silently does nothing reads as one that works); and `zero_stage_note`.
-    `num_workers`: the run's worker count where scaling.num_workers leaves it to the cluster (one per GPU)."""
+    """Settings that have no effect on this run: a note each, naming the key and why (a setting that
+    silently does nothing reads as one that works); and `zero_stage_note`. Only values the user set are
+    named: a section's value other than its default, a key the DeepSpeed JSON holds. The data settings
+    that the data sources leave unused are raytrain.data.sources' notes. `num_workers`: the run's worker
+    count where scaling.num_workers leaves it to the cluster (one per GPU)."""
     scaling, cluster = cfg.scaling, cfg.cluster
-    notes = []
+    notes = _idle_data_and_training(cfg)
     if scaling.gpu_memory_fraction is not None and not use_gpu:
         notes.append(f"scaling.gpu_memory_fraction={scaling.gpu_memory_fraction:g} has no effect: it caps each "
                      f"worker's share of its GPU, and this run has no GPU (scaling.use_gpu=false)")
@@ -399,6 +402,35 @@ def idle_settings(cfg: RunConfig, use_gpu: bool, num_workers: int | None = None)
     return notes + ([zero] if zero else [])
 
 
+def _idle_data_and_training(cfg: RunConfig) -> list[str]:
+    """`idle_settings`' notes on the data, training and DeepSpeed settings the config alone makes idle."""
+    data, training = cfg.data, cfg.training
+    data_defaults, training_defaults = DataConfig(), TrainingConfig()
+    notes = []
+    if data.eval_every_n_steps != data_defaults.eval_every_n_steps and data.eval_path is None \
+            and not data.eval_fraction:
+        notes.append(f"data.eval_every_n_steps={data.eval_every_n_steps} has no effect: it sets how often the held-out "
+                     f"data is evaluated, and this run has none: set data.eval_path or data.eval_fraction")
+    if data.text_column != data_defaults.text_column and data.path is None:
+        notes.append(f"data.text_column={data.text_column!r} has no effect: it names the documents' column in "
+                     f"data.path's files, and this run trains on the built-in corpus (data.path is null)")
+    if training.warmup_steps != training_defaults.warmup_steps and training.warmup_steps > training.max_steps:
+        notes.append(f"training.warmup_steps={training.warmup_steps} is more than training.max_steps="
+                     f"{training.max_steps}: the learning rate is still warming up when the run ends, so it never "
+                     f"reaches its peak (training.learning_rate) and never decays; set training.warmup_steps below "
+                     f"{training.max_steps}")
+    zero = load_deepspeed(cfg.deepspeed).get("zero_optimization")
+    offload = zero.get("offload_optimizer") if isinstance(zero, dict) else None
+    if isinstance(offload, dict):
+        ratio, device = offload.get("ratio"), str(offload.get("device", "none")).lower()
+        # DeepSpeed's default ratio is 1.0 (all of it offloaded); "auto" is the planner's to choose
+        if type(ratio) in (int, float) and ratio != 1 and device == "none":
+            notes.append(f"deepspeed.zero_optimization.offload_optimizer.ratio={ratio:g} has no effect: it is the "
+                         f"share of the optimizer states offloaded, and offload_optimizer.device is none: set the "
+                         f"device to cpu to offload that share, or drop ratio")
+    return notes
+
+
 def zero_stage_note(cfg: RunConfig, num_workers: int | list[int] | None) -> str | None:
     """A note for a DeepSpeed config of ZeRO stage 0 or 1 on more than one worker: every worker then holds the
     whole model's parameters and gradients, which is what raytrain's ZeRO-3 default exists to avoid. A
@@ -410,12 +442,16 @@ def zero_stage_note(cfg: RunConfig, num_workers: int | list[int] | None) -> str 
         return None  # one worker: there is nothing to partition, at any stage
     ds = load_deepspeed(cfg.deepspeed)
     zero = ds.get("zero_optimization", {})
+    null = zero is None  # `zero_optimization: null`: no ZeRO section, as resolve_deepspeed reads it (stage 0)
+    zero = {} if null else zero
     stage = zero.get("stage", 0) if isinstance(zero, dict) else None  # 0: DeepSpeed's default (ZeroStageEnum)
     if type(stage) is not int or stage not in (0, 1):  # a malformed one is check_deepspeed's to refuse
         return None
     workers = f"{num_workers[0]} to {most}" if isinstance(num_workers, list) else f"{most}"
     key = "deepspeed.zero_optimization.stage"
-    if "stage" not in zero:
+    if null:
+        how = f"{key} is 0 (deepspeed.zero_optimization is null: no ZeRO section, so DeepSpeed's default)"
+    elif "stage" not in zero:
         how = f"{key} is 0 (absent: DeepSpeed's default; a deepspeed section replaces raytrain's ZeRO-3 default whole)"
     else:
         how = f"{key}={stage}"

@@ -275,6 +275,33 @@ def test_a_deepspeed_config_that_turns_zero_off_on_several_workers_gets_a_note()
     assert zero_notes("deepspeed.zero_optimization.stage=0") == []  # workers unknown (one per GPU of the cluster)
     assert zero_notes("deepspeed.zero_optimization.stage=2", "scaling.num_workers=8") == []
     assert zero_notes("scaling.num_workers=8") == []  # the default: ZeRO-3
+    assert zero_notes("deepspeed.zero_optimization=null", "scaling.num_workers=2") == [  # read as no section: stage 0
+        "deepspeed.zero_optimization.stage is 0 (deepspeed.zero_optimization is null: no ZeRO section, so DeepSpeed's "
+        "default) on 2 workers: every worker holds the whole model's parameters, gradients and optimizer states; set "
+        "deepspeed.zero_optimization.stage=3 to partition them"]
+
+
+def test_data_training_and_offload_settings_that_do_nothing_get_a_note_each():
+    # each ran without a word: no held-out data to evaluate, no column in the built-in corpus, a warmup longer
+    # than the run, an offload share with nothing offloaded
+    cfg = load_config(None, ["data.eval_every_n_steps=10", "data.text_column=body", "training.warmup_steps=100",
+                             "training.max_steps=50",
+                             "deepspeed.zero_optimization.offload_optimizer={device: none, ratio: 0.5}"])
+    assert idle_settings(cfg, use_gpu=False) == [
+        "data.eval_every_n_steps=10 has no effect: it sets how often the held-out data is evaluated, and this run "
+        "has none: set data.eval_path or data.eval_fraction",
+        "data.text_column='body' has no effect: it names the documents' column in data.path's files, and this run "
+        "trains on the built-in corpus (data.path is null)",
+        "training.warmup_steps=100 is more than training.max_steps=50: the learning rate is still warming up when "
+        "the run ends, so it never reaches its peak (training.learning_rate) and never decays; set "
+        "training.warmup_steps below 50",
+        "deepspeed.zero_optimization.offload_optimizer.ratio=0.5 has no effect: it is the share of the optimizer "
+        "states offloaded, and offload_optimizer.device is none: set the device to cpu to offload that share, or "
+        "drop ratio"]
+    # only what the user set: the default warmup (10) beyond a short run, and settings that take effect, are not named
+    assert idle_settings(load_config(None, [
+        "training.max_steps=3", "data.eval_fraction=0.1", "data.eval_every_n_steps=2", "training.warmup_steps=3",
+        "deepspeed.zero_optimization.offload_optimizer={device: cpu, ratio: 0.5}"]), use_gpu=False) == []
 
 
 def test_the_readmes_elastic_example_trains_zero_3_in_bf16_on_gpus(tmp_path):
