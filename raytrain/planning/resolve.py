@@ -111,7 +111,8 @@ def resolve_run(cfg: RunConfig, shape: ClusterShape, sources: Sources | None = N
             raise
         raise ConfigError(f"{_range(shape)}, at world size {shape.num_workers}: {e}") from None
     facts = DeepSpeedFacts.of(ds)
-    check_shards(cfg.data.num_shards, shape, facts.train_batch_size)
+    derived = not isinstance(written_batch, int)  # "auto" or absent: the error says what it was derived from
+    check_shards(cfg.data.num_shards, shape, facts.train_batch_size, facts if derived else None, written_batch)
     world_sizes = resolve_world_sizes(cfg, shape, facts, hidden) if shape.elastic else ()
     if (ds.get("compile") or {}).get("deepcompile") and not cfg.model.compile:
         # DeepSpeed reads the flag only inside engine.compile(); without it the run would be eager.
@@ -240,15 +241,48 @@ def _token_ids_note(resolved: ResolvedRun, outside: dict[str, Any], generation_p
             f"config.json keeps {them}: set {' '.join(fixes)}")
 
 
-def check_shards(num_shards: int | None, shape: ClusterShape, train_batch_size: int | None) -> None:
+def check_shards(num_shards: int | None, shape: ClusterShape, train_batch_size: int | None,
+                 derived: DeepSpeedFacts | None = None, written: Any = None) -> None:
     """Each worker reads num_shards / num_workers whole data shards, and every optimizer step takes
     train_batch_size / num_shards rows from each (raytrain.data.ingest.MicroBatches), at every
-    world size the run may have. `train_batch_size` None: not known yet (only the shard count is checked)."""
+    world size the run may have. `train_batch_size` None: not known yet (only the shard count is checked).
+    `derived`: the resolved DeepSpeed facts where raytrain derived train_batch_size (the JSON's `written`
+    value is "auto" or absent): the error then says how, and which train_batch_size to set (with the
+    micro-batch: once train_batch_size is set, a micro-batch left to raytrain is derived from it)."""
     _check_shard_counts(num_shards, shape)
-    if num_shards is not None and train_batch_size is not None and train_batch_size % num_shards:
-        raise ConfigError(f"deepspeed.train_batch_size={train_batch_size} is not divisible by data.num_shards="
-                          f"{num_shards}: every optimizer step takes train_batch_size / num_shards rows from each "
-                          f"data shard; choose a train_batch_size that is a multiple of {num_shards} or fewer shards")
+    if num_shards is None or train_batch_size is None or not train_batch_size % num_shards:
+        return
+    if derived is not None:
+        raise ConfigError(_derived_batch_error(num_shards, shape, derived, written))
+    raise ConfigError(f"deepspeed.train_batch_size={train_batch_size} is not divisible by data.num_shards="
+                      f"{num_shards}: every optimizer step takes train_batch_size / num_shards rows from each "
+                      f"data shard; choose a train_batch_size that is a multiple of {num_shards} or fewer shards")
+
+
+def _derived_batch_error(num_shards: int, shape: ClusterShape, facts: DeepSpeedFacts, written: Any) -> str:
+    """`check_shards`' line for a train_batch_size the user never wrote: the product it was derived as (the
+    error once named the product alone, e.g. 32, as if the user had set it), and the train_batch_size to set:
+    the smallest that num_shards divides and that gives a whole gradient accumulation at every world size of
+    the run (an elastic run keeps train_batch_size at each; raytrain.planning.resolve.resolve_world_sizes)."""
+    batch, micro, accumulation = facts.train_batch_size, facts.micro_batch_per_gpu, facts.gradient_accumulation_steps
+    sizes = shape.world_sizes
+    # num_shards passed _check_shard_counts: every size divides it, so this is at most num_shards x micro
+    wanted = math.lcm(num_shards, micro * math.lcm(*sizes))
+    given = '"auto"' if written == AUTO else "not set"
+    product = f"micro-batch {micro} x gradient accumulation {accumulation} x {shape.num_workers} workers"
+    if shape.elastic:
+        return (f"{_range(shape)}: deepspeed.train_batch_size is {given}, and raytrain derived {batch} at the range's "
+                f"maximum ({product}), which data.num_shards={num_shards} does not divide: every optimizer step "
+                f"takes train_batch_size / num_shards rows from each data shard, and an elastic run keeps "
+                f"train_batch_size at every world size: set deepspeed.train_batch_size to a multiple of {wanted} "
+                f"(divisible by {num_shards}, and by micro-batch {micro} x each world size from {sizes[0]} to "
+                f"{sizes[-1]}) and training.micro_batch_size_per_gpu={micro}")
+    fewer = [k for k in range(num_shards - 1, 0, -1) if not batch % k and not k % shape.num_workers]
+    fewer_fix = f", or data.num_shards={fewer[0]}" if fewer else ""
+    return (f"deepspeed.train_batch_size is {given}, and raytrain derived {batch} ({product}), which "
+            f"data.num_shards={num_shards} does not divide: every optimizer step takes train_batch_size / num_shards "
+            f"rows from each data shard: set deepspeed.train_batch_size={wanted} and training.micro_batch_size_per_gpu="
+            f"{micro} (gradient accumulation {wanted // (micro * shape.num_workers)}){fewer_fix}")
 
 
 def _check_shard_counts(num_shards: int | None, shape: ClusterShape) -> None:

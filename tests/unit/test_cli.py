@@ -65,7 +65,8 @@ def test_dry_run_plans_a_gpu_cluster_without_gpus(tmp_path, run_main):
     (["data.path=/nonexistent/corpus"], "data.path: /nonexistent/corpus does not exist"),
     (["scaling.num_workers=4", "data.num_shards=6"], "data.num_shards=6 is not divisible by the 4 workers"),
     (["scaling.num_workers=2", "data.num_shards=6", "training.micro_batch_size_per_gpu=4"],
-     "deepspeed.train_batch_size=8 is not divisible by data.num_shards=6"),
+     "deepspeed.train_batch_size is \"auto\", and raytrain derived 8 (micro-batch 4 x gradient accumulation 1 x 2 "
+     "workers), which data.num_shards=6 does not divide"),
     (["data.num_shards=0"], "data.num_shards must be an integer >= 1"),
     (["model.compile=true", "model.liger_kernel=loss"], "model.compile=true does not work with model.liger_kernel=loss"),
     (["model.compile=true", "model.fused_layers=true"], "model.fused_layers=true with model.compile=true"),

@@ -65,6 +65,33 @@ def test_a_range_that_cannot_run_is_refused_in_one_line(capsys, args, needle):
     assert len(err.strip().splitlines()) == 1, err
 
 
+def test_a_derived_train_batch_size_the_shards_do_not_divide_says_how_it_was_derived_and_what_to_set(capsys):
+    # was: "deepspeed.train_batch_size=32 is not divisible by data.num_shards=12": a value the user never wrote
+    # (8 x 1 x 4 workers), and a fix (a multiple of 12: 36) that fails again at world size 3
+    code, _, err = dry_run(capsys, "scaling.num_workers=[2, 4]", "data.num_shards=12")
+    assert (code, err) == (2, "raytrain: error: scaling.num_workers=[2, 4]: deepspeed.train_batch_size is \"auto\", and "
+                              "raytrain derived 32 at the range's maximum (micro-batch 8 x gradient accumulation 1 x 4 "
+                              "workers), which data.num_shards=12 does not divide: every optimizer step takes "
+                              "train_batch_size / num_shards rows from each data shard, and an elastic run keeps "
+                              "train_batch_size at every world size: set deepspeed.train_batch_size to a multiple of 96 "
+                              "(divisible by 12, and by micro-batch 8 x each world size from 2 to 4) and "
+                              "training.micro_batch_size_per_gpu=8\n")
+    code, out, err = dry_run(capsys, "scaling.num_workers=[2, 4]", "data.num_shards=12",
+                             "deepspeed.train_batch_size=96", "training.micro_batch_size_per_gpu=8")  # the fix runs
+    assert code == 0, err
+    assert {p["world_size"]: p["ds_config"]["gradient_accumulation_steps"] for p in json.loads(out)["world_sizes"]} \
+        == {2: 6, 3: 4, 4: 3}
+    # a fixed size: the same, with the shard count that divides the derived batch as the other way out
+    code, _, err = dry_run(capsys, "scaling.num_workers=4", "data.num_shards=12", 'deepspeed={"zero_optimization": {}}')
+    assert (code, err) == (2, "raytrain: error: deepspeed.train_batch_size is not set, and raytrain derived 32 "
+                              "(micro-batch 8 x gradient accumulation 1 x 4 workers), which data.num_shards=12 does not "
+                              "divide: every optimizer step takes train_batch_size / num_shards rows from each data "
+                              "shard: set deepspeed.train_batch_size=96 and training.micro_batch_size_per_gpu=8 "
+                              "(gradient accumulation 3), or data.num_shards=8\n")
+    assert dry_run(capsys, "scaling.num_workers=4", "data.num_shards=12", "deepspeed.train_batch_size=96",
+                   "training.micro_batch_size_per_gpu=8")[0] == 0
+
+
 def test_the_plan_tool_checks_every_size_of_the_range_too(capsys):
     from raytrain.tools.plan import main as plan_main
 
