@@ -8,7 +8,6 @@ import json
 import os
 import pathlib
 import socket
-import time
 
 import pytest
 
@@ -72,7 +71,6 @@ UNREACHABLE_FIX = ("): check the URI, the driver's AWS credentials (AWS_ACCESS_K
 def test_storage_the_driver_cannot_reach_is_one_line_before_ray_in_a_dry_run_too(closed_s3_endpoint, capsys):
     # was: the dry run passed (exit 0), and the real run died after ray.init in resume_checkpoint with a
     # 32-line pyarrow OSError traceback (layout.latest_checkpoint's first look at the run directory)
-    start = time.monotonic()
     rc = main(["--dry-run", "--host-memory-gib", "64", "checkpoint.storage_path=s3://bucket/runs"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1, err
@@ -84,8 +82,7 @@ def test_storage_the_driver_cannot_reach_is_one_line_before_ray_in_a_dry_run_too
         layout.latest_checkpoint("s3://bucket/runs/r1")
     assert str(e.value).startswith("checkpoint.storage_path=s3://bucket/runs (run 'r1'): cannot reach it (When "
                                    "getting information for key 'runs/r1' in bucket 'bucket'"), str(e.value)
-    assert str(e.value).endswith(UNREACHABLE_FIX)
-    assert time.monotonic() - start < 60  # Arrow's retries end (~6 s each here): bounded, never a hang
+    assert str(e.value).endswith(UNREACHABLE_FIX)  # Arrow's own retries end in ~6 s each here
 
 
 def test_the_config_is_resolved_before_ray_unless_only_the_cluster_knows_the_shape(monkeypatch):
