@@ -158,9 +158,15 @@ def token_id_warning_held():
     and the export; the driver says instead, once, what such an id does to the run and to generate()
     (token_ids_outside_vocab: an error before anything starts or a note). transformers' warning_once
     remembers the message as said, so a later build in the same process stays quiet too."""
-    held = _TokenIdWarningFilter()
-    loggers = [logging.getLogger(name) for name in ("transformers.configuration_utils",
-                                                     "transformers.generation.configuration_utils")]
+    with _filtered(_TokenIdWarningFilter(), ("transformers.configuration_utils",
+                                             "transformers.generation.configuration_utils")):
+        yield
+
+
+@contextlib.contextmanager
+def _filtered(held: logging.Filter, logger_names: tuple[str, ...]):
+    """`held` filters what the named loggers say while the block runs, and only then."""
+    loggers = [logging.getLogger(name) for name in logger_names]
     for logger in loggers:
         logger.addFilter(held)
     try:
@@ -295,15 +301,8 @@ def hub_retries_held():
     thrown while requesting HEAD https://huggingface.co/gpt2/resolve/main/config.json", "Retrying in 1s [Retry
     1/5].") while the block loads a model's config, a tokenizer or a hub dataset, and only them: a load that
     still fails says so in raytrain's one line (naming the id and the fix), one that succeeds had nothing to say."""
-    held = _HubRetryFilter()
-    loggers = [logging.getLogger(name) for name in _HUB_RETRY_LOGGERS]
-    for logger in loggers:
-        logger.addFilter(held)
-    try:
+    with _filtered(_HubRetryFilter(), _HUB_RETRY_LOGGERS):
         yield
-    finally:
-        for logger in loggers:
-            logger.removeFilter(held)
 
 
 def _looks_like_hub_id(spec: str) -> bool:
