@@ -86,11 +86,11 @@ def check_deepspeed(ds: dict[str, Any], *, world_size: int, seq_len: int, use_gp
 # planner, memory facts and optimizer choice read the new sections only: with cpu_offload it would build
 # torch's AdamW for a run DeepSpeed offloads, and every worker fails in deepspeed.initialize ("ZeRO-Offload
 # with a client provided optimizer").
+_UNREAD = ('which raytrain does not read (its plan and optimizer would assume no offload): write "{}": {{"device": '
+           '"cpu"}} in zero_optimization instead, or remove it for no offload')
 _OLD_OFFLOAD_SPELLINGS = {
-    "cpu_offload": 'which raytrain does not read (its plan and optimizer would assume no offload): write '
-                   '"offload_optimizer": {"device": "cpu"} in zero_optimization instead, or remove it for no offload',
-    "cpu_offload_param": 'which raytrain does not read (its plan and optimizer would assume no offload): write '
-                         '"offload_param": {"device": "cpu"} in zero_optimization instead, or remove it for no offload',
+    "cpu_offload": _UNREAD.format("offload_optimizer"),
+    "cpu_offload_param": _UNREAD.format("offload_param"),
     "cpu_offload_use_pin_memory": 'which neither DeepSpeed nor raytrain reads: write "pin_memory": true inside '
                                   'offload_optimizer (and offload_param) instead, or remove it (pinned is the default)',
 }
