@@ -382,6 +382,15 @@ DEFAULT_DEEPSPEED: dict[str, Any] = {
 }
 
 
+# DeepSpeed's ZeRO fields that it reads under two names, the field's and its stage3_ alias
+# (DeepSpeedZeroConfig, 0.19.8; tests/unit/test_config.py pins the list against it). A dotted override
+# under one name replaces a value under the other: the default writes the stage3_ names.
+_ZERO_ALIASED = ("prefetch_bucket_size", "param_persistence_threshold", "model_persistence_threshold",
+                 "max_live_parameters", "max_reuse_distance", "gather_16bit_weights_on_model_save",
+                 "module_granularity_threshold", "use_all_reduce_for_fetch_params", "allgather_sequential")
+_ZERO_OTHER_NAME = {**{f: f"stage3_{f}" for f in _ZERO_ALIASED}, **{f"stage3_{f}": f for f in _ZERO_ALIASED}}
+
+
 # ---------------------------------------------------------------------------------------------
 # Loading: defaults < file < command line.
 
@@ -437,21 +446,41 @@ def _apply_overrides(data: dict[str, Any], pairs: list[tuple[str, Any, str]], re
     given: dict[str, tuple[Any, str]] = {}
     for key, value, item in sorted(pairs, key=lambda p: p[0].count(".")):  # stable: sections first
         parts = key.split(".")
-        for i in range(1, (len(parts) + 1) if refuse_repeats else 0):
-            outer = ".".join(parts[:i])
-            if outer not in given:
-                continue
-            inner, first = given[outer]
-            for part in parts[i:]:
-                inner = inner.get(part, _ABSENT) if isinstance(inner, dict) else _ABSENT
-            if inner is not _ABSENT:
+        other = _ZERO_OTHER_NAME.get(parts[2]) if parts[:2] == ["deepspeed", "zero_optimization"] and \
+            len(parts) == 3 else None
+        for name in (parts, [*parts[:2], other]) if other else (parts,):
+            first = _given_before(given, name) if refuse_repeats else None
+            if first is not None and name is parts:
                 raise ConfigError(f"{key} is given twice on the command line ({first} and {item}); one would "
                                   f"silently replace the other: keep one")
+            if first is not None:
+                raise ConfigError(f"{first} and {item} are one setting under two names on the command line "
+                                  f"(DeepSpeed reads either); one would silently replace the other: keep one")
         given[key] = (value, item)
         if parts[0] == "deepspeed" and len(parts) > 1 and "deepspeed" not in data:
             # deepspeed.x=y with no DeepSpeed config given edits the default one, not an empty one.
             data["deepspeed"] = copy.deepcopy(DEFAULT_DEEPSPEED)
         _set_dotted(data, key, value)
+        if other:
+            # The override replaces the value under the other name, as it would under its own: the default
+            # writes stage3_prefetch_bucket_size, and `deepspeed.zero_optimization.prefetch_bucket_size=N`
+            # means that setting (left beside it, DeepSpeed's check refuses the pair).
+            data["deepspeed"]["zero_optimization"].pop(other, None)
+
+
+def _given_before(given: dict[str, tuple[Any, str]], parts: list[str]) -> str | None:
+    """The override, as written, that already set the key `parts` on the command line: the same dotted key,
+    or a section given whole that holds it; None if none did."""
+    for i in range(1, len(parts) + 1):
+        outer = ".".join(parts[:i])
+        if outer not in given:
+            continue
+        inner, first = given[outer]
+        for part in parts[i:]:
+            inner = inner.get(part, _ABSENT) if isinstance(inner, dict) else _ABSENT
+        if inner is not _ABSENT:
+            return first
+    return None
 
 
 _ABSENT = object()
@@ -493,7 +522,7 @@ _SETS_ITS_OWN_LR = {"OneCycle": "cycle_min_lr / cycle_max_lr and cycle_first_ste
 # not the optimizer's lr (WarmupLR falls back to that; WarmupCosineLR scales it by ratios): the run would
 # warm up to this instead of training.learning_rate. raytrain's default learning_rate is the same 1e-3, so
 # only a learning_rate the user wrote is refused (tests/unit/test_config.py pins both).
-_OWN_DEFAULT_PEAK_LR = {"WarmupDecayLR": 0.001}
+OWN_DEFAULT_PEAK_LR = {"WarmupDecayLR": 0.001}
 
 # DeepSpeed's optimizers (engine._configure_basic_optimizer, 0.19.8; by the lower-case name it matches)
 # whose classes take no betas or eps: Lion (FusedLion, DeepSpeedCPULion), Adagrad (torch's,
@@ -533,9 +562,9 @@ def _refuse_ignored_training_values(cfg: RunConfig, given: set[str]) -> None:
                 # These take no warmup_num_steps or warmup_max_lr: writing one there would be refused next.
                 refuse(key, f"deepspeed.scheduler ({scheduler_type}) sets the learning rate itself, from its "
                             f"own {_SETS_ITS_OWN_LR[scheduler_type]}", "set those in deepspeed.scheduler.params")
-            if written is _ABSENT and key == "learning_rate" and scheduler_type in _OWN_DEFAULT_PEAK_LR:
+            if written is _ABSENT and key == "learning_rate" and scheduler_type in OWN_DEFAULT_PEAK_LR:
                 refuse(key, f"deepspeed.scheduler ({scheduler_type}) has no params.warmup_max_lr, so DeepSpeed would "
-                            f"warm up to its own default, {_OWN_DEFAULT_PEAK_LR[scheduler_type]}",
+                            f"warm up to its own default, {OWN_DEFAULT_PEAK_LR[scheduler_type]}",
                        'write "warmup_max_lr": "auto" there')
             optimizer_type = str(section.get("type")) if name == "optimizer" else ""
             if written is _ABSENT and ds_key in _TAKES_NO.get(optimizer_type.lower(), ()):

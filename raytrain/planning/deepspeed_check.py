@@ -288,12 +288,9 @@ def _one_setting_twice(title: str, loc: tuple, prefix: tuple, ds: dict[str, Any]
     for name, field in model.model_fields.items():
         names = (field.alias, name)
         if field.alias and field.alias != name and loc[-1] in names and set(names) <= set(section):
+            # (a dotted override under one name replaces the other's value: raytrain.config._ZERO_OTHER_NAME)
             both = " and ".join(f"{_dotted((*path, k))}={json.dumps(section[k], default=str)}" for k in names)
-            default = _get(DEFAULT_DEEPSPEED, path)
-            # raytrain's defaults write the alias ("auto"): a dotted override of the field name adds the second
-            hint = next((f"; raytrain's default config writes {k}, so an override of its value must use that name"
-                         for k in names if isinstance(default, dict) and k in default), "")
-            return ConfigError(f"{both} are one setting under two names (DeepSpeed reads either): keep one{hint}")
+            return ConfigError(f"{both} are one setting under two names (DeepSpeed reads either): keep one")
     return None
 
 

@@ -151,8 +151,9 @@ CLASSES: dict[str, list[tuple[list[str], str]]] = {
         (['deepspeed={"steps_per_print": 0, %s}}' % Z3], "deepspeed.steps_per_print=0 must be a positive integer"),
         (['deepspeed={%s, "zero_quantized_gradients": true}}' % Z3],
          "deepspeed.zero_optimization.zero_quantized_gradients=true needs GPUs"),
-        (["deepspeed.zero_optimization.prefetch_bucket_size=1000"], "deepspeed.zero_optimization.prefetch_bucket_size="
-                                                                    "1000 are one setting under two names"),
+        (['deepspeed={%s, "prefetch_bucket_size": 1000, "stage3_prefetch_bucket_size": 1000}}' % Z3],
+         "deepspeed.zero_optimization.stage3_prefetch_bucket_size=1000 and deepspeed.zero_optimization.prefetch_bucket_"
+         "size=1000 are one setting under two names"),
         (["training.micro_batch_size_per_gpu=1000000000000"], "deepspeed.train_micro_batch_size_per_gpu=1000000000000 x "
                                                               "data.seq_len=128"),
         (['deepspeed={"train_micro_batch_size_per_gpu": 1000000000000, %s}}' % Z3],

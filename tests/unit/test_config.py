@@ -230,6 +230,34 @@ def test_a_section_given_whole_is_applied_before_its_dotted_keys(tmp_path):
         assert cfg.deepspeed == {"train_batch_size": 512, "zero_optimization": {"stage": 2}}
 
 
+def test_a_dotted_override_under_either_zero_name_replaces_the_value_under_the_other(tmp_path):
+    # the default writes stage3_prefetch_bucket_size: "auto"; the field's own name beside it was refused
+    z = load_config(None, ["deepspeed.zero_optimization.prefetch_bucket_size=1000"]).deepspeed["zero_optimization"]
+    assert z["prefetch_bucket_size"] == 1000 and "stage3_prefetch_bucket_size" not in z
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"zero_optimization": {"stage": 3, "max_live_parameters": 5}}))
+    z = load_config(None, [f"deepspeed={ds}", "deepspeed.zero_optimization.stage3_max_live_parameters=7"],
+                    command_line=True).deepspeed["zero_optimization"]
+    assert z == {"stage": 3, "stage3_max_live_parameters": 7}
+    assert json.loads(ds.read_text())["zero_optimization"]["max_live_parameters"] == 5  # the file is not touched
+    for overrides in (["deepspeed.zero_optimization.prefetch_bucket_size=1",
+                       "deepspeed.zero_optimization.stage3_prefetch_bucket_size=2"],
+                      ['deepspeed={"zero_optimization": {"stage3_max_reuse_distance": 1}}',
+                       "deepspeed.zero_optimization.max_reuse_distance=2"]):
+        with pytest.raises(ConfigError, match=r"^.+ and \S+ are one setting under two names on the command line "
+                                              r"\(DeepSpeed reads either\); .*: keep one$"):
+            load_config(None, overrides, command_line=True)
+
+
+def test_the_zero_names_with_two_spellings_are_deepspeeds():
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    from raytrain.config import _ZERO_ALIASED
+
+    assert {n: f.alias for n, f in DeepSpeedZeroConfig.model_fields.items() if f.alias and f.alias != n} == \
+        {f: f"stage3_{f}" for f in _ZERO_ALIASED}
+
+
 OWN_OPTIMIZER = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.0}},
                  "gradient_clipping": 1.0, "zero_optimization": {"stage": 3}}
 
@@ -304,13 +332,13 @@ def test_the_schedulers_with_a_default_peak_of_their_own_are_known():
 
     from deepspeed.runtime import lr_schedules
 
-    from raytrain.config import _OWN_DEFAULT_PEAK_LR, TrainingConfig
+    from raytrain.config import OWN_DEFAULT_PEAK_LR, TrainingConfig
 
     for name in lr_schedules.VALID_LR_SCHEDULES:
         peak = inspect.signature(getattr(lr_schedules, name).__init__).parameters.get("warmup_max_lr")
-        assert (peak.default if peak is not None else None) == _OWN_DEFAULT_PEAK_LR.get(name), name
+        assert (peak.default if peak is not None else None) == OWN_DEFAULT_PEAK_LR.get(name), name
     # why a default learning_rate is not refused under them: it is the peak they warm up to
-    assert set(_OWN_DEFAULT_PEAK_LR.values()) == {TrainingConfig().learning_rate}
+    assert set(OWN_DEFAULT_PEAK_LR.values()) == {TrainingConfig().learning_rate}
 
 
 @pytest.mark.parametrize("optimizer, training, message", [
