@@ -451,41 +451,58 @@ def _check_kv_heads(hf_config, cfg: ModelConfig) -> None:
     class takes them, then each worker's first forward fails ("The size of tensor a (4) must match the size of
     tensor b (3)"). Only attention classes seen to repeat their k_proj's heads are checked: JetMoE (its query heads
     are num_key_value_heads x num_experts_per_tok), GPT-BigCode, Inkling and the MLA families (GLM-4-MoE-Lite) read
-    num_key_value_heads otherwise and run with 4 over 3; Falcon's fused query_key_value is not looked at (its
-    new_decoder_architecture fails such a config in its own reshape, in every worker)."""
+    num_key_value_heads otherwise and run with 4 over 3. Falcon's new_decoder_architecture is checked by its
+    config (`_falcon_fused`): its fused query_key_value has no k_proj to look at."""
+    kv_key = "num_key_value_heads"
     try:  # a per-layer value (Gemma 4) raises on the global attribute: not checked
         heads, kv = hf_config.num_attention_heads, hf_config.num_key_value_heads
-        built = _meta_build(*_config_key(hf_config), cfg.trust_remote_code).kv_heads
+        fused = _falcon_fused(hf_config)
+        if fused:
+            kv_key, kv = "num_kv_heads", hf_config.num_kv_heads
+        built = () if fused else _meta_build(*_config_key(hf_config), cfg.trust_remote_code).kv_heads
     except Exception:  # a model that cannot be built is named by the checks that build it
         return
     if not (isinstance(heads, int) and isinstance(kv, int) and 0 < kv and heads % kv):
         return
-    # the classes that make num_key_value_heads key heads and repeat each num_attention_heads // num_key_value_heads
-    # times (Falcon's, Inkling's and GPT-BigCode's num_key_value_groups is their own: they run)
-    uneven = [(name, groups) for name, key_heads, groups in built if key_heads == kv and groups == heads // kv]
-    if not uneven:
-        return
-    attention, groups = uneven[0]
+    if fused:
+        cause = (f"Falcon's fused query_key_value (new_decoder_architecture=true) holds each key/value head with "
+                 f"its num_attention_heads / {kv_key} query heads (every worker's first forward fails in its "
+                 f"reshape)")
+    else:
+        # the classes that make num_key_value_heads key heads and repeat each num_attention_heads // num_key_value_heads
+        # times (Inkling's and GPT-BigCode's num_key_value_groups is their own: they run)
+        uneven = [(name, groups) for name, key_heads, groups in built if key_heads == kv and groups == heads // kv]
+        if not uneven:
+            return
+        attention, groups = uneven[0]
+        cause = (f"{attention} shares each key/value head among num_attention_heads // num_key_value_heads = {groups} "
+                 f"query heads, {kv * groups} of {heads} (every worker's first forward fails on the size mismatch)")
     aliases = getattr(hf_config, "attribute_map", None) or {}
-    fields = {"num_attention_heads", "num_key_value_heads"}
+    fields = {"num_attention_heads", kv_key}
     given = [key for key in cfg.config if key in fields or aliases.get(key) in fields]
     divisors = [d for d in range(1, heads + 1) if heads % d == 0]
     divisors = ", ".join(map(str, divisors[:-1])) + f" or {divisors[-1]}" if len(divisors) > 1 else str(heads)
     if given:
         where = ", ".join(f"model.config.{key}={cfg.config[key]!r}" for key in given)
         if all(aliases.get(key, key) == "num_attention_heads" for key in given):
-            fix = f"set model.config.num_attention_heads to a multiple of num_key_value_heads={kv}"
+            fix = f"set model.config.num_attention_heads to a multiple of {kv_key}={kv}"
         else:
-            fix = f"set model.config.num_key_value_heads to a divisor of num_attention_heads={heads}: {divisors}"
+            fix = f"set model.config.{kv_key} to a divisor of num_attention_heads={heads}: {divisors}"
     else:
         where = f"{cfg.name_or_path}'s config.json"
-        fix = (f"correct num_key_value_heads in its config.json (a divisor of {heads}: {divisors}; the one the "
-               f"weights were saved with)" if cfg.pretrained else
-               f"set model.config.num_key_value_heads to a divisor of num_attention_heads={heads}: {divisors}")
-    raise ConfigError(f"{where}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv}, and "
-                      f"{attention} shares each key/value head among num_attention_heads // num_key_value_heads = "
-                      f"{groups} query heads, {kv * groups} of {heads} (every worker's first forward fails on the "
-                      f"size mismatch); {fix}")
+        fix = (f"correct {kv_key} in its config.json (a divisor of {heads}: {divisors}; the one the weights were "
+               f"saved with)" if cfg.pretrained else
+               f"set model.config.{kv_key} to a divisor of num_attention_heads={heads}: {divisors}")
+    raise ConfigError(f"{where}: num_attention_heads={heads} is not a multiple of {kv_key}={kv}, and {cause}; {fix}")
+
+
+def _falcon_fused(hf_config) -> bool:
+    """Falcon's new decoder layout (transformers 5.25's FalconAttention._split_heads): query_key_value's rows are
+    grouped by key/value head, each group its queries then one key and one value, and the forward views them as
+    (num_kv_heads, -1, head_dim), which only a num_kv_heads dividing num_attention_heads allows. The older
+    layouts (multi-query, or one key/value per query head) take any count."""
+    return getattr(hf_config, "model_type", None) == "falcon" and bool(getattr(hf_config, "new_decoder_architecture",
+                                                                               False))
 
 
 def _weight_file(path: str, hf_config) -> str:

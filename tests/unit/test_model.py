@@ -677,6 +677,32 @@ def test_key_value_heads_that_do_not_divide_the_query_heads_are_refused_where_th
     assert load_model_config(ModelConfig(name_or_path=str(tmp_path / "jetmoe"))).num_key_value_heads == 3
 
 
+def test_falcons_fused_layout_refuses_key_value_heads_that_do_not_divide_the_query_heads(tmp_path):
+    """Falcon's new_decoder_architecture views its fused query_key_value as (num_kv_heads, -1, head_dim): 4 query
+    heads over 3 failed in every worker's reshape. Its older layouts take any count, and run."""
+    import torch
+    from transformers import AutoModelForCausalLM, FalconConfig
+
+    def falcon(**kw):
+        return FalconConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, vocab_size=300, **kw)
+
+    with pytest.raises(RuntimeError, match=r"shape '\[1, 3, 3, -1, 16\]' is invalid"):  # what each worker raised
+        model = AutoModelForCausalLM.from_config(falcon(new_decoder_architecture=True, num_kv_heads=3))
+        model(torch.tensor([[1, 2, 3]]))
+    falcon(new_decoder_architecture=True, num_kv_heads=2).save_pretrained(tmp_path / "falcon")
+    with pytest.raises(ConfigError, match=re.escape(
+            "model.config.num_kv_heads=3: num_attention_heads=4 is not a multiple of num_kv_heads=3, and Falcon's "
+            "fused query_key_value (new_decoder_architecture=true) holds each key/value head with its "
+            "num_attention_heads / num_kv_heads query heads (every worker's first forward fails in its reshape); set "
+            "model.config.num_kv_heads to a divisor of num_attention_heads=4: 1, 2 or 4")):
+        load_model_config(ModelConfig(name_or_path=str(tmp_path / "falcon"), config={"num_kv_heads": 3}))
+    assert load_model_config(ModelConfig(name_or_path=str(tmp_path / "falcon"))).num_kv_heads == 2
+    old = falcon(new_decoder_architecture=False, multi_query=False, num_kv_heads=3)
+    AutoModelForCausalLM.from_config(old)(torch.tensor([[1, 2, 3]]))  # runs: one key/value per query head
+    old.save_pretrained(tmp_path / "old")
+    assert load_model_config(ModelConfig(name_or_path=str(tmp_path / "old"))).num_kv_heads == 3
+
+
 def test_the_attention_backend_given_as_a_config_field_points_to_model_attn_implementation():
     """model.config.attn_implementation was "no such field" with no fix; model.config._attn_implementation was
     taken and never used (each worker's build is given model.attn_implementation, which replaces it)."""
