@@ -75,20 +75,22 @@ def export(checkpoint_dir: str, out_dir: str, max_shard_size: str = "5GB", model
         if model_dir is None:
             run = checkpoint_dir.rstrip("/").rpartition("/")[0] if "://" in checkpoint_dir else os.path.dirname(source)
             model_dir = stack.enter_context(local_model_files(run))
+        shown = f"{checkpoint_dir.rstrip('/')}/{METADATA}"
         if isinstance(fs, pyarrow.fs.LocalFileSystem):
-            return _export(local, out_path, max_shard_size, model_dir)
+            return _export(local, out_path, max_shard_size, model_dir, shown)
         scratch = os.path.join(stack.enter_context(tempfile.TemporaryDirectory(prefix="raytrain-export-")), "out")
-        _export(local, scratch, max_shard_size, model_dir)
+        _export(local, scratch, max_shard_size, model_dir, shown)
         start = time.perf_counter()
         upload(scratch, fs, out_path)
         say(f"raytrain.export: uploaded to {out_dir} in {time.perf_counter() - start:.1f}s")
         return out_dir
 
 
-def _export(checkpoint_dir: str, out_dir: str, max_shard_size: str, model_dir: str | None) -> str:
-    """The export between local directories: into OUT_DIR.tmp-XXXX, renamed to `out_dir` at the end."""
+def _export(checkpoint_dir: str, out_dir: str, max_shard_size: str, model_dir: str | None, shown: str) -> str:
+    """The export between local directories: into OUT_DIR.tmp-XXXX, renamed to `out_dir` at the end.
+    `shown`: raytrain.json's path as the user named the checkpoint, for messages."""
     with open(os.path.join(checkpoint_dir, METADATA)) as f:
-        spec = RunSpec.from_dict(json.load(f)["spec"])
+        spec = _read_spec(json.load(f)["spec"], shown)  # (check_is_checkpoint read the keys the resume reads)
     start = time.perf_counter()
     parent = os.path.dirname(out_dir)
     created = []  # the directories made for OUT_DIR's parent, innermost first: removed again on a failure
@@ -132,6 +134,24 @@ def upload(local_dir: str, fs, path: str) -> None:
     for name in sorted(os.listdir(local_dir), key=lambda n: n == "config.json"):
         pyarrow.fs.copy_files(os.path.join(local_dir, name), f"{path.rstrip('/')}/{name}",
                               source_filesystem=pyarrow.fs.LocalFileSystem(), destination_filesystem=fs)
+
+
+def _read_spec(data: dict, shown: str) -> RunSpec:
+    """The run spec of raytrain.json, or a one-line ConfigError naming the file: a record edited or written by
+    another program stopped the export on a KeyError or TypeError traceback (a spec without `cluster`)."""
+    try:
+        return RunSpec.from_dict(data)
+    except ConfigError as e:
+        raise ConfigError(f"{shown}: its run config is not one raytrain reads ({e}): choose another checkpoint "
+                          f"(an earlier checkpoint_step_* of the run)") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        if isinstance(e, KeyError):
+            what = f"lacks spec.{e.args[0]}" if e.args[0] not in data else f"lacks {e.args[0]!r} inside its spec"
+        else:
+            what = f"holds a spec raytrain cannot read ({first_line(e)})"
+        raise ConfigError(f"{shown} {what}, which raytrain writes into every checkpoint's record (the file was "
+                          f"edited, or written by another program): choose another checkpoint (an earlier "
+                          f"checkpoint_step_* of the run)") from None
 
 
 def check_out_dir(out_dir: str, key: str = "OUT_DIR") -> None:

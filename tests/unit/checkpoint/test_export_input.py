@@ -2,6 +2,7 @@
 layout.check_is_checkpoint): a checkpoint missing a rank's shards, a URI pyarrow cannot open, and a
 failed merge leaves no directory behind. The export of real checkpoints: test_export.py."""
 
+import json
 import os
 
 import pytest
@@ -37,3 +38,25 @@ def test_a_failed_merge_removes_the_directories_it_made(tmp_path):
     with pytest.raises(Exception):  # DeepSpeed's own error, from torch.load of an empty file
         export(broken, str(tmp_path / "kept" / "new" / "deeper" / "hf"))
     assert os.listdir(tmp_path / "kept") == []  # new/deeper/ and the .tmp- directory gone; kept/ was there
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda spec: spec.pop("cluster"), "lacks spec.cluster"),
+    (lambda spec: spec["cluster"].update(gpus=8), "holds a spec raytrain cannot read (ClusterShape.__init__() got an "
+                                                   "unexpected keyword argument 'gpus')"),
+])
+def test_a_record_whose_spec_the_export_cannot_rebuild_is_one_line_naming_the_file(tmp_path, capsys, edit, says):
+    # was: a KeyError (or TypeError) traceback from RunSpec.from_dict, exit 1
+    ck = checkpoint(tmp_path / "runs" / "r1" / "checkpoint_step_00000008", 8)
+    record = os.path.join(ck, "raytrain.json")
+    with open(record) as f:
+        meta = json.load(f)
+    edit(meta["spec"])
+    with open(record, "w") as f:
+        json.dump(meta, f)
+    assert main([ck, str(tmp_path / "new" / "hf")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"raytrain: error: {record} {says}, which raytrain writes into every checkpoint's record (the file "
+                   f"was edited, or written by another program): choose another checkpoint (an earlier "
+                   f"checkpoint_step_* of the run)"]
+    assert not (tmp_path / "new").exists()
