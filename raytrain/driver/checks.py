@@ -27,8 +27,8 @@ from collections.abc import Mapping, Sequence
 from raytrain import hardware
 from raytrain.checkpoint import layout
 from raytrain.checkpoint.export import check_out_dir
-from raytrain.config import (ClusterConfig, ConfigError, DataConfig, RunConfig, ScalingConfig,
-                             TrainingConfig)
+from raytrain.config import (OWN_DEFAULT_PEAK_LR, ClusterConfig, ConfigError, DataConfig, RunConfig,
+                             ScalingConfig, TrainingConfig)
 from raytrain.config_fields import ray_address
 from raytrain.data.sources import Sources
 from raytrain.deepspeed_config import load_deepspeed
@@ -419,7 +419,8 @@ def _idle_data_and_training(cfg: RunConfig) -> list[str]:
                      f"{training.max_steps}: the learning rate is still warming up when the run ends, so it never "
                      f"reaches its peak (training.learning_rate) and never decays; set training.warmup_steps below "
                      f"{training.max_steps}")
-    zero = load_deepspeed(cfg.deepspeed).get("zero_optimization")
+    ds = load_deepspeed(cfg.deepspeed)
+    zero = ds.get("zero_optimization")
     offload = zero.get("offload_optimizer") if isinstance(zero, dict) else None
     if isinstance(offload, dict):
         ratio, device = offload.get("ratio"), str(offload.get("device", "none")).lower()
@@ -428,7 +429,26 @@ def _idle_data_and_training(cfg: RunConfig) -> list[str]:
             notes.append(f"deepspeed.zero_optimization.offload_optimizer.ratio={ratio:g} has no effect: it is the "
                          f"share of the optimizer states offloaded, and offload_optimizer.device is none: set the "
                          f"device to cpu to offload that share, or drop ratio")
+    notes += _peak_lr_replaced(ds, cfg.deepspeed)
     return notes
+
+
+def _peak_lr_replaced(ds: dict, source) -> list[str]:
+    """A note where the JSON's scheduler warms up to a peak of DeepSpeed's own instead of its optimizer's concrete
+    lr: WarmupDecayLR without warmup_max_lr peaks at 0.001 (DeepSpeed's documented default, so not refused; a
+    training.learning_rate the user wrote beside it is: raytrain.config.OWN_DEFAULT_PEAK_LR)."""
+    optimizer, scheduler = ds.get("optimizer"), ds.get("scheduler")
+    if not (isinstance(optimizer, dict) and isinstance(scheduler, dict)):
+        return []
+    params = scheduler.get("params") if isinstance(scheduler.get("params"), dict) else {}
+    peak = OWN_DEFAULT_PEAK_LR.get(str(scheduler.get("type")))
+    lr = (optimizer.get("params") or {}).get("lr") if isinstance(optimizer.get("params"), dict) else None
+    if peak is None or "warmup_max_lr" in params or type(lr) not in (int, float) or lr == peak:
+        return []
+    where = f" (in {source})" if isinstance(source, str) else ""
+    return [f"deepspeed.optimizer.params.lr={lr:g}{where} has no effect on the peak learning rate: "
+            f"deepspeed.scheduler ({scheduler['type']}) has no params.warmup_max_lr, so DeepSpeed warms up to its "
+            f"own {peak:g}; write \"warmup_max_lr\": {lr:g} there"]
 
 
 def zero_stage_note(cfg: RunConfig, num_workers: int | list[int] | None) -> str | None:

@@ -301,6 +301,23 @@ def test_data_training_and_offload_settings_that_do_nothing_get_a_note_each():
         "deepspeed.zero_optimization.offload_optimizer={device: cpu, ratio: 0.5}"]), use_gpu=False) == []
 
 
+def test_an_optimizer_lr_that_the_scheduler_replaces_with_its_own_peak_gets_a_note(tmp_path):
+    # WarmupDecayLR without warmup_max_lr warms up to DeepSpeed's 0.001, ten times this optimizer's lr, without a word
+    # (DeepSpeed's documented default, so a note rather than a refusal; test_config pins the 0.001)
+    def ds(**params):
+        path = tmp_path / "ds.json"
+        path.write_text(json.dumps({"zero_optimization": {"stage": 3}, "optimizer": {"type": "AdamW", "params": {
+            "lr": 1e-4}}, "scheduler": {"type": "WarmupDecayLR", "params": {
+                "warmup_num_steps": 10, "total_num_steps": 100, **params}}}))
+        return load_config(None, [f"deepspeed={path}"])
+
+    assert idle_settings(ds(), use_gpu=False) == [
+        f"deepspeed.optimizer.params.lr=0.0001 (in {tmp_path / 'ds.json'}) has no effect on the peak learning rate: "
+        f"deepspeed.scheduler (WarmupDecayLR) has no params.warmup_max_lr, so DeepSpeed warms up to its own 0.001; "
+        f"write \"warmup_max_lr\": 0.0001 there"]
+    assert idle_settings(ds(warmup_max_lr=1e-4), use_gpu=False) == []
+
+
 def test_the_readmes_elastic_example_trains_zero_3_in_bf16_on_gpus(tmp_path):
     from raytrain.deepspeed_config import resolve_deepspeed
 
