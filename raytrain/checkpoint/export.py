@@ -113,6 +113,11 @@ def _export(checkpoint_dir: str, out_dir: str, max_shard_size: str, model_dir: s
         umask = os.umask(0o022)
         os.umask(umask)
         os.chmod(tmp, stat.S_IMODE(os.stat(out_dir).st_mode) if os.path.isdir(out_dir) else 0o777 & ~umask)
+        # safetensors' save_file creates its file 0600 (save_pretrained's weights too), which the directory's mode
+        # does not open: every file gets the mode open() gives (644 under umask 022)
+        for root, _, names in os.walk(tmp):
+            for name in names:
+                os.chmod(os.path.join(root, name), 0o666 & ~umask)
         if os.path.isdir(out_dir):
             os.rmdir(out_dir)  # empty (checked above): the rename below needs the name free
         os.rename(tmp, out_dir)

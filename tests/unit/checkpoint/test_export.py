@@ -125,6 +125,9 @@ def test_a_tied_bf16_model_exports_as_save_pretrained_writes_it(tmp_path):
     umask = os.umask(0o022)
     os.umask(umask)
     assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask
+    # and every file as open() makes it (644), the weights too (safetensors' save_file makes them 0600)
+    assert {f.name: stat.S_IMODE(f.stat().st_mode) for f in out.iterdir()} == {
+        f.name: 0o666 & ~umask for f in out.iterdir()}
 
 
 def test_a_mixture_of_experts_exports_in_the_layout_save_pretrained_writes(tmp_path):
