@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import math
 import os
 import re
 from collections.abc import Sequence
@@ -49,6 +50,7 @@ from raytrain.network.backend import torch_config
 from raytrain.planning.memory import MemoryPlan, check_fits, estimate_memory
 from raytrain.planning.resolve import advice, resolve_run
 from raytrain.run_spec import ResolvedRun, RunSpec
+from raytrain.worker.engine import warmup_cosine
 from raytrain.worker.loop import train_loop_per_worker
 
 
@@ -428,6 +430,8 @@ def check_resume(checkpoint, resolved: ResolvedRun, own_run: bool = False) -> li
     elif old_world != shape.num_workers:
         notes.append(f"resuming step {meta['step']} on {shape.num_workers} workers (written by {old_world}): the "
                      f"workers convert it to DeepSpeed's universal checkpoint first")
+    if not done:
+        notes += _schedule_change(meta, resolved)
     changes = _data_changes(meta["spec"].get("config", {}), json.loads(json.dumps(cfg.to_dict())))
     starts = tuple(meta["spec"].get("model", {}).get("document_start_ids", ())), resolved.model.document_start_ids
     if starts[0] != starts[1]:  # the same settings, rows cut another way (raytrain before 2026-12-04 put no BOS)
@@ -445,6 +449,29 @@ def check_resume(checkpoint, resolved: ResolvedRun, own_run: bool = False) -> li
                      f"data from its start, export the checkpoint (python -m raytrain.tools.export) and start a new "
                      f"run with model.name_or_path=OUT_DIR model.pretrained=true (the optimizer state is not kept)")
     return notes
+
+
+def _schedule_change(meta: dict[str, Any], resolved: ResolvedRun) -> list[str]:
+    """A note where raytrain's warmup + cosine schedule (raytrain.worker.engine.warmup_cosine) gives the resumed
+    step another learning rate than the checkpoint's run had there: training.max_steps raised to train further
+    stretches the cosine over the new length, so the rate jumps back up (1e-4 to 7.3e-4 at step 21 of 20 -> 40),
+    with no warmup. Not a refusal: raising max_steps is how a run is trained further (README), and a new decay
+    is what some want. The rate is recomputed per step from these settings, so nothing else is kept."""
+    old = meta["spec"].get("config", {}).get("training", {})
+    if resolved.deepspeed.has_scheduler or meta["spec"].get("deepspeed", {}).get("has_scheduler", True):
+        return []  # a DeepSpeed scheduler (then or now): its own state and settings
+    training, step = resolved.config.training, meta["step"]
+    keys = [k for k in ("max_steps", "warmup_steps", "min_lr_ratio") if k in old and old[k] != getattr(training, k)]
+    if not keys:
+        return []
+    was = training.learning_rate * warmup_cosine(dataclasses.replace(training, **{k: old[k] for k in keys}))(step)
+    now = training.learning_rate * warmup_cosine(training)(step)
+    if math.isclose(was, now, rel_tol=0.01):
+        return []
+    changes = ", ".join(f"training.{k} {old[k]} -> {getattr(training, k)}" for k in keys)
+    return [f"note: the learning rate schedule changed since the checkpoint ({changes}): the warmup + cosine "
+            f"schedule is recomputed for the new settings, so step {step + 1} trains at a learning rate of {now:.3g} "
+            f"where the checkpoint's schedule stood at {was:.3g}, with no warmup in between"]
 
 
 # The DeepSpeed facts that decide whether engine.load_checkpoint can read a checkpoint at all, each with

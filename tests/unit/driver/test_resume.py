@@ -247,6 +247,23 @@ def test_resuming_with_other_data_settings_notes_what_differs(tmp_path, capsys):
     assert "(data.path=None -> " in out and "other.txt): its data position" in out and "set them back" in out
 
 
+@pytest.mark.usefixtures("no_ray_driver")
+def test_resuming_with_a_longer_schedule_notes_the_learning_rate_it_jumps_to(tmp_path, capsys):
+    # max_steps 20 -> 40 to train further: the cosine is recomputed over 40 steps, so the rate went from the
+    # decayed 1e-4 back up to 7.75e-4 at step 21 without a word
+    source = checkpoint(tmp_path / "old" / "checkpoint_step_00000020", 20, "training.max_steps=20")
+    storage = f"checkpoint.storage_path={tmp_path / 'runs'}"
+    rc, err = dry(capsys, "--resume-from", source, storage, *TWO)
+    notes = [line for line in err if "schedule changed" in line]
+    assert rc == 0 and notes == [
+        "raytrain: note: the learning rate schedule changed since the checkpoint (training.max_steps 20 -> 40): the "
+        "warmup + cosine schedule is recomputed for the new settings, so step 21 trains at a learning rate of "
+        "0.000775 where the checkpoint's schedule stood at 0.0001, with no warmup in between"], err
+    source = checkpoint(tmp_path / "old2" / "checkpoint_step_00000008", 8, "training.max_steps=20")
+    rc, err = dry(capsys, "--resume-from", source, storage, *TWO)  # still warming up: the same rate at step 9
+    assert rc == 0 and not [line for line in err if "schedule changed" in line], err
+
+
 def test_resuming_rows_cut_with_other_document_start_ids_notes_it(tmp_path, capsys):
     """The same data settings, rows cut another way: a checkpoint of a tokenizer that put a BOS before each
     document (or of raytrain before 2026-12-04, which put none, against a BOS-adding tokenizer now)."""
