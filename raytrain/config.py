@@ -419,7 +419,8 @@ def check_config(cfg: Any, argument: str = "config") -> RunConfig:
 
     For a RunConfig built or edited in code (examples/python_api.py): its sections are plain
     dataclasses that nothing checks on assignment, so `cfg.training.learning_rate = -1` or
-    `cfg.training.max_steps = 30.0` (a worker's failure, retried, after minutes) would reach the run.
+    `cfg.training.max_steps = 30.0` (a worker's failure, retried, after minutes) would reach the run, and
+    `cfg.training.max_step = 20` (no such field) would be dropped without a word (`_add_stray_attributes`).
     The same one-line ConfigError as the command line's; a TypeError, naming `argument`, for a value
     that is no RunConfig. A training value other than its default counts as written, for the rule that
     the DeepSpeed JSON must not override or ignore it (a loaded config passes again: what it was loaded
@@ -432,11 +433,33 @@ def check_config(cfg: Any, argument: str = "config") -> RunConfig:
             hint = ("; raytrain's comes from raytrain.load_config (Ray's name, storage_path, failure and checkpoint "
                     "settings are its checkpoint section)")
         raise TypeError(f"{argument} must be a raytrain.RunConfig (from raytrain.load_config), got {kind}{hint}")
-    checked = RunConfig.from_dict(cfg.to_dict())
+    data = cfg.to_dict()
+    _add_stray_attributes(cfg, data)
+    checked = RunConfig.from_dict(data)
     defaults = TrainingConfig()
     _refuse_ignored_training_values(checked, {f.name for f in dataclasses.fields(TrainingConfig)
                                               if getattr(checked.training, f.name) != getattr(defaults, f.name)})
     return checked
+
+
+def _add_stray_attributes(obj: Any, data: dict[str, Any]) -> None:
+    """Add to `data` (`obj`'s to_dict()) each attribute set on `obj` or its sections that is no field, so that
+    from_dict refuses it in the command line's words: `cfg.training.max_step = 20` (a typo for max_steps) is
+    "unknown key training.max_step; did you mean training.max_steps? ...". to_dict() copies fields only, so
+    such an attribute was dropped without a word and the run kept the old max_steps.
+
+    Checked here rather than by slotted sections, which would refuse the typo at the assignment itself (an
+    AttributeError at the line of the mistake, better feedback): slots are set by raytrain.config_fields.section
+    for every section at once, change how the classes pickle, copy and validate (Ray ships the config to each
+    worker), and refuse any attribute a user's own code hangs on a config object. Here it costs a walk of the
+    tree at the check fit() and dry_run make anyway, and a valid config is unchanged. The free-form mappings
+    (deepspeed, model.config, network.env) are dicts, not sections: not walked."""
+    fields = {f.name for f in dataclasses.fields(obj)}
+    for name, value in getattr(obj, "__dict__", {}).items():  # a user's slotted stand-in has none
+        if name not in fields:
+            data[name] = value
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type) and isinstance(data.get(name), dict):
+            _add_stray_attributes(value, data[name])
 
 
 def _apply_overrides(data: dict[str, Any], pairs: list[tuple[str, Any, str]], refuse_repeats: bool) -> None:

@@ -1,6 +1,7 @@
 """Config loading: precedence, typing, and one-line errors for every kind of mistake."""
 
 import dataclasses
+import functools
 import json
 import pathlib
 
@@ -450,6 +451,34 @@ def test_a_config_edited_in_code_is_checked_again_with_the_command_lines_line():
     edited.data.seq_len = 0
     with pytest.raises(ConfigError, match=r"^data.seq_len must be an integer >= 1, got 0"):  # before anything starts
         raytrain.fit(edited)
+
+
+def test_a_misspelt_attribute_set_in_code_is_the_command_lines_unknown_key():
+    """Sections are plain dataclasses: `cfg.training.max_step = 20` added an attribute that to_dict() drops, and
+    fit() ran the old max_steps without a word. Now the same line as `training.max_step=20` on the command line."""
+    import raytrain
+    from raytrain.config import check_config
+
+    for path, dotted in [(("training",), "training.max_step"), ((), "trainig"), (("cluster",), "cluster.num_cpu")]:
+        with pytest.raises(ConfigError) as typed:
+            load_config(None, [f"{dotted}=20"])
+        edited = load_config()
+        setattr(functools.reduce(getattr, path, edited), dotted.rpartition(".")[2], 20)
+        with pytest.raises(ConfigError) as e:
+            check_config(edited)
+        assert str(e.value) == str(typed.value) and "; did you mean " in str(e.value), str(e.value)
+    assert str(typed.value).startswith("unknown key cluster.num_cpu; did you mean cluster.num_cpus? (valid keys")
+    edited = load_config()
+    edited.training.max_step = 20
+    with pytest.raises(ConfigError, match=r"^unknown key training.max_step; did you mean training.max_steps\? "):
+        raytrain.fit(edited)  # refused before anything starts
+    # the free-form mappings take any key, as before
+    edited = load_config(None, ["model.config={\"hidden_size\": 64}"])
+    edited.model.config["my_own_key"] = 1
+    edited.deepspeed["my_own_key"] = 1
+    edited.network.env["NCCL_DEBUG"] = "INFO"
+    checked = check_config(edited)
+    assert checked.model.config["my_own_key"] == checked.deepspeed["my_own_key"] == 1 and checked == edited
 
 
 def test_wrong_argument_kinds_in_the_python_api_are_a_type_error_naming_the_argument(tmp_path):
