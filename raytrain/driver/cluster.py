@@ -42,6 +42,7 @@ def connect(cluster: ClusterConfig, scaling: ScalingConfig) -> None:
     key = f"cluster.address={cluster.address}" if cluster.address else f"the environment's RAY_ADDRESS={address}"
     if ray.is_initialized():
         check_connected_to(address, key)
+        note_unused_local_settings(cluster)
         return
     check_ray_address(cluster.address)  # plan and preflight connect without raytrain.main's check_before_ray
     if starts_local_cluster(cluster):
@@ -54,6 +55,20 @@ def connect(cluster: ClusterConfig, scaling: ScalingConfig) -> None:
     except ConnectionError as e:  # "auto" with no cluster on this machine; a refused token (Ray's own words)
         raise ConfigError(f"{key}: Ray cannot connect ({str(e).strip().splitlines()[0][:300]}): start the cluster, "
                           f"fix the address, or unset it for a local cluster") from None
+
+
+def note_unused_local_settings(cluster: ClusterConfig) -> None:
+    """This process is connected already: a note for a cluster.num_cpus, which sizes only a local cluster that
+    raytrain starts, that the connected cluster does not have (a notebook's second fit() asking for 6 CPUs
+    ran on the first fit's 4 without a word). Only a value the user set, and only where the run would
+    otherwise start a local cluster: with an address, raytrain.driver.checks.idle_settings says it."""
+    if cluster.num_cpus is None or not starts_local_cluster(cluster):
+        return
+    cpus = ray.cluster_resources().get("CPU", 0.0)
+    if cpus != cluster.num_cpus:
+        say(f"raytrain: note: cluster.num_cpus={cluster.num_cpus} has no effect: Ray is already initialized in this "
+            f"process with {cpus:g} CPUs (an earlier fit() or your own ray.init()), and a running cluster keeps its "
+            f"CPUs: call ray.shutdown() first, or run in a new process")
 
 
 # How long the driver waits for the cluster's port to accept a connection before ray.init: a head on
@@ -469,6 +484,11 @@ def preflight_cluster(cfg: RunConfig, sizes: Sequence[int] | None = None, **opti
     """
     connect(cfg.cluster, cfg.scaling)
     check_live_placement(cfg)
+    return _preflight_connected(cfg, sizes, **options)
+
+
+def _preflight_connected(cfg: RunConfig, sizes: Sequence[int] | None = None, **options) -> PreflightReport:
+    """`preflight_cluster` once connected and the placement checked."""
     shape = live_shape(cfg)
     scaling = cfg.scaling
     return run_preflight(cfg.network, shape.num_workers, shape.use_gpu, sizes, cpus_per_worker=scaling.cpus_per_worker,
@@ -477,8 +497,9 @@ def preflight_cluster(cfg: RunConfig, sizes: Sequence[int] | None = None, **opti
 
 
 def check_preflight(cfg: RunConfig) -> None:
-    """network.preflight=true: the preflight before training; a failure stops the run with one line."""
-    report = preflight_cluster(cfg)
+    """network.preflight=true: the preflight before training; a failure stops the run with one line. After the
+    run's own connect and check_live_placement (a second connect would repeat its notes)."""
+    report = _preflight_connected(cfg)
     say(report.render())
     if not report.passed:
         raise ConfigError("network.preflight failed (" + "; ".join(report.failures) + "): fix the fabric, "
