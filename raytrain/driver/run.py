@@ -399,6 +399,15 @@ def check_resume(checkpoint, resolved: ResolvedRun, own_run: bool = False) -> li
     old_world, old_shards = written_by(meta)
     shape, num_shards = resolved.cluster, resolved.config.data.num_shards
     new_shards = num_shards or shape.num_workers
+    if old_shards != new_shards and old_world == shape.num_workers:
+        # the same workers, another shard count: the advice about worker counts below does not apply
+        before = meta["spec"]["config"]["data"].get("num_shards")
+        now = f"data.num_shards={num_shards}" if num_shards is not None else "one per worker"
+        fix = f"set data.num_shards back to {before}" if before is not None else \
+            "drop data.num_shards (the checkpoint's run had one shard per worker)"
+        raise ConfigError(f"checkpoint {shown} was written with {old_shards} data shards and this run has "
+                          f"{new_shards} ({now}) on as many workers: its data position is the rows read from each "
+                          f"of its shards, which another count cannot place: {fix}")
     if old_shards != new_shards:
         where = f"data.num_shards={meta['spec']['config']['data'].get('num_shards')}"
         raise ConfigError(f"checkpoint {shown} was written by {old_world} workers with {where} ({old_shards} "

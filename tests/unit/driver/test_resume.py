@@ -264,6 +264,21 @@ def test_resuming_with_a_longer_schedule_notes_the_learning_rate_it_jumps_to(tmp
     assert rc == 0 and not [line for line in err if "schedule changed" in line], err
 
 
+@pytest.mark.usefixtures("no_ray_driver")
+def test_another_shard_count_names_what_changed(tmp_path, capsys):
+    source = checkpoint(tmp_path / "old" / "checkpoint_step_00000008", 8)  # 2 workers, one shard each
+    storage = f"checkpoint.storage_path={tmp_path / 'runs'}"
+    # the same 2 workers: it said "resuming on another number of workers needs the same data.num_shards"
+    rc, err = dry(capsys, "--resume-from", source, storage, *TWO, "data.num_shards=4")
+    assert rc == 2 and err == [
+        f"raytrain: error: checkpoint {source} was written with 2 data shards and this run has 4 (data.num_shards=4) "
+        f"on as many workers: its data position is the rows read from each of its shards, which another count "
+        f"cannot place: drop data.num_shards (the checkpoint's run had one shard per worker)"], err
+    rc, err = dry(capsys, "--resume-from", source, storage, "scaling.num_workers=4", "training.max_steps=40")
+    assert rc == 2 and "this run has 4 workers and 4 shards: resuming on another number of workers needs the same " \
+                       "data.num_shards" in err[0], err
+
+
 def test_resuming_rows_cut_with_other_document_start_ids_notes_it(tmp_path, capsys):
     """The same data settings, rows cut another way: a checkpoint of a tokenizer that put a BOS before each
     document (or of raytrain before 2026-12-04, which put none, against a BOS-adding tokenizer now)."""
