@@ -216,6 +216,17 @@ def check_is_checkpoint(path: str, key: str) -> None:
                           f"credentials") from None
 
 
+def _latest_if_run(run: str) -> str | None:
+    """The latest checkpoint of `run` where it is a run's directory (STORAGE/NAME, given where a checkpoint was
+    asked for), else None: the one-line answer to the commonest wrong path, at the cost of reading Ray Train's
+    record once, only on the way to an error."""
+    try:
+        checkpoint = latest_checkpoint(run)
+    except ConfigError:  # a broken record, storage that cannot be reached: the plain message stands
+        return None
+    return checkpoint_uri(run, checkpoint) if checkpoint is not None else None
+
+
 def _check_is_checkpoint(path: str, key: str) -> None:
     root = path.rstrip("/")
     missing = None
@@ -230,8 +241,10 @@ def _check_is_checkpoint(path: str, key: str) -> None:
         if not tag or not exists(f"{root}/{tag}"):
             missing = f"its DeepSpeed {LATEST!r} file names tag {tag!r}, which is not in it"
     if missing:
-        raise ConfigError(f"{key}={path} is not a raytrain checkpoint ({missing}): give a checkpoint_step_* "
-                          f"directory of a run")
+        latest = _latest_if_run(root) if not exists(f"{root}/{METADATA}") else None
+        fix = (f"it is a run's directory: give one of its checkpoints, the latest being {latest}" if latest else
+               "give a checkpoint_step_* directory of a run")
+        raise ConfigError(f"{key}={path} is not a raytrain checkpoint ({missing}): {fix}")
     meta_fs, meta_path = filesystem(f"{root}/{METADATA}")
     meta = _read_json(meta_fs, meta_path, f"{root}/{METADATA}")
     absent = missing_shards(f"{root}/{tag}", meta)

@@ -9,7 +9,7 @@ import pytest
 
 from raytrain.checkpoint.export import export
 from raytrain.tools.export import main
-from tests.unit.driver.test_resume import SHARDS, checkpoint
+from tests.unit.driver.test_resume import SHARDS, checkpoint, run_with_checkpoints
 
 
 def test_an_incomplete_checkpoint_is_refused_in_one_line_before_out_dirs_parent_is_made(tmp_path, capsys):
@@ -60,3 +60,15 @@ def test_a_record_whose_spec_the_export_cannot_rebuild_is_one_line_naming_the_fi
                    f"was edited, or written by another program): choose another checkpoint (an earlier "
                    f"checkpoint_step_* of the run)"]
     assert not (tmp_path / "new").exists()
+
+
+def test_a_runs_directory_given_for_a_checkpoint_names_its_latest_checkpoint(tmp_path, capsys):
+    # the commonest wrong path: it said "not a raytrain checkpoint (no raytrain.json in it)" and nothing more
+    run = run_with_checkpoints(tmp_path / "runs", "r1", [4, 8])
+    assert main([run, str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"raytrain: error: the checkpoint={run} is not a raytrain checkpoint (no raytrain.json in it): it "
+                   f"is a run's directory: give one of its checkpoints, the latest being {run}/checkpoint_step_00000008"]
+    assert main([str(tmp_path), str(tmp_path / "hf")]) == 2  # not a run either: the plain advice
+    assert capsys.readouterr().err.strip().endswith("(no raytrain.json in it): give a checkpoint_step_* directory of "
+                                                    "a run")
