@@ -658,14 +658,22 @@ def _local_paths(cfg: RunConfig) -> RunConfig:
     relative, they passed every driver check and then failed in every worker and tokenizing task (their
     working directory is not the driver's; measured: a ~9-minute run of Ray Train's retries, exit 1),
     or, under a name that is also a hub id, loaded the hub's. Not a directory here: left as written (a
-    hub id, or a path the model's own check names)."""
-    ckpt, model = cfg.checkpoint, cfg.model
+    hub id, or a path the model's own check names). Likewise a local MLflow store's path in
+    tracking.mlflow_tracking_uri (a plain path, file:PATH, sqlite:///PATH; a server's URI as it is:
+    raytrain.driver.tracking.local_tracking_uri): relative, rank 0 wrote it under Ray's working directory and
+    the driver's check of the continued run looked in its own."""
+    ckpt, model, tracking = cfg.checkpoint, cfg.model, cfg.tracking
     paths = {key: _storage_uri(value) for key in ("resume_from", "export_dir")
              if (value := getattr(ckpt, key)) and "://" not in value}
     dirs = {key: _storage_uri(value) for key in ("name_or_path", "tokenizer")
             if (value := getattr(model, key)) and "://" not in value and os.path.isdir(os.path.expanduser(value))}
     if paths:
         cfg = dataclasses.replace(cfg, checkpoint=dataclasses.replace(ckpt, **paths))
+    if tracking.mlflow_tracking_uri:
+        from raytrain.driver.tracking import local_tracking_uri
+
+        uri = local_tracking_uri(tracking.mlflow_tracking_uri)
+        cfg = dataclasses.replace(cfg, tracking=dataclasses.replace(tracking, mlflow_tracking_uri=uri))
     return dataclasses.replace(cfg, model=dataclasses.replace(model, **dirs)) if dirs else cfg
 
 

@@ -5,7 +5,8 @@ Rank 0 opens its tracker at the start of every worker group (raytrain.worker.tra
 there, Ray Train retries as a worker failure checkpoint.max_failures times, each after the model is
 built. So the driver asks the same MLflow store first (`fit` before ray.init, and `--dry-run`), without
 writing to it: a file store or a sqlite:/// database that opening would create is checked on the filesystem
-instead.
+instead. A local store named relative to the driver's directory is made absolute first (`local_tracking_uri`,
+from raytrain.driver.run._local_paths): the check, rank 0 and the run's record all use that one value.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import contextlib
 import importlib.util
 import os
 import pathlib
+import re
 import urllib.parse
+import urllib.request
 
 from raytrain.checkpoint import layout
 from raytrain.config import ConfigError, RunConfig
@@ -30,6 +33,38 @@ from raytrain.worker.tracking import RECORD, read_record, same_mlflow_run
 # seconds at most. Rank 0 keeps MLflow's defaults. A value the environment sets wins here too.
 QUICK_HTTP = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
               "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+
+
+_SQLITE = re.compile(r"(sqlite(?:\+\w+)?):///([^?]*)(.*)", re.DOTALL)  # scheme (a driver too), path, ?query
+
+
+def local_tracking_uri(uri: str) -> str:
+    """`uri` with a local store's relative path made absolute against this (the driver's) working directory, ~
+    expanded: rank 0 runs in Ray's working directory for the job (/tmp/ray/session_*/...), where MLflow read
+    `mlruns` as a store of its own that the driver never saw. The forms MLflow reads (3.18):
+    - a plain path (`mlruns`, `~/mlruns`): a file store; made absolute, still a plain path;
+    - file:PATH, file:./PATH: a file store; a relative PATH becomes file:///ABS (file:///ABS stays as it is;
+      file://HOST/PATH names a host, and is left to MLflow);
+    - sqlite:///PATH (and sqlite+DRIVER:///PATH): SQLAlchemy reads PATH relative to the working directory,
+      sqlite:////ABS absolute; a relative PATH becomes sqlite:////ABS, its ?query kept. In memory (sqlite://,
+      :memory:) and SQLite's own URI form (sqlite:///file:...) are left as they are;
+    - http(s)://, databricks, databricks-uc, uc:, postgresql://, mysql://, ...: a server, left as it is.
+    Resolved once, before any check: the value the driver checks is the one rank 0 opens and the run's record
+    (raytrain.worker.tracking.RECORD) and raytrain.json show."""
+    parsed = urllib.parse.urlparse(uri)
+    if uri in ("databricks", "databricks-uc", "uc"):  # MLflow's names of a Databricks workspace, not paths
+        return uri
+    if parsed.scheme == "" and not uri.startswith("/"):
+        return os.path.abspath(os.path.expanduser(uri))
+    if parsed.scheme == "file" and not parsed.netloc and not parsed.path.startswith("/"):
+        path = urllib.request.url2pathname(parsed.path)
+        return pathlib.Path(os.path.abspath(os.path.expanduser(path))).as_uri()
+    sqlite = _SQLITE.fullmatch(uri)
+    if sqlite:
+        scheme, path, query = sqlite.groups()
+        if path and not path.startswith("/") and path != ":memory:" and not path.startswith("file:"):
+            return f"{scheme}:///{os.path.abspath(os.path.expanduser(path))}{query}"
+    return uri
 
 
 def check_tracking(cfg: RunConfig, fresh: bool = False) -> list[str]:

@@ -195,3 +195,50 @@ def test_every_tracking_key_is_in_the_help_and_the_readme(capsys):
     readme = (pathlib.Path(__file__).parents[3] / "README.md").read_text()
     for key in (f"tracking.{f.name}" for f in dataclasses.fields(TrackingConfig)):
         assert key in shown and f"`{key}`" in readme, key
+
+
+def test_a_local_store_named_relative_to_the_driver_is_made_absolute(tmp_path, monkeypatch):
+    """MLflow reads a relative store against the working directory of the process that opens it, and rank 0's is
+    Ray's for the job (/tmp/ray/session_*/...): each local form is made absolute here, a server's URI is not."""
+    from mlflow.utils.file_utils import local_file_uri_to_path
+
+    from raytrain.driver.tracking import local_tracking_uri
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    here = str(tmp_path)
+    resolved = {"mlruns": f"{here}/mlruns", "./mlruns": f"{here}/mlruns", "~/mlruns": f"{here}/home/mlruns",
+                "file:mlruns": f"file://{here}/mlruns", "file:./mlruns": f"file://{here}/mlruns",
+                "sqlite:///m.db": f"sqlite:///{here}/m.db",  # sqlite:////tmp/...: SQLAlchemy's absolute form
+                "sqlite:///sub/m.db?timeout=30": f"sqlite:///{here}/sub/m.db?timeout=30",
+                "sqlite+pysqlite:///m.db": f"sqlite+pysqlite:///{here}/m.db"}
+    for uri, absolute in resolved.items():
+        assert local_tracking_uri(uri) == absolute, uri
+    for uri in ("mlruns", "file:mlruns", "~/mlruns"):  # the directory MLflow opens, from any working directory
+        assert local_file_uri_to_path(local_tracking_uri(uri)) == os.path.abspath(os.path.expanduser(uri[5:]
+                                                                                   if uri.startswith("file:") else uri))
+    as_written = ["/abs/mlruns", "file:///abs/mlruns", "file://host/mlruns", "sqlite:////abs/m.db", "sqlite://",
+                  "sqlite:///:memory:", "sqlite:///file:m.db?mode=ro&uri=true", "http://127.0.0.1:5000",
+                  "https://mlflow.example.com/x", "databricks", "databricks://profile", "databricks-uc", "uc",
+                  "postgresql://user@host/db", "mysql+pymysql://host/db"]
+    for uri in as_written:
+        assert local_tracking_uri(uri) == uri
+
+
+def test_a_relative_store_is_the_one_the_driver_checks_and_rank_0_writes(store, tmp_path, monkeypatch):
+    """tracking.mlflow_tracking_uri=mlruns: rank 0 wrote the store under Ray's working directory, and the
+    continued run's check, in the driver's, refused it ("which mlruns does not hold", exit 2)."""
+    from raytrain.driver.run import _local_paths
+
+    driver, ray_session = tmp_path / "driver", tmp_path / "ray_session"
+    driver.mkdir()
+    ray_session.mkdir()
+    monkeypatch.chdir(driver)
+    cfg = _local_paths(config("mlruns", f"checkpoint.storage_path={tmp_path / 'runs'}", "checkpoint.name=r"))
+    assert cfg.tracking.mlflow_tracking_uri == str(driver / "mlruns")  # what the run's spec and messages show
+    assert check_tracking(cfg) == []
+    monkeypatch.chdir(ray_session)  # rank 0's working directory
+    Tracker(cfg.tracking, cfg.checkpoint.storage_path, "r", {}, active=True).close()
+    assert os.listdir(ray_session) == [] and (driver / "mlruns" / ".trash").is_dir()
+    monkeypatch.chdir(driver)
+    assert check_tracking(cfg) == []  # the continue finds its MLflow run
