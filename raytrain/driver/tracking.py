@@ -7,6 +7,10 @@ built. So the driver asks the same MLflow store first (`fit` before ray.init, an
 writing to it: a file store or a sqlite:/// database that opening would create is checked on the filesystem
 instead. A local store named relative to the driver's directory is made absolute first (`local_tracking_uri`,
 from raytrain.driver.run._local_paths): the check, rank 0 and the run's record all use that one value.
+
+Rank 0 ends its MLflow run FINISHED, or FAILED where the loop raised; a run the driver stops (a bad record,
+Ctrl-C) kills the workers before they can. `mlflow_run_outcome` around the driver's wait for the run ends the
+MLflow run FAILED (KILLED after Ctrl-C) from the driver, which outlives its workers.
 """
 
 from __future__ import annotations
@@ -18,12 +22,15 @@ import pathlib
 import re
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 
 from raytrain.checkpoint import layout
 from raytrain.config import ConfigError, RunConfig
 from raytrain.config_files import first_line
+from raytrain.console import say
 from raytrain.driver.checks import check_writable_dir
 from raytrain.driver.cluster import environ_defaults
+from raytrain.driver.watch import Interrupted
 from raytrain.worker.tracking import RECORD, read_record, same_mlflow_run
 
 # MLflow's HTTP client retries a failed request 7 times with exponential backoff and gives each one
@@ -127,6 +134,54 @@ def tracking_env(cfg: RunConfig) -> dict[str, str]:
     if cfg.tracking.mlflow_tracking_uri and "MLFLOW_ALLOW_FILE_STORE" in os.environ:
         return {"MLFLOW_ALLOW_FILE_STORE": os.environ["MLFLOW_ALLOW_FILE_STORE"]}
     return {}
+
+
+@contextlib.contextmanager
+def mlflow_run_outcome(cfg: RunConfig, run_uri: str) -> Iterator[None]:
+    """Around the driver's wait for the run (raytrain.driver.watch.run_trainer): where it raises, the run's MLflow
+    run (its record in `run_uri`) still RUNNING is ended KILLED after Ctrl-C (`Interrupted`, KeyboardInterrupt),
+    else FAILED (a bad record's stop, Ray Train's last worker failure), and the error goes on as it was.
+
+    The driver's side, not rank 0's: a bad record or Ctrl-C stops the run by killing its workers (Ray Train's
+    abort), so rank 0's `finally` never runs, and a worker process that dies (out of memory, a lost node) runs
+    nothing either; the driver outlives them all and reads the MLflow run's id from the record rank 0 wrote
+    when it opened it. A run that ended otherwise (rank 0 closed it FINISHED, or FAILED on its own exception)
+    is left as it is."""
+    try:
+        yield
+    except BaseException as e:
+        status = "KILLED" if isinstance(e, (Interrupted, KeyboardInterrupt)) else "FAILED"
+        note = end_mlflow_run(cfg, run_uri, status)
+        if note:
+            say(f"raytrain: note: {note}")
+        raise
+
+
+def end_mlflow_run(cfg: RunConfig, run_uri: str, status: str) -> str | None:
+    """End the MLflow run that run `run_uri`'s record names with `status` where it is still RUNNING, and under
+    these tracking settings (a record of other settings names a run this session did not log to). None where
+    that is done or there is nothing to do; else a note saying why not (it never hides the run's own error):
+    the store cannot be reached, tried as quickly as `check_tracking` tries it."""
+    uri = cfg.tracking.mlflow_tracking_uri
+    if not uri:
+        return None
+    try:
+        recorded = (read_record(run_uri) or {}).get("mlflow")
+    except (OSError, ValueError):  # storage that cannot be read now, a record cut short: no run id to name
+        return None
+    if not same_mlflow_run(recorded, cfg.tracking):
+        return None
+    run_id = recorded["run_id"]
+    try:
+        import mlflow
+
+        with environ_defaults(QUICK_HTTP):
+            client = mlflow.MlflowClient(tracking_uri=uri)
+            if client.get_run(run_id).info.status == "RUNNING":
+                client.set_terminated(run_id, status=status)
+    except Exception as e:  # MlflowException, requests' ConnectionError, OSError, ...
+        return f"MLflow run {run_id} in {uri} could not be ended {status} ({first_line(e)}): it shows RUNNING"
+    return None
 
 
 def _recorded(cfg: RunConfig, fresh: bool) -> tuple[str | None, dict | None]:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import sys
 from typing import Any
 
 from raytrain.checkpoint import layout
@@ -110,10 +112,15 @@ class Tracker:
             self._mlflow.log_metrics(scalars, step=step)
 
     def close(self) -> None:
+        """Called in the worker loop's `finally`: the MLflow run ends FINISHED, or FAILED where an exception is
+        on its way out of the loop (sys.exc_info() holds it inside a `finally`), so that a run whose last
+        worker failure ends it does not show FINISHED. A retried worker group reopens it RUNNING. A worker
+        that is killed (a bad record's stop, Ctrl-C) gets here not at all: the driver ends that MLflow run
+        (raytrain.driver.tracking.mlflow_run_outcome)."""
         if self._tb is not None:
             self._tb.close()
         if self._mlflow is not None:
-            self._mlflow.end_run()
+            self._mlflow.end_run(status="FINISHED" if sys.exc_info()[0] is None else "FAILED")
 
 
 def _open_mlflow_run(cfg: TrackingConfig, name: str, run_uri: str, run: dict[str, Any],
@@ -126,12 +133,35 @@ def _open_mlflow_run(cfg: TrackingConfig, name: str, run_uri: str, run: dict[str
     mlflow.set_tracking_uri(cfg.mlflow_tracking_uri)
     if same_mlflow_run(recorded, cfg):
         mlflow.start_run(run_id=recorded["run_id"])
+        _log_changed_params(mlflow, recorded["run_id"], _flat_params(run))
         return mlflow, recorded
     experiment = mlflow.set_experiment(cfg.mlflow_experiment)
     started = mlflow.start_run(run_name=name, tags={"raytrain_run": name, "raytrain_run_uri": run_uri})
     mlflow.log_params(_flat_params(run))
     return mlflow, {"tracking_uri": cfg.mlflow_tracking_uri, "experiment": cfg.mlflow_experiment,
                     "experiment_id": experiment.experiment_id, "run_id": started.info.run_id}
+
+
+_CONTINUE = re.compile(r"(.+):continue_(\d+)")
+
+
+def _log_changed_params(mlflow, run_id: str, params: dict[str, str]) -> None:
+    """A continued run's settings that differ from those its MLflow run holds, logged beside them: MLflow's
+    params cannot change (logging another value raises), so a run continued from training.max_steps=5 to 10
+    still shows 5. Each continue that changes something logs its new values as KEY:continue_N (N counts those
+    continues: training.max_steps=5, training.max_steps:continue_1=10, ...); the unsuffixed params stay the
+    first session's, the highest N of a key is its value now. A key the run lacks (a newer raytrain's) is
+    logged as it is. A restarted worker group, with the same settings, logs nothing."""
+    held = mlflow.MlflowClient().get_run(run_id).data.params
+    latest, last_n = dict(held), 0
+    for key in sorted(held, key=lambda k: int(m[2]) if (m := _CONTINUE.fullmatch(k)) else 0):
+        if (m := _CONTINUE.fullmatch(key)) is not None:
+            latest[m[1]], last_n = held[key], max(last_n, int(m[2]))
+    new = {key: value for key, value in params.items() if key not in latest}
+    changed = {f"{key}:continue_{last_n + 1}": value for key, value in params.items()
+               if key in latest and latest[key] != value}
+    if new or changed:
+        mlflow.log_params({**new, **changed})
 
 
 def _flat_params(run: dict[str, Any]) -> dict[str, str]:

@@ -242,3 +242,38 @@ def test_a_relative_store_is_the_one_the_driver_checks_and_rank_0_writes(store, 
     assert os.listdir(ray_session) == [] and (driver / "mlruns" / ".trash").is_dir()
     monkeypatch.chdir(driver)
     assert check_tracking(cfg) == []  # the continue finds its MLflow run
+
+
+def test_a_run_the_driver_stops_ends_its_mlflow_run_failed_or_killed(store, tmp_path):
+    """A bad record's stop and Ctrl-C kill the workers (Ray Train's abort), so rank 0 never ends its MLflow
+    run: it showed RUNNING forever. The driver ends it from the record rank 0 wrote."""
+    import mlflow
+
+    from raytrain.checkpoint import layout
+    from raytrain.driver.tracking import mlflow_run_outcome
+    from raytrain.driver.watch import Interrupted
+
+    client = mlflow.MlflowClient(tracking_uri=store)
+    experiment_id = client.create_experiment("raytrain")
+    storage = tmp_path / "runs"
+
+    def stopped(name: str, error: BaseException | None, finished: bool = False) -> str:
+        cfg = config(store, f"checkpoint.storage_path={storage}", f"checkpoint.name={name}")
+        run_uri = layout.run_uri(str(storage), name)
+        run_id = client.create_run(experiment_id).info.run_id  # opened by rank 0, which was then killed
+        if finished:  # rank 0 closed it
+            client.set_terminated(run_id, status="FINISHED")
+        os.makedirs(run_uri)
+        pathlib.Path(run_uri, RECORD).write_text(json.dumps({"mlflow": {
+            "tracking_uri": store, "experiment": "raytrain", "experiment_id": experiment_id, "run_id": run_id}}))
+        with contextlib.suppress(type(error) if error else ()):
+            with mlflow_run_outcome(cfg, run_uri):
+                if error is not None:
+                    raise error
+            assert error is None, "the error goes on"
+        return client.get_run(run_id).info.status
+
+    assert stopped("bad_record", ConfigError("data/train.jsonl line 3: not JSON")) == "FAILED"
+    assert stopped("ctrl_c", Interrupted(3, 10, None, "python -m raytrain.main")) == "KILLED"
+    assert stopped("done", RuntimeError("after the last step"), finished=True) == "FINISHED"
+    assert stopped("running", None) == "RUNNING"  # a run that trains on: rank 0 ends it

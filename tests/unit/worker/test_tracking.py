@@ -1,5 +1,6 @@
 """Tracking with the real backends: an MLflow local file store and TensorBoard event files."""
 
+import contextlib
 import math
 import os
 
@@ -110,3 +111,51 @@ def test_tensorboard_of_a_cloud_run_is_set_aside_for_a_new_run_of_its_name(tmp_p
     attempt(3)
     [aside] = [d for d in os.listdir(local) if d.startswith("r.replaced-")]
     assert steps(local / aside)[-1] == 2 and steps(local / "r") == [3]
+
+
+def test_a_loop_that_raises_ends_its_mlflow_run_failed(tmp_path, monkeypatch):
+    """The worker loop closes its tracker in a `finally`: a loop that raised ended the MLflow run FINISHED. A
+    retried worker group reopens it RUNNING; one that completes ends it FINISHED."""
+    import mlflow
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = f"file://{tmp_path / 'mlruns'}"
+    cfg = TrackingConfig(tensorboard=False, mlflow_tracking_uri=uri, mlflow_experiment="t")
+    client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+
+    def attempt(error: Exception | None) -> str:
+        tracker = Tracker(cfg, str(tmp_path), "run1", {}, active=True)
+        with pytest.raises(RuntimeError) if error else contextlib.nullcontext():
+            try:
+                if error:
+                    raise error
+            finally:
+                tracker.close()
+        return client.get_run(mlflow.last_active_run().info.run_id).info.status
+
+    assert attempt(RuntimeError("NCCL timeout")) == "FAILED"
+    assert attempt(None) == "FINISHED"
+
+
+def test_a_continued_run_logs_its_changed_settings_beside_the_first(tmp_path, monkeypatch):
+    """MLflow's params cannot change: a run continued from training.max_steps=5 to 10 still showed 5. Each continue
+    that changes a setting logs it as KEY:continue_N; a restarted worker group logs nothing new."""
+    import mlflow
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = f"file://{tmp_path / 'mlruns'}"
+    cfg = TrackingConfig(tensorboard=False, mlflow_tracking_uri=uri, mlflow_experiment="t")
+
+    def session(max_steps: int, **more) -> dict[str, str]:
+        spec = {"config": {"training": {"max_steps": max_steps, "seed": 1, **more}}}
+        Tracker(cfg, str(tmp_path), "run1", spec, active=True).close()
+        run_id = mlflow.last_active_run().info.run_id
+        return mlflow.tracking.MlflowClient(tracking_uri=uri).get_run(run_id).data.params
+
+    assert session(5) == {"training.max_steps": "5", "training.seed": "1"}
+    assert session(10) == {"training.max_steps": "5", "training.seed": "1", "training.max_steps:continue_1": "10"}
+    assert session(10) == session(10)  # a restart of the same session
+    assert session(20, precision="bf16") == {"training.max_steps": "5", "training.seed": "1",
+                                             "training.max_steps:continue_1": "10",
+                                             "training.max_steps:continue_2": "20", "training.precision": "bf16"}
+    assert session(10)["training.max_steps:continue_3"] == "10"  # back to 10: the highest N is the value now
