@@ -88,9 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         result = fit(cfg, fresh=args.fresh, argv=argv)
     except ConfigError as e:  # bad input, also a bad record found in the data while training
         return _refused(e)
-    except Interrupted as e:  # Ctrl-C: the run is stopped (its workers and controller are gone)
+    except Interrupted as e:  # Ctrl-C or SIGTERM: the run is stopped (its workers and controller are gone)
         say(f"raytrain: {e}", err=True)
-        return 130
+        return e.exit_code
     except KeyboardInterrupt:  # Ctrl-C before training started
         return _interrupted_early()
     loss = result.metrics.get("loss")

@@ -21,8 +21,10 @@ out of the console).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import shlex
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -50,13 +52,42 @@ def stopped_by_bad_record(progress: DataProgress, timeout_s: float = 60) -> bool
 
 
 class Interrupted(Exception):
-    """Ctrl-C stopped the run; its controller and workers are gone. str(): the line to print."""
+    """Ctrl-C (or SIGTERM) stopped the run; its controller and workers are gone. str(): the line to print;
+    `exit_code`: the shell's for the signal (130 for SIGINT, 143 for SIGTERM)."""
 
-    def __init__(self, step: int | None, max_steps: int, checkpoint: str | None, command: str):
+    def __init__(self, step: int | None, max_steps: int, checkpoint: str | None, command: str,
+                 signum: int = signal.SIGINT):
         self.step, self.checkpoint, self.command = step, checkpoint, command
+        self.exit_code = 128 + int(signum)
         reached = f"at step {step} of {max_steps}" if step is not None else "before its first step was reported"
         latest = f"latest checkpoint {checkpoint}" if checkpoint else "no checkpoint yet"
-        super().__init__(f"interrupted {reached}; {latest}; to continue: {command}")
+        by = " by SIGTERM" if signum == signal.SIGTERM else ""
+        super().__init__(f"interrupted{by} {reached}; {latest}; to continue: {command}")
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread to take Ctrl-C's path (`sigterm_as_ctrl_c`)."""
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c():
+    """While the block runs, SIGTERM (`kill`, `timeout`, a batch scheduler's or Kubernetes' stop) stops the run as
+    Ctrl-C does: the run aborted through Ray Train, one line with the continue command, exit 143. Without it Ray's
+    driver core handles SIGTERM (installed at ray.init): a 6-line "*** SIGTERM received" stack dump, exit 134, no
+    line of raytrain's. Only in the main thread, where Python runs signal handlers (a notebook's fit() runs there
+    too). Ray's C++ handler is not a Python one, so the block ends with SIGTERM's default (terminate) in its place."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum, frame):
+        raise _Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 def callbacks(progress: DataProgress, max_failures: int) -> list:
@@ -125,14 +156,15 @@ def run_trainer(trainer, progress: DataProgress, run_uri: str, max_steps: int, c
     printing_back = None  # set once the workers' output is no longer printed: the undo, whatever way the run ends
     try:
         try:
-            while thread.is_alive():
-                thread.join(timeout=0.5)  # a timed wait: Ctrl-C interrupts it at once
-                if printing_back is None and stopped_by_bad_record(progress):
-                    # The counter has stopped the run; what its workers and tasks print while Ray kills
-                    # them is consequence, not news (a task killed in a finalizer prints a traceback): the
-                    # user's one line is the error. One actor call per 0.5 s until then.
-                    printing_back = compat.stop_printing_worker_logs()
-        except KeyboardInterrupt:
+            with sigterm_as_ctrl_c():
+                while thread.is_alive():
+                    thread.join(timeout=0.5)  # a timed wait: Ctrl-C interrupts it at once
+                    if printing_back is None and stopped_by_bad_record(progress):
+                        # The counter has stopped the run; what its workers and tasks print while Ray kills
+                        # them is consequence, not news (a task killed in a finalizer prints a traceback): the
+                        # user's one line is the error. One actor call per 0.5 s until then.
+                        printing_back = compat.stop_printing_worker_logs()
+        except KeyboardInterrupt as e:
             # Ctrl-C in a terminal signals every process of the foreground group, Ray's workers too: what they
             # print as they die is consequence, not news (a Ray Data task's worker aborted on a corrupt absl
             # mutex, 15 lines of stack dump before raytrain's one line, in one .ci/run under load).
@@ -145,7 +177,8 @@ def run_trainer(trainer, progress: DataProgress, run_uri: str, max_steps: int, c
             _say_skipped(summary)
             checkpoint = layout.latest_checkpoint(run_uri)
             raise Interrupted(summary.step, max_steps,
-                              layout.checkpoint_uri(run_uri, checkpoint) if checkpoint else None, command) from None
+                              layout.checkpoint_uri(run_uri, checkpoint) if checkpoint else None, command,
+                              signal.SIGTERM if isinstance(e, _Terminated) else signal.SIGINT) from None
         summary = progress.summary()
         if summary.bad_record is not None:
             raise summary.bad_record  # the counter stopped the run: whatever fit() says is its consequence

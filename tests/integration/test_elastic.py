@@ -28,6 +28,7 @@ prints the recovery times it saw (measured: benchmarks/elastic_resize.py, docs/b
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -194,21 +195,27 @@ def run(env, root: Path, name: str, *extra) -> subprocess.Popen:
                              f"checkpoint.name={name}", *extra], env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
-def stop(proc: subprocess.Popen, root: Path, name: str) -> None:
-    """Ctrl-C, as a user stops a run: raytrain aborts it through Ray Train and exits 130."""
-    proc.send_signal(signal.SIGINT)
+def stop(proc: subprocess.Popen, root: Path, name: str, signum: int = signal.SIGINT) -> None:
+    """Ctrl-C, as a user stops a run: raytrain aborts it through Ray Train and exits 130. SIGTERM (`kill`, a
+    scheduler's stop) takes the same path and exits 143 (it was Ray's stack dump and 134)."""
+    proc.send_signal(signum)
     try:
         proc.wait(timeout=300)
     except subprocess.TimeoutExpired:
         # where the driver is stuck, for the report (py-spy comes with ray[default])
         stacks = subprocess.run([os.path.join(os.path.dirname(sys.executable), "py-spy"), "dump", "--pid",
                                  str(proc.pid)], capture_output=True, text=True, timeout=60)
-        pytest.fail(f"{name}: still running 300 s after Ctrl-C; its threads:\n{stacks.stdout}{stacks.stderr}\n"
+        pytest.fail(f"{name}: still running 300 s after {signal.Signals(signum).name}; its threads:\n{stacks.stdout}{stacks.stderr}\n"
                     f"its log ends:\n{(root / f'{name}.log').read_text()[-3000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, (root / f"{name}.log").read_text()[-5000:]
+    log = (root / f"{name}.log").read_text()
+    assert proc.returncode == 128 + signum, log[-5000:]
+    by = " by SIGTERM" if signum == signal.SIGTERM else ""
+    assert re.search(rf"^raytrain: interrupted{by} at step \d+ of \d+; latest checkpoint \S+; to continue: .*$",
+                     log, re.M), log[-3000:]
+    assert "SIGTERM received" not in log, log[-3000:]  # Ray's stack dump
 
 
 def groups(run_dir: Path) -> list[dict]:
@@ -328,7 +335,7 @@ def runs(ray_auth_token, tmp_path_factory):
         proc = run(env, root, "fixed", *FIXED)
         wait_for(lambda: registered_step(root / "runs" / "fixed") >= elastic["step"], f"step {elastic['step']} of the fixed run",
                  proc)
-        stop(proc, root, "fixed")
+        stop(proc, root, "fixed", signal.SIGTERM)
     finally:
         cluster.stop()
     timings = {"loss_to_training_s": marks["training_on_2"] - marks["lost"],
