@@ -1,10 +1,10 @@
 """What is at a data path, checked on the driver before any worker starts: `inspect_sources`.
 
 Everything that can be known cheaply about a source (the path exists, it holds files of one
-format, no file is reached twice and no link leads nowhere, the text column is there, it is not
-empty, no eval file is a training file) is checked here with listings, a stat per local file,
-parquet footers, the first record of every local JSON file (a JSON line or an array's first object
-and its text value; remote: of the first file with one), the header line of every local CSV file
+format, no file is reached twice and no link leads nowhere, no raytrain checkpoint is among them,
+the text column is there, it is not empty, no eval file is a training file) is checked here with
+listings, a stat per local file, parquet footers, the first record of every local JSON file (a
+JSON line or an array's first object and its text value; remote: of the first file with one), the header line of every local CSV file
 (remote: the first), the first bytes of every local text file
 (a UTF-16/32 byte order mark) and the first MiB of the first one under data.invalid_utf8=error, and
 raises a one-line `ConfigError` naming the key. `--dry-run` and a real run both run these checks.
@@ -352,6 +352,8 @@ def _list_files(paths: list[str], fmt: str, key: str, split: tuple[str, str], no
             kind = _format_of(f.path)
             if f.type != pafs.FileType.File:
                 continue
+            if "checkpoint_step_" in rel or rel.rsplit("/", 1)[-1] == _RUN_METADATA:
+                _refuse_run_directory(path, fs_path, rel, key)
             if fmt != "auto" and kind is not None and (kind == "parquet") != (fmt in ("parquet", "tokenized")):
                 # parquet read as text (or text as parquet) would be noise, or fail mid-run
                 raise ConfigError(f"{key}: directory {path} holds {f.path}, a {kind} file, and data.format={fmt}: "
@@ -389,6 +391,27 @@ def _list_files(paths: list[str], fmt: str, key: str, split: tuple[str, str], no
                               f"leave it out of {key}")
         _refuse_duplicates([f for f, _ in files], key)
     return fs0, files, split_read
+
+
+# A raytrain run's checkpoint directories and the record in each (raytrain.checkpoint.layout's
+# names; data code sits below checkpoint code and cannot import them).
+_RUN_CHECKPOINT = re.compile(r"checkpoint_step_\d+")
+_RUN_METADATA = "raytrain.json"
+
+
+def _refuse_run_directory(path: str, root: str, rel: str, key: str) -> None:
+    """A raytrain run (or one of its checkpoints) among the data: its .pt shards, events, plots and
+    summaries would be read as documents (under data.format=text, silently), or end in a "mixes
+    formats" error whose advice named a directory of the run. A file at `rel` under `root` (the
+    listed directory `path`) inside a checkpoint_step_* directory, or named raytrain.json."""
+    parts = rel.split("/")
+    at = next((i for i, p in enumerate(parts[:-1]) if _RUN_CHECKPOINT.match(p)), None)
+    if at is None and parts[-1] != _RUN_METADATA:
+        return
+    checkpoint = "/".join([root.rstrip("/")] + parts[:at + 1 if at is not None else -1])
+    raise ConfigError(f"{key}: {path} holds a raytrain checkpoint ({checkpoint}), which would be read as data: point "
+                      f"{key} at a directory holding only the data (move run directories out; "
+                      f"checkpoint.storage_path must be outside the data)")
 
 
 def _of_split(found: list[tuple[str, int]], path: str, key: str, split: tuple[str, str], notes: list[str],

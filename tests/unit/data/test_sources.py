@@ -340,6 +340,34 @@ def test_an_eval_fraction_of_one_text_file_read_as_one_document_is_refused(tmp_p
     assert inspect_sources(DataConfig(path=str(tmp_path), eval_fraction=0.5)).eval is not None  # two documents
 
 
+def test_a_raytrain_checkpoint_among_the_data_is_refused_naming_it(tmp_path):
+    """An earlier run inside data.path: under data.format=text its .pt shards, events and JSON trained as text
+    (exit 0); under auto the listing ended in "mixes formats", whose advice named the run's model directory."""
+    from raytrain.data.sources import inspect_sources
+
+    (tmp_path / "a.txt").write_text("a document\n")
+    run = tmp_path / "runs" / "s1"
+    (run / "model").mkdir(parents=True)
+    for name in ("config.json", "tokenizer.json", "generation_config.json"):
+        (run / "model" / name).write_text("{}")
+    (run / "summary.md").write_text("# run s1\n")
+    checkpoint = run / "checkpoint_step_00000002"
+    (checkpoint / "step_00000002").mkdir(parents=True)
+    (checkpoint / "raytrain.json").write_text("{}")
+    (checkpoint / "step_00000002" / "mp_rank_00_model_states.pt").write_bytes(b"\x80\x02")
+    for fmt in ("text", "auto"):
+        with pytest.raises(ConfigError, match=re.escape(
+                f"data.path: {tmp_path} holds a raytrain checkpoint ({checkpoint}), which would be read as data: "
+                f"point data.path at a directory holding only the data (move run directories out; "
+                f"checkpoint.storage_path must be outside the data)") + "$"):
+            inspect_sources(DataConfig(path=str(tmp_path), format=fmt))
+    with pytest.raises(ConfigError, match=re.escape(f"data.eval_path: {checkpoint} holds a raytrain checkpoint "
+                                                   f"({checkpoint})")):
+        inspect_sources(DataConfig(path=str(tmp_path / "a.txt"), eval_path=str(checkpoint), format="text"))
+    (tmp_path / "runs").rename(tmp_path / "_runs")  # names starting with "_" are not read: the run is not data
+    assert inspect_sources(DataConfig(path=str(tmp_path), format="text")).train.files == [str(tmp_path / "a.txt")]
+
+
 def test_a_dangling_link_in_a_directory_is_refused_naming_it(tmp_path):
     """pyarrow's listing leaves links to nothing out (an unfetched git-annex or DVC file)."""
     (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')

@@ -13,10 +13,10 @@ import pytest
 
 from raytrain import hardware
 from raytrain.checkpoint import layout
-from raytrain.config import ConfigError, load_config
+from raytrain.config import ConfigError, DataConfig, load_config
 from raytrain.data.sources import inspect_sources
-from raytrain.driver.checks import (check_placement, check_writable_dir, dry_run_target, idle_settings,
-                                    resolve_before_ray)
+from raytrain.driver.checks import (check_placement, check_storage_outside_data, check_writable_dir, dry_run_target,
+                                    idle_settings, resolve_before_ray)
 from raytrain.driver.cluster import (_plain_worker_prefixes, check_storage_shared, probe_node, runs_workers, sees_file,
                                      storage_marker, with_addable_nodes)
 from raytrain.main import main
@@ -83,6 +83,56 @@ def test_storage_the_driver_cannot_reach_is_one_line_before_ray_in_a_dry_run_too
     assert str(e.value).startswith("checkpoint.storage_path=s3://bucket/runs (run 'r1'): cannot reach it (When "
                                    "getting information for key 'runs/r1' in bucket 'bucket'"), str(e.value)
     assert str(e.value).endswith(UNREACHABLE_FIX)  # Arrow's own retries end in ~6 s each here
+
+
+@pytest.mark.usefixtures("no_ray_driver")
+def test_a_storage_path_inside_the_data_is_refused_before_ray(tmp_path, capsys, monkeypatch):
+    # was: data.format=text trained on the run's own checkpoint shards, PNGs and events once a run had written
+    # them (exit 0, a note about invalid UTF-8); under auto the continued run stopped at "mixes formats"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dtx").mkdir()
+    (tmp_path / "dtx" / "a.txt").write_text("a document\n")
+    rc = main(["--dry-run", "--host-memory-gib", "64", f"checkpoint.storage_path={tmp_path / 'dtx' / 'runs'}",
+               "data.path=dtx", "data.format=text"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == [
+        f"raytrain: error: checkpoint.storage_path={tmp_path / 'dtx' / 'runs'} is inside data.path=dtx "
+        f"({tmp_path / 'dtx'}): the run's checkpoints, logs and summaries would be read as training data: move "
+        f"checkpoint.storage_path out of the data, or point data.path at a subdirectory holding only the data"], err
+    assert list(tmp_path.iterdir()) == [tmp_path / "dtx"]  # refused before anything was created
+    (tmp_path / "dtx" / "text").mkdir()  # the fix: the data in a subdirectory of its own
+    (tmp_path / "dtx" / "a.txt").rename(tmp_path / "dtx" / "text" / "a.txt")
+    check_storage_outside_data("dtx/runs", None, DataConfig(path="dtx/text", format="text"))
+
+
+def test_storage_inside_data_is_compared_resolved_and_by_uri(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "runs" / "r1" / "corpus").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "data")
+    refused = [("s3://bucket/data/runs", None, DataConfig(path="s3://bucket/data/")),
+               ("gcs://bucket/data/runs", None, DataConfig(path=["gs://bucket/data"])),
+               ("./data/../data", None, DataConfig(path="link")),  # the same directory, through a link
+               ("data/runs", "r1", DataConfig(path="data/runs/r1"))]  # the run's own directory
+    for storage, name, data in refused:
+        with pytest.raises(ConfigError, match="^checkpoint.storage_path=.*: the run's checkpoints, logs and summaries "
+                                              "would be read as (training|eval) data: move checkpoint.storage_path "
+                                              "out of the data"):
+            check_storage_outside_data(storage, name, data)
+    with pytest.raises(ConfigError, match=f"^checkpoint.storage_path={tmp_path / 'data' / 'runs'} with "
+                                          f"checkpoint.name='r1' puts the run's directory at data.path=data/runs/r1 "
+                                          f"\\({tmp_path / 'data' / 'runs' / 'r1'}\\): "):
+        check_storage_outside_data("data/runs", "r1", DataConfig(path="data/runs/r1"))
+    elsewhere = os.path.realpath(os.path.expanduser("~/elsewhere"))
+    with pytest.raises(ConfigError, match=f"^checkpoint.storage_path={elsewhere} is inside data.eval_path=.*: .* read "
+                                          f"as eval data"):
+        check_storage_outside_data("~/elsewhere", None, DataConfig(path="x.jsonl", eval_path=str(pathlib.Path.home())))
+    allowed = [("s3://bucket/database", None, DataConfig(path="s3://bucket/data")),  # a sibling, not inside
+               ("data/runs", "r1", DataConfig(path="data/runs/r1/corpus")),  # the run writes beside it
+               ("data/runs", "r2", DataConfig(path="data/runs/r1")),  # another run's directory
+               ("org/name/runs", None, DataConfig(path="org/name", format="hf")),  # a hub id, not a directory here
+               ("s3://bucket/data/runs", None, DataConfig(path="data"))]  # another filesystem
+    for storage, name, data in allowed:
+        check_storage_outside_data(storage, name, data)
 
 
 def test_the_config_is_resolved_before_ray_unless_only_the_cluster_knows_the_shape(monkeypatch):
