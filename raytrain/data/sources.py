@@ -133,7 +133,7 @@ def inspect_sources(data: DataConfig) -> Sources:
     train = inspect_source(data, data.path, "data.path", notes)
     held_out = None
     if data.eval_path is not None:
-        held_out = inspect_source(data, data.eval_path, "data.eval_path", notes)
+        held_out = inspect_source(data, data.eval_path, "data.eval_path", notes, train=train)
         _refuse_eval_in_train(train, held_out)
     notes.extend(_idle_settings(data, train, held_out))
     if held_out is not None:
@@ -203,9 +203,11 @@ def data_facts(data: DataConfig, sources: Sources) -> DataFacts:
                      eval_format=sources.train.format)
 
 
-def inspect_source(data: DataConfig, path, key: str = "data.path", notes: list[str] | None = None) -> Source:
+def inspect_source(data: DataConfig, path, key: str = "data.path", notes: list[str] | None = None,
+                   train: Source | None = None) -> Source:
     """List and check a source before any worker starts; every problem is a one-line ConfigError.
-    What it leaves unread (files of other splits or extensions, a labels column) is added to `notes`."""
+    What it leaves unread (files of other splits or extensions, a labels column) is added to `notes`.
+    `train`: data.path's source, when this is data.eval_path's (the fix for a missing column differs)."""
     if path is None:
         return Source("builtin")
     notes = [] if notes is None else notes
@@ -214,8 +216,9 @@ def inspect_source(data: DataConfig, path, key: str = "data.path", notes: list[s
         raise ConfigError(f"{key} is an empty list: give at least one file or directory"
                           + (" (or null for the built-in corpus)" if key == "data.path" else ""))
     split = (_split_key(key), data.eval_hf_split if key == "data.eval_path" else data.hf_split)
+    fix = _column_fix(data, key, train)
     if data.format == "hf" or (data.format == "auto" and _looks_like_hf(paths[0])):
-        return _inspect_hf(data, paths, key, split)
+        return _inspect_hf(data, paths, key, split, fix)
     if data.format == "tokenized":
         _refuse_tokenized_save_to_disk(paths, key)
     fs, files, split_read = _list_files(paths, data.format, key, split, notes)
@@ -229,7 +232,7 @@ def inspect_source(data: DataConfig, path, key: str = "data.path", notes: list[s
             notes.append(f"{key}: {readme} is read as a training document, like the text files beside it: move it "
                          f"out, or list the files to read in {key}")
     if fmt in ("parquet", "tokenized"):
-        return _check_parquet(source, data, key, notes)
+        return _check_parquet(source, data, key, notes, fix)
     if all(size == 0 for _, size in files):
         raise ConfigError(f"{key}: every file of {', '.join(paths)} is empty: give files with documents in them")
     nonempty = [f for f, size in files if size]
@@ -253,10 +256,10 @@ def inspect_source(data: DataConfig, path, key: str = "data.path", notes: list[s
         for f in nonempty:  # files of blank lines or "[]" hold no record
             if found_record and not local:
                 break
-            found_record = _check_json_column(source, f, data, key) or found_record
+            found_record = _check_json_column(source, f, data, key, fix) or found_record
     elif fmt == "csv":
         for f in nonempty if local else nonempty[:1]:
-            _check_csv_header(source, f, data, key)
+            _check_csv_header(source, f, data, key, fix)
     elif fmt == "text":
         _check_text_head(source, nonempty[0], data, key)
         for f in nonempty[1:] if local else ():
@@ -302,6 +305,18 @@ _HUB_SHARD = re.compile(r"^(?P<split>\w+?)-\d{5}-of-\d{5}(\.|$)")
 # one other prefix only are not a split (a Beam job's output-00000-of-00010.jsonl): read whole.
 _SPLIT_WORDS = frozenset({"train", "training", "validation", "valid", "val", "dev", "test", "testing", "eval",
                           "evaluation"})
+
+
+def _column_fix(data: DataConfig, key: str, train: Source | None) -> str | None:
+    """The fix for data.eval_path's files without data.text_column (or with no text there) when
+    data.path's files are read by that column too: there is no eval column of its own, so setting
+    data.text_column would break data.path; the eval files must change. None: the usual fix (set
+    data.text_column)."""
+    if key != "data.eval_path" or train is None or train.format not in ("json", "csv", "parquet", "hf"):
+        return None
+    return (f"data.eval_path's files must use the same column as data.path's "
+            f"(data.text_column={data.text_column!r}; there is no separate eval column): write the eval text "
+            f"under {data.text_column!r}")
 
 
 def _split_key(key: str) -> str:
@@ -573,7 +588,7 @@ def _column_kind(t) -> str:
     return str(t)
 
 
-def _check_parquet(source: Source, data: DataConfig, key: str, notes: list[str]) -> Source:
+def _check_parquet(source: Source, data: DataConfig, key: str, notes: list[str], fix: str | None) -> Source:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -607,7 +622,7 @@ def _check_parquet(source: Source, data: DataConfig, key: str, notes: list[str])
             return
         if data.text_column not in schema.names:
             raise ConfigError(f"data.text_column={data.text_column!r} is not a column of {path} "
-                              f"(columns: {', '.join(schema.names)}): set data.text_column")
+                              f"(columns: {', '.join(schema.names)}): {fix or 'set data.text_column'}")
         t = schema.field(data.text_column).type
         if pa.types.is_null(t):  # no row, or every row null (written untyped): no document, or empty ones
             return
@@ -615,7 +630,7 @@ def _check_parquet(source: Source, data: DataConfig, key: str, notes: list[str])
             t = t.value_type
         if not (pa.types.is_string(t) or pa.types.is_large_string(t) or getattr(pa.types, "is_string_view", bool)(t)):
             raise ConfigError(f"data.text_column={data.text_column!r} in {path} holds {t}, not strings: "
-                              f"set data.text_column to the text column")
+                              f"{fix or 'set data.text_column to the text column'}")
 
     check(source.files[0], schema)
     if source.format == "tokenized" and "labels" in schema.names:
@@ -694,7 +709,7 @@ class _XzStream:
         self._raw.close()
 
 
-def _check_json_column(source: Source, path: str, data: DataConfig, key: str) -> bool:
+def _check_json_column(source: Source, path: str, data: DataConfig, key: str, fix: str | None) -> bool:
     """The first record of `path`: valid JSON (a line, or an array's first element), an object with
     `data.text_column`, holding a string (or null), its bytes UTF-8 under data.invalid_utf8=error.
     One read of up to 1 MiB; the readers check every later record. False: the file holds no record."""
@@ -731,10 +746,10 @@ def _check_json_column(source: Source, path: str, data: DataConfig, key: str) ->
                           f"give JSON lines (one object per line)")
     if column not in record:
         raise ConfigError(f"data.text_column={column!r} is not a key of the records in {path} "
-                          f"(keys: {', '.join(record)}): set data.text_column")
+                          f"(keys: {', '.join(record)}): {fix or 'set data.text_column'}")
     if record[column] is not None and not isinstance(record[column], str):
         raise ConfigError(f"data.text_column={column!r} holds {type(record[column]).__name__} values in {where}, "
-                          f"not text: set data.text_column to the text key")
+                          f"not text: {fix or 'set data.text_column to the text key'}")
     return True
 
 
@@ -743,7 +758,7 @@ def csv_delimiter(path: str) -> str:
     return "\t" if _without_codec(path)[0].endswith(".tsv") else ","
 
 
-def _check_csv_header(source: Source, path: str, data: DataConfig, key: str) -> None:
+def _check_csv_header(source: Source, path: str, data: DataConfig, key: str, fix: str | None) -> None:
     """The header of a CSV file names data.text_column: its first record, parsed by Python's csv
     module from the file's first 64 KiB (more, up to 1 MiB, until a line ends). Any line ending
     (\\r alone too, as Excel for Mac writes), a quoted newline in a name, blank lines before it: as
@@ -770,7 +785,7 @@ def _check_csv_header(source: Source, path: str, data: DataConfig, key: str) -> 
                               f"only a file whose name ends in .tsv (compressed or not) is read with tabs: rename it "
                               f"to end in .tsv")
         raise ConfigError(f"data.text_column={data.text_column!r} is not a column of {path}{tsv} (its header: "
-                          f"{names or 'empty'}): set data.text_column")
+                          f"{names or 'empty'}): {fix or 'set data.text_column'}")
 
 
 def _check_text_head(source: Source, path: str, data: DataConfig, key: str) -> None:
@@ -877,7 +892,7 @@ _TOKENIZED_SAVE_TO_DISK = ("{key}: {path} is a datasets save_to_disk directory o
                            "datasets.load_from_disk('{path}').to_parquet('ids.parquet') and set {key} to that file")
 
 
-def _inspect_hf(data: DataConfig, paths: list[str], key: str, split: tuple[str, str]) -> Source:
+def _inspect_hf(data: DataConfig, paths: list[str], key: str, split: tuple[str, str], fix: str | None) -> Source:
     """A save_to_disk directory (its .arrow files, read directly on the cluster) or a hub id.
     `split`: (the key, the split) read from a DatasetDict or a hub dataset."""
     import pyarrow as pa
@@ -889,7 +904,7 @@ def _inspect_hf(data: DataConfig, paths: list[str], key: str, split: tuple[str, 
     if "://" not in path and not os.path.exists(os.path.expanduser(path)):
         if path.startswith((".", "/", "~")) or path.count("/") > 1:
             raise ConfigError(f"{key}: {path} does not exist; give a save_to_disk directory or a hub id (org/name)")
-        return _inspect_hub(data, path, key, split)
+        return _inspect_hub(data, path, key, split, fix)
     fs, root = _filesystem(path, key)
     if _file_info(fs, root, path, key).type != pafs.FileType.Directory:
         raise ConfigError(f"{key}: {path} is a file; data.format=hf needs a save_to_disk directory")
@@ -946,16 +961,16 @@ def _inspect_hf(data: DataConfig, paths: list[str], key: str, split: tuple[str, 
         raise ConfigError(_TOKENIZED_SAVE_TO_DISK.format(key=key, path=path))
     if names is not None and data.text_column not in names:
         raise ConfigError(f"data.text_column={data.text_column!r} is not a column of {path} "
-                          f"(columns: {', '.join(names)}): set data.text_column")
+                          f"(columns: {', '.join(names)}): {fix or 'set data.text_column'}")
     if text_type is not None and not (pa.types.is_string(text_type) or pa.types.is_large_string(text_type)):
         raise ConfigError(f"data.text_column={data.text_column!r} in {path} holds {text_type}, not strings: "
-                          f"set data.text_column to the text column")
+                          f"{fix or 'set data.text_column to the text column'}")
     if not rows:
         raise ConfigError(f"{key}: the dataset at {path} has no rows: give a non-empty dataset")
     return Source("hf", column="text", filesystem=fs, files=files, split=split_read)
 
 
-def _inspect_hub(data: DataConfig, hub_id: str, key: str, split: tuple[str, str]) -> Source:
+def _inspect_hub(data: DataConfig, hub_id: str, key: str, split: tuple[str, str], fix: str | None) -> Source:
     import datasets
 
     split_key, split_name = split
@@ -971,5 +986,5 @@ def _inspect_hub(data: DataConfig, hub_id: str, key: str, split: tuple[str, str]
                           f"({first_line(e)}): check the id, {split_key} and your network/token") from None
     if hub.column_names is not None and data.text_column not in hub.column_names:
         raise ConfigError(f"data.text_column={data.text_column!r} is not a column of {hub_id} "
-                          f"(columns: {', '.join(hub.column_names)}): set data.text_column")
+                          f"(columns: {', '.join(hub.column_names)}): {fix or 'set data.text_column'}")
     return Source("hf", column=data.text_column, hub_id=hub_id, split=split_name)

@@ -368,6 +368,28 @@ def test_a_raytrain_checkpoint_among_the_data_is_refused_naming_it(tmp_path):
     assert inspect_sources(DataConfig(path=str(tmp_path), format="text")).train.files == [str(tmp_path / "a.txt")]
 
 
+def test_eval_files_without_the_training_column_are_told_to_use_it(tmp_path):
+    """There is no eval column of its own: "set data.text_column" (to the eval files' key) broke data.path."""
+    from raytrain.data.sources import inspect_sources
+
+    (tmp_path / "train.jsonl").write_text('{"content": "a training document"}\n')
+    (tmp_path / "eval.jsonl").write_text('{"text": "a held-out document"}\n')
+    pq.write_table(pa.table({"text": ["a held-out document"]}), tmp_path / "eval.parquet")
+    (tmp_path / "eval.csv").write_text("text\na held-out document\n")
+    fix = ("data.eval_path's files must use the same column as data.path's (data.text_column='content'; there is no "
+           "separate eval column): write the eval text under 'content'")
+    for name in ("eval.jsonl", "eval.parquet", "eval.csv"):
+        with pytest.raises(ConfigError, match=f"^data.text_column='content' is not a .* of .*{name} .*: "
+                                              f"{re.escape(fix)}$"):
+            inspect_sources(DataConfig(path=str(tmp_path / "train.jsonl"), text_column="content",
+                                       eval_path=str(tmp_path / name)))
+    (tmp_path / "train.txt").write_text("text files have no column: data.text_column is the eval files' only\n")
+    with pytest.raises(ConfigError, match="is not a key of the records in .*eval.jsonl \\(keys: text\\): "
+                                          "set data.text_column$"):
+        inspect_sources(DataConfig(path=str(tmp_path / "train.txt"), text_column="content",
+                                   eval_path=str(tmp_path / "eval.jsonl")))
+
+
 def test_a_dangling_link_in_a_directory_is_refused_naming_it(tmp_path):
     """pyarrow's listing leaves links to nothing out (an unfetched git-annex or DVC file)."""
     (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
