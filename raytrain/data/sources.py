@@ -237,11 +237,16 @@ def inspect_source(data: DataConfig, path, key: str = "data.path", notes: list[s
         raise ConfigError(f"{key}: every file of {', '.join(paths)} is empty: give files with documents in them")
     nonempty = [f for f, size in files if size]
     if key == "data.path" and data.eval_fraction and fmt == "text" and data.text_document == "file" \
-            and len(nonempty) == 1 and data.eval_path is None:
-        # One document: all trained on, or all held out (the run then stopped once tokenized: no eval row).
+            and len(nonempty) * data.eval_fraction < 1 and data.eval_path is None:
+        # One document: all trained on, or all held out. A few: fewer than one expected held out (by content
+        # hash), often none, and the run stopped once tokenized ("eval data yields not one row") after a dry
+        # run that passed. Counted from the listing: no file is read.
+        held = (f"holds one text file, {nonempty[0]}, read as one document (data.text_document=file)"
+                if len(nonempty) == 1 else
+                f"holds {len(nonempty)} text files, read as one document each (data.text_document=file): "
+                f"{len(nonempty) * data.eval_fraction:.2g} of a document is expected held out, often none")
         raise ConfigError(f"data.eval_fraction={data.eval_fraction:g} holds out whole documents, and data.path "
-                          f"holds one text file, {nonempty[0]}, read as one document (data.text_document=file): "
-                          f"set data.text_document=line (each line a document), or give held-out text in "
+                          f"{held}: set data.text_document=line (each line a document), or give held-out text in "
                           f"data.eval_path")
     # Every local file's head, as every local parquet footer is read: a file whose records use
     # another key (or that is UTF-16) would otherwise train as nothing but "empty documents" (or as

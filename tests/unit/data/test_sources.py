@@ -340,6 +340,22 @@ def test_an_eval_fraction_of_one_text_file_read_as_one_document_is_refused(tmp_p
     assert inspect_sources(DataConfig(path=str(tmp_path), eval_fraction=0.5)).eval is not None  # two documents
 
 
+def test_an_eval_fraction_expecting_less_than_one_of_a_few_text_documents_is_refused(tmp_path):
+    """3 files x 0.1 is 0.3 of a document held out: the dry run passed and the run stopped once tokenized."""
+    from raytrain.data.sources import inspect_sources
+
+    for i in range(3):
+        (tmp_path / f"{i}.txt").write_text(f"document {i}\n" * 2)
+    with pytest.raises(ConfigError, match=re.escape(
+            "data.eval_fraction=0.1 holds out whole documents, and data.path holds 3 text files, read as one "
+            "document each (data.text_document=file): 0.3 of a document is expected held out, often none: set "
+            "data.text_document=line (each line a document), or give held-out text in data.eval_path") + "$"):
+        inspect_sources(DataConfig(path=str(tmp_path), eval_fraction=0.1))
+    lines = inspect_sources(DataConfig(path=str(tmp_path), eval_fraction=0.1, text_document="line"))  # the fix
+    assert lines.eval is lines.train
+    assert inspect_sources(DataConfig(path=str(tmp_path), eval_fraction=0.34)).eval is not None  # 1.02 expected
+
+
 def test_a_raytrain_checkpoint_among_the_data_is_refused_naming_it(tmp_path):
     """An earlier run inside data.path: under data.format=text its .pt shards, events and JSON trained as text
     (exit 0); under auto the listing ended in "mixes formats", whose advice named the run's model directory."""
