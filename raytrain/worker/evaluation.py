@@ -56,8 +56,9 @@ def no_eval_rows(counter: str | None) -> None:
     """The eval data holds not one row of data.seq_len tokens: the user's data, the same at every
     restart, so a bad record (one line, exit 2, no retry: raytrain.data.bad_records), not a failure."""
     record = BadRecord(None, "the eval data yields not one row of data.seq_len tokens",
-                       "add eval data (data.eval_path, or a larger data.eval_fraction: it splits by document), "
-                       "lower data.seq_len, or remove the eval settings")
+                       "add eval data (data.eval_path, or a larger data.eval_fraction: it splits by document, and "
+                       "a text file is one document unless data.text_document=line), lower data.seq_len, or remove "
+                       "the eval settings")
     stop_run(record, counter)  # the counter stops the run; this worker waits for it (no traceback)
 
 

@@ -65,7 +65,8 @@ def test_single_rank_runs_at_most_max_batches_and_restores_train_mode(tmp_path):
         assert model.training
         assert out["eval_loss"] == pytest.approx(reference_loss(tiny_model(), [batches(7, 4)[:3]]), rel=1e-5)
         # No row at all is the user's data, not a fault: a BadRecord (one line, exit 2, never retried).
-        with pytest.raises(BadRecord, match="^the eval data yields not one row of data.seq_len tokens: add eval data"):
+        with pytest.raises(BadRecord, match="^the eval data yields not one row of data.seq_len tokens: add eval data "
+                                            r".*a text file is one document unless data.text_document=line\)"):
             evaluate(model, [], torch.device("cpu"), max_batches=3)
     finally:
         dist.destroy_process_group()
