@@ -42,7 +42,7 @@ from raytrain.driver.checks import (check_before_ray, check_dry_run_placement, c
 from raytrain.driver.cluster import check_live_placement, check_preflight, cluster_target, connect, live_shape
 from raytrain.driver.elastic import policy_installed
 from raytrain.driver.summary import write_summary
-from raytrain.driver.tracking import check_tracking, tracking_env
+from raytrain.driver.tracking import check_tracking, mlflow_run_outcome, tracking_env
 from raytrain.driver.watch import callbacks as watch_callbacks
 from raytrain.driver.watch import continue_command, run_trainer
 from raytrain.model import model_source
@@ -119,10 +119,11 @@ def fit(cfg: RunConfig, fresh: bool = False, argv: Sequence[str] | None = None) 
         say(f"raytrain: note: {moved}")
     datasets = build_datasets(cfg.data, cfg.model, cfg.training.seed, sources, resolved.model.vocab_size, progress)
     trainer = _trainer(spec, datasets, progress)
-    with progress, policy_installed(spec):
+    # (an MLflow run whose workers the driver stopped, or that failed, ends FAILED or KILLED, not RUNNING)
+    with progress, policy_installed(spec), mlflow_run_outcome(cfg, spec.run_uri):
         result = run_trainer(trainer, progress, spec.run_uri, cfg.training.max_steps, command)
-    if result.checkpoint is None:
-        raise RuntimeError(f"the run ended without a checkpoint (see the worker logs above): {result.error}")
+        if result.checkpoint is None:
+            raise RuntimeError(f"the run ended without a checkpoint (see the worker logs above): {result.error}")
     return _wrap_up(result.checkpoint, spec, cfg)
 
 

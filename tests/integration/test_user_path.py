@@ -191,16 +191,18 @@ def test_export_refuses_an_out_dir_that_is_not_empty(user_run, capsys):
     assert sorted(os.listdir(user_run["out"])) == before
 
 
-def test_a_line_that_is_not_json_stops_the_run_with_one_line_and_exit_2(user_run, tmp_path):
+def test_a_line_that_is_not_json_stops_the_run_with_one_line_and_exit_2(user_run, tmp_path, monkeypatch):
     data = tmp_path / "data"
     shutil.copytree(user_run["data"], data)
     lines = (data / "b.jsonl").read_text().splitlines(keepends=True)
     lines[9] = '{"id": 9, "body": "cut\n'  # line 10
     lines[20] = "not json at all\n"  # line 21
     (data / "b.jsonl").write_text("".join(lines))
-    env = {**user_run["env"], "RAY_DEDUP_LOGS": "0"}  # every worker's line as it is
+    env = {**user_run["env"], "RAY_DEDUP_LOGS": "0", "MLFLOW_ALLOW_FILE_STORE": "true"}  # every worker's line as is
+    mlruns = tmp_path / "mlruns"
     p = run(env, f"data.path={data}", "data.text_column=body", "data.seq_len=16", "training.max_steps=200",
-            "checkpoint.max_failures=3", f"checkpoint.storage_path={tmp_path / 'runs'}", "checkpoint.name=bad")
+            "checkpoint.max_failures=3", f"checkpoint.storage_path={tmp_path / 'runs'}", "checkpoint.name=bad",
+            f"tracking.mlflow_tracking_uri=file://{mlruns}", "tracking.mlflow_experiment=bad")
     out = p.stdout + p.stderr
     assert p.returncode == 2, out[-4000:]
     errors = [line for line in out.splitlines() if "error" in line.lower()]
@@ -208,6 +210,13 @@ def test_a_line_that_is_not_json_stops_the_run_with_one_line_and_exit_2(user_run
                       f"at column 19) (and 1 more bad record): fix or remove it"], out[-4000:]
     assert len(re.findall(r"starting at step 0", out)) == 1, out[-4000:]  # one attempt, no restart
     assert not re.search(r"Traceback|Retry|worker failure|Error in training function", out), out[-4000:]
+    # the stop killed rank 0 before it could end its MLflow run, which stayed RUNNING: the driver ends it
+    import mlflow
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3's local file store, as the run used
+    client = mlflow.MlflowClient(tracking_uri=f"file://{mlruns}")
+    runs = client.search_runs([client.get_experiment_by_name("bad").experiment_id])
+    assert [r.info.status for r in runs] == ["FAILED"], out[-4000:]
 
 
 def test_a_counter_slow_to_answer_the_drivers_poll_is_not_a_crash(ray_cluster):
