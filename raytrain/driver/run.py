@@ -446,7 +446,7 @@ def check_resume(checkpoint, resolved: ResolvedRun, own_run: bool = False) -> li
     starts = tuple(meta["spec"].get("model", {}).get("document_start_ids", ())), resolved.model.document_start_ids
     if starts[0] != starts[1]:  # the same settings, rows cut another way (raytrain before 2026-12-04 put no BOS)
         changes.append(f"ids before each document {list(starts[0])} -> {list(starts[1])}")
-    if changes:
+    if changes and not done:  # a done run reads no data
         # A note, not a refusal: continuing training on new or re-cut data from a checkpoint is a real
         # use (more data appended, a longer seq_len, a fine-tuning set after pre-training), and
         # raytrain has no setting that resets the position. What it costs: the workers skip the

@@ -245,6 +245,11 @@ def test_resuming_with_other_data_settings_notes_what_differs(tmp_path, capsys):
     place(tmp_path / "runs", "checkpoint.name=r1", "data.path=" + str(tmp_path / "other.txt"))
     out = capsys.readouterr().out
     assert "(data.path=None -> " in out and "other.txt): its data position" in out and "set them back" in out
+    # a done run reads no data: nothing to say about its position
+    run_with_checkpoints(tmp_path / "runs", "done", [40])
+    capsys.readouterr()
+    place(tmp_path / "runs", "checkpoint.name=done", "data.path=" + str(tmp_path / "other.txt"))
+    assert "data settings" not in capsys.readouterr().out
 
 
 @pytest.mark.usefixtures("no_ray_driver")
