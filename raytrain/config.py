@@ -469,16 +469,14 @@ def _apply_overrides(data: dict[str, Any], pairs: list[tuple[str, Any, str]], re
     given: dict[str, tuple[Any, str]] = {}
     for key, value, item in sorted(pairs, key=lambda p: p[0].count(".")):  # stable: sections first
         parts = key.split(".")
-        other = _ZERO_OTHER_NAME.get(parts[2]) if parts[:2] == ["deepspeed", "zero_optimization"] and \
-            len(parts) == 3 else None
-        for name in (parts, [*parts[:2], other]) if other else (parts,):
-            first = _given_before(given, name) if refuse_repeats else None
-            if first is not None and name is parts:
-                raise ConfigError(f"{key} is given twice on the command line ({first} and {item}); one would "
-                                  f"silently replace the other: keep one")
-            if first is not None:
-                raise ConfigError(f"{first} and {item} are one setting under two names on the command line "
-                                  f"(DeepSpeed reads either); one would silently replace the other: keep one")
+        zero_key = parts[:2] == ["deepspeed", "zero_optimization"] and len(parts) == 3
+        other = _ZERO_OTHER_NAME.get(parts[2]) if zero_key else None
+        if refuse_repeats and (first := _given_before(given, parts)) is not None:
+            raise ConfigError(f"{key} is given twice on the command line ({first} and {item}); one would "
+                              f"silently replace the other: keep one")
+        if refuse_repeats and other and (first := _given_before(given, [*parts[:2], other])) is not None:
+            raise ConfigError(f"{first} and {item} are one setting under two names on the command line "
+                              f"(DeepSpeed reads either); one would silently replace the other: keep one")
         given[key] = (value, item)
         if parts[0] == "deepspeed" and len(parts) > 1 and "deepspeed" not in data:
             # deepspeed.x=y with no DeepSpeed config given edits the default one, not an empty one.

@@ -481,10 +481,11 @@ def _peak_lr_replaced(ds: dict, source) -> list[str]:
     optimizer, scheduler = ds.get("optimizer"), ds.get("scheduler")
     if not (isinstance(optimizer, dict) and isinstance(scheduler, dict)):
         return []
-    params = scheduler.get("params") if isinstance(scheduler.get("params"), dict) else {}
+    params, optimizer_params = scheduler.get("params"), optimizer.get("params")
     peak = OWN_DEFAULT_PEAK_LR.get(str(scheduler.get("type")))
-    lr = (optimizer.get("params") or {}).get("lr") if isinstance(optimizer.get("params"), dict) else None
-    if peak is None or "warmup_max_lr" in params or type(lr) not in (int, float) or lr == peak:
+    lr = optimizer_params.get("lr") if isinstance(optimizer_params, dict) else None
+    if peak is None or (isinstance(params, dict) and "warmup_max_lr" in params) or type(lr) not in (int, float) \
+            or lr == peak:
         return []
     where = f" (in {source})" if isinstance(source, str) else ""
     return [f"deepspeed.optimizer.params.lr={lr:g}{where} has no effect on the peak learning rate: "

@@ -42,7 +42,7 @@ from raytrain.driver.checks import (check_before_ray, check_dry_run_placement, c
 from raytrain.driver.cluster import check_live_placement, check_preflight, cluster_target, connect, live_shape
 from raytrain.driver.elastic import policy_installed
 from raytrain.driver.summary import write_summary
-from raytrain.driver.tracking import check_tracking, mlflow_run_outcome, tracking_env
+from raytrain.driver.tracking import check_tracking, local_tracking_uri, mlflow_run_outcome, tracking_env
 from raytrain.driver.watch import callbacks as watch_callbacks
 from raytrain.driver.watch import continue_command, run_trainer
 from raytrain.model import model_source
@@ -464,7 +464,7 @@ def check_resume(checkpoint, resolved: ResolvedRun, own_run: bool = False) -> li
 def _schedule_change(meta: dict[str, Any], resolved: ResolvedRun) -> list[str]:
     """A note where raytrain's warmup + cosine schedule (raytrain.worker.engine.warmup_cosine) gives the resumed
     step another learning rate than the checkpoint's run had there: training.max_steps raised to train further
-    stretches the cosine over the new length, so the rate jumps back up (1e-4 to 7.3e-4 at step 21 of 20 -> 40),
+    stretches the cosine over the new length, so the rate jumps back up (1e-4 to 7.75e-4 at step 21 of 20 -> 40),
     with no warmup. Not a refusal: raising max_steps is how a run is trained further (README), and a new decay
     is what some want. The rate is recomputed per step from these settings, so nothing else is kept."""
     old = meta["spec"].get("config", {}).get("training", {})
@@ -671,8 +671,6 @@ def _local_paths(cfg: RunConfig) -> RunConfig:
     if paths:
         cfg = dataclasses.replace(cfg, checkpoint=dataclasses.replace(ckpt, **paths))
     if tracking.mlflow_tracking_uri:
-        from raytrain.driver.tracking import local_tracking_uri
-
         uri = local_tracking_uri(tracking.mlflow_tracking_uri)
         cfg = dataclasses.replace(cfg, tracking=dataclasses.replace(tracking, mlflow_tracking_uri=uri))
     return dataclasses.replace(cfg, model=dataclasses.replace(model, **dirs)) if dirs else cfg
