@@ -54,7 +54,7 @@ def check_before_ray(cfg: RunConfig) -> None:
 def check_storage_outside_data(storage_path: str, name: str | None, data: DataConfig) -> None:
     """The run's directory (STORAGE/NAME: checkpoint.storage_path and checkpoint.name) is not in
     data.path or data.eval_path: its checkpoints, tensorboard events, plots and summaries would be
-    listed as data (measured: under data.format=text a run trained on its .pt shards, 40 MB read for
+    listed as data (a reviewer's run: under data.format=text a run trained on its .pt shards, 40 MB read for
     0.3 MB of text, exit 0; under auto a continued run stopped at "mixes formats"). Local paths compare
     resolved (~, relative to here, links: realpath; file:// is local), URIs by scheme and normalized
     key (gcs:// is gs://, no query). Data inside the run's directory (data.path=STORAGE/NAME/corpus)
