@@ -13,6 +13,7 @@ gs://, abfs://). Ray Train owns the checkpoint bookkeeping in it; raytrain adds 
         model/                        the model's config, tokenizer and generation config, copied at start
         tracking.json                 the run's MLflow run id (rank 0): a continued run logs to the same MLflow run
         tensorboard/, summary.md, loss_curve.png
+    STORAGE/.raytrain-live/NAME.json  while a driver trains the run: its heartbeat (raytrain.driver.live)
 
 Trust: DeepSpeed loads its shards with full unpickling (torch.load(weights_only=False)), which can
 run code: only load checkpoints from storage you trust.

@@ -41,6 +41,7 @@ from raytrain.driver.checks import (check_before_ray, check_dry_run_placement, c
                                     dry_run_target, idle_settings, resolve_before_ray, tightest)
 from raytrain.driver.cluster import check_live_placement, check_preflight, cluster_target, connect, live_shape
 from raytrain.driver.elastic import policy_installed
+from raytrain.driver.live import check_not_live, claimed, live_driver
 from raytrain.driver.summary import write_summary
 from raytrain.driver.tracking import check_tracking, local_tracking_uri, mlflow_run_outcome, tracking_env
 from raytrain.driver.watch import callbacks as watch_callbacks
@@ -101,30 +102,32 @@ def fit(cfg: RunConfig, fresh: bool = False, argv: Sequence[str] | None = None) 
     say(f"raytrain: {check_memory(resolved, target)}")
     if cfg.network.preflight:
         check_preflight(cfg)
-    spec, progress, restored = _place(resolved, fresh)
-    sources.say_notes()  # only once every check has passed: above an error line they are noise
-    command = continue_command(argv, spec.run_name, spec.resume_from)
-    say(f"raytrain: model: {model_source(cfg.model, restored)}")
-    if cfg.checkpoint.name is None:  # a generated name: the same command again starts another run
-        for name, step in unfinished_runs(spec.storage_path, resolved, spec.run_name):
-            say(f"raytrain: note: run {name} in {spec.storage_path} stopped at step {step} of "
-                f"{cfg.training.max_steps} with these settings; to continue it instead: "
-                f"{continue_command(argv, name)}")
-        say(f"raytrain: run {spec.run_name} in {spec.storage_path}; to continue it after a stop: {command}")
-    done = finished_checkpoint(spec.run_uri, cfg.training.max_steps)
-    if done is not None:  # nothing to train: no datasets, no workers (tens of seconds saved)
-        return _wrap_up(done, spec, cfg, done_before=True)
-    moved = write_model_files(spec.run_uri, cfg.model, spec.model)  # export reads these, not the originals
-    if moved:
-        say(f"raytrain: note: {moved}")
-    datasets = build_datasets(cfg.data, cfg.model, cfg.training.seed, sources, resolved.model.vocab_size, progress)
-    trainer = _trainer(spec, datasets, progress)
-    # (an MLflow run whose workers the driver stopped, or that failed, ends FAILED or KILLED, not RUNNING)
-    with progress, policy_installed(spec), mlflow_run_outcome(cfg, spec.run_uri):
-        result = run_trainer(trainer, progress, spec.run_uri, cfg.training.max_steps, command)
-        if result.checkpoint is None:
-            raise RuntimeError(f"the run ended without a checkpoint (see the worker logs above): {result.error}")
-    return _wrap_up(result.checkpoint, spec, cfg)
+    name = _run_name(cfg)
+    with claimed(_storage_path(cfg.checkpoint.storage_path), name):  # one driver per run: live.py
+        spec, progress, restored = _place(resolved, fresh, name)
+        sources.say_notes()  # only once every check has passed: above an error line they are noise
+        command = continue_command(argv, spec.run_name, spec.resume_from)
+        say(f"raytrain: model: {model_source(cfg.model, restored)}")
+        if cfg.checkpoint.name is None:  # a generated name: the same command again starts another run
+            for other, step in unfinished_runs(spec.storage_path, resolved, spec.run_name):
+                say(f"raytrain: note: run {other} in {spec.storage_path} stopped at step {step} of "
+                    f"{cfg.training.max_steps} with these settings; to continue it instead: "
+                    f"{continue_command(argv, other)}")
+            say(f"raytrain: run {spec.run_name} in {spec.storage_path}; to continue it after a stop: {command}")
+        done = finished_checkpoint(spec.run_uri, cfg.training.max_steps)
+        if done is not None:  # nothing to train: no datasets, no workers (tens of seconds saved)
+            return _wrap_up(done, spec, cfg, done_before=True)
+        moved = write_model_files(spec.run_uri, cfg.model, spec.model)  # export reads these, not the originals
+        if moved:
+            say(f"raytrain: note: {moved}")
+        datasets = build_datasets(cfg.data, cfg.model, cfg.training.seed, sources, resolved.model.vocab_size, progress)
+        trainer = _trainer(spec, datasets, progress)
+        # (an MLflow run whose workers the driver stopped, or that failed, ends FAILED or KILLED, not RUNNING)
+        with progress, policy_installed(spec), mlflow_run_outcome(cfg, spec.run_uri):
+            result = run_trainer(trainer, progress, spec.run_uri, cfg.training.max_steps, command)
+            if result.checkpoint is None:
+                raise RuntimeError(f"the run ended without a checkpoint (see the worker logs above): {result.error}")
+        return _wrap_up(result.checkpoint, spec, cfg)
 
 
 def finished_checkpoint(run_uri: str, max_steps: int):
@@ -165,6 +168,8 @@ def _check_paths(cfg: RunConfig, fresh: bool) -> None:
         if finished_checkpoint(run, cfg.training.max_steps) is not None and _not_empty(ckpt.export_dir, quiet=True):
             cfg = dataclasses.replace(cfg, checkpoint=dataclasses.replace(ckpt, export_dir=None))
     check_before_ray(cfg)
+    if ckpt.name:  # another driver training this run: refused before ray.init, in a dry run too (live.py)
+        check_not_live(_storage_uri(ckpt.storage_path), ckpt.name)
     _check_model_moved(cfg, fresh)
 
 
@@ -261,13 +266,17 @@ def plan_memory(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_mem
     return plan
 
 
-def _place(resolved: ResolvedRun, fresh: bool) -> tuple[RunSpec, DataProgress, str | None]:
+def _run_name(cfg: RunConfig) -> str:
+    return cfg.checkpoint.name or datetime.datetime.now().strftime("raytrain-%Y%m%d-%H%M%S")
+
+
+def _place(resolved: ResolvedRun, fresh: bool, name: str | None = None) -> tuple[RunSpec, DataProgress, str | None]:
     """The run's name and storage directory, ready (continued, or set aside with fresh=True), and
     its resume checkpoint checked against the run's shape: the final RunSpec, the run's counter
     for this session (progress, skips, bad records, the step reached), and the checkpoint the workers
     will restore, as the user would write it (None: a new run; its weights are model.name_or_path's)."""
     cfg = resolved.config
-    name = cfg.checkpoint.name or datetime.datetime.now().strftime("raytrain-%Y%m%d-%H%M%S")
+    name = name or _run_name(cfg)
     storage = _storage_path(cfg.checkpoint.storage_path)
     run = layout.run_uri(storage, name)
     checkpoint, own = resume_checkpoint(cfg, storage, name, fresh)
@@ -601,6 +610,8 @@ def unfinished_runs(storage: str, resolved: ResolvedRun, this_run: str, look_at:
     wanted = _settings(resolved.config.to_dict())
     found = []
     for name in names[:look_at]:
+        if live_driver(storage, name) is not None:  # training now, from another terminal: not one to continue
+            continue
         try:
             checkpoint = layout.latest_checkpoint(layout.run_uri(storage, name))
         except layout.BrokenRun:  # another run's problem: its own command says it when it is run

@@ -1,6 +1,7 @@
 """`ray job submit` as a user runs it, against a `ray start --head` cluster with token auth:
 the upload leaves out checkpoints, data and virtualenvs; progress streams to `ray job logs`; a
-job that is stopped and submitted again continues from its latest checkpoint."""
+job that is stopped and submitted again continues from its latest checkpoint; the same job submitted
+while it trains is refused."""
 
 import json
 import os
@@ -104,6 +105,17 @@ def test_stopped_job_resubmitted_continues_from_its_checkpoint(ray_cluster, work
            f"checkpoint.storage_path={tmp_path}", "checkpoint.name=submitted", "data.num_builtin_documents=400",
            "data.progress_every_s=1"]
     first = submit(ray_cluster, workdir, *cmd)
+    # the same job submitted again while the first trains: refused before Ray, naming the job that holds the run
+    deadline = time.time() + 600
+    while not (tmp_path / ".raytrain-live" / "submitted.json").exists():
+        assert time.time() < deadline and status_of(ray_cluster, first) in ("running", "pending"), \
+            job(ray_cluster, "logs", first)[-3000:]
+        time.sleep(0.5)
+    rival = submit(ray_cluster, workdir, *cmd)
+    wait_status(ray_cluster, rival, ["failed"])
+    said = job(ray_cluster, "logs", rival)
+    assert re.search(rf"^raytrain: error: run 'submitted' in {tmp_path} is in progress: its driver \(pid \d+ on "
+                     rf"\S+, Ray job {first}, started .*\(`ray job stop {first}`\)", said, re.M), said[-3000:]
     # stopped once Ray Train has registered step 10 (the checkpoint a rerun continues from), not when
     # its files appear: they reach storage before the controller registers them (seen on a fast machine:
     # stopped in between, the second job rightly continued from step 5)

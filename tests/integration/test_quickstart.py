@@ -95,6 +95,7 @@ def test_ctrl_c_prints_one_line_with_the_step_checkpoint_and_command_and_exits_1
     assert not re.search(r"Traceback|KeyboardInterrupt", out), out[-3000:]
     # the same quick start command again (a new run) would name this one and its step
     assert quickstart["unfinished"] == [(name, int(checkpoint[-1]))]
+    assert not (storage / ".raytrain-live" / f"{name}.json").exists()  # the driver let go of the run as it stopped
 
 
 def test_ctrl_c_stops_the_local_cluster(quickstart):

@@ -141,6 +141,20 @@ def test_a_record_naming_a_deleted_checkpoint_is_one_line_and_fresh_sets_the_run
     assert any(p.startswith("r1.replaced-") for p in os.listdir(tmp_path / "runs"))
 
 
+def test_a_stopped_run_is_offered_to_continue_unless_another_driver_is_training_it(tmp_path):
+    import time
+
+    from raytrain.driver import live
+
+    storage = str(tmp_path / "runs")
+    run_with_checkpoints(storage, "raytrain-20260101-000000", [4], f"checkpoint.storage_path={storage}")
+    new = resolved(*TWO, f"checkpoint.storage_path={storage}")
+    assert unfinished_runs(storage, new, "raytrain-20990101-000000") == [("raytrain-20260101-000000", 4)]
+    live._write(storage, "raytrain-20260101-000000", live.Driver(token="t", host="gpu-node-7", pid=1, started="x",
+                                                                  beat=time.time()))
+    assert unfinished_runs(storage, new, "raytrain-20990101-000000") == []  # it is training in another terminal
+
+
 @pytest.mark.usefixtures("no_ray_driver")
 @pytest.mark.parametrize("mode", ["--dry-run", "real run"])
 def test_a_checkpoint_the_run_cannot_resume_is_refused_before_ray_by_a_dry_run_too(mode, tmp_path, capsys):
