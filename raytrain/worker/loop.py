@@ -26,7 +26,7 @@ import torch
 from raytrain import compat
 from raytrain.checkpoint import reshard
 from raytrain.checkpoint.layout import checkpoint_dir_name
-from raytrain.checkpoint.shards import Checkpointer, Rank, ResumePoint, restore, resume_point
+from raytrain.checkpoint.shards import Checkpointer, Rank, ResumePoint, out_of_space, restore, resume_point
 from raytrain.console import emit, format_progress
 from raytrain.data.bad_records import SetupMistake, stop_run
 from raytrain.data.ingest import MicroBatches
@@ -75,7 +75,13 @@ class Trainer:
             if self.is_rank0:
                 emit(format_progress(window, self.max_steps))
             checkpoint = self.checkpointer.save(step, window, self.history, self.batches.position()) if save else None
-            self.report(window, checkpoint, step)
+            try:
+                self.report(window, checkpoint, step)
+            except OSError as e:  # Ray Train's upload into a full storage: one line, not a retried worker failure
+                if checkpoint is None or not out_of_space(e):
+                    raise
+                self.checkpointer.storage_full(step, window)
+                raise
             self.tracker.log(window, step)
 
     def _lr(self) -> float:

@@ -219,6 +219,29 @@ def test_a_line_that_is_not_json_stops_the_run_with_one_line_and_exit_2(user_run
     assert [r.info.status for r in runs] == ["FAILED"], out[-4000:]
 
 
+def test_a_full_storage_stops_the_run_with_one_line_and_exit_2_not_a_retried_failure(user_run, tmp_path):
+    # The storage is full where the save of step 2 writes rank 0's raytrain.json: Ray Train's upload (pyarrow)
+    # meets ENOSPC as on a full disk. Retried, every attempt would retrain to step 2 and fail there again.
+    storage = tmp_path / "runs"
+    (storage / "full" / "checkpoint_step_00000002").mkdir(parents=True)
+    os.symlink("/dev/full", storage / "full" / "checkpoint_step_00000002" / "raytrain.json")
+    env = {**user_run["env"], "RAY_DEDUP_LOGS": "0"}
+    p = run(env, f"data.path={user_run['data']}", "data.text_column=body", "data.seq_len=16", "training.max_steps=4",
+            "checkpoint.every_n_steps=2", "checkpoint.max_failures=3", f"checkpoint.storage_path={storage}",
+            "checkpoint.name=full")
+    out = p.stdout + p.stderr
+    assert p.returncode == 2, out[-4000:]
+    errors = [line for line in out.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and re.fullmatch(
+        rf"raytrain: error: checkpoint.storage_path={storage}: no space left for the checkpoint of step 2 "
+        rf"\(0\.\d+ GiB; checkpoint.num_to_keep=2 are kept, and a new one is written before the oldest is deleted\): "
+        rf"free space there, and delete {storage}/full/checkpoint_step_00000002 \(a save that never completed\); "
+        rf"then the same command with checkpoint.name=full continues from the run's latest checkpoint",
+        errors[0]), errors
+    assert len(re.findall(r"starting at step 0", out)) == 1, out[-4000:]  # one attempt, no restart
+    assert not re.search(r"Traceback|Retry|worker failure|Error in training function", out), out[-4000:]
+
+
 def test_a_counter_slow_to_answer_the_drivers_poll_is_not_a_crash(ray_cluster):
     """Under load the driver's poll of the data counter can time out (seen on a 2-core CI machine: a
     GetTimeoutError traceback instead of the run's one-line bad-record error). The poll treats no answer as
