@@ -23,6 +23,7 @@ import math
 import os
 import posixpath
 import re
+import shutil
 from collections.abc import Mapping, Sequence
 
 from raytrain import hardware
@@ -34,7 +35,7 @@ from raytrain.config_fields import ray_address
 from raytrain.data.sources import Sources
 from raytrain.deepspeed_config import load_deepspeed
 from raytrain.planning.choose import find_autos
-from raytrain.planning.memory import GIB, DoesNotFit, MemoryPlan, check_fits, estimate_memory, verdict
+from raytrain.planning.memory import GIB, DoesNotFit, MemoryPlan, check_fits, estimate_memory, gib, verdict
 from raytrain.planning.resolve import resolve_run, shape_from_config
 from raytrain.run_spec import ClusterShape, ResolvedRun
 
@@ -239,6 +240,53 @@ def check_memory(resolved: ResolvedRun, target: hardware.Target) -> str:
                              plan) from None
         plans.append(plan)
     return verdict(max(plans, key=_usage))
+
+
+def checkpoint_space_note(resolved: ResolvedRun) -> str | None:
+    """A note when checkpoint.storage_path, a local or shared directory, has less free space than the run keeps
+    there at once: checkpoint.num_to_keep checkpoints and the next, which is written before the oldest is deleted
+    (the final one only, with every_n_steps=0), less this run's checkpoints already there.
+
+    A ZeRO checkpoint holds every parameter's master weight and optimizer states: 12 bytes a parameter with fp32
+    master weights and Adam's two moments (measured: 12.294 GiB for the 1.1B model on an H200, 12.0 bytes a
+    parameter; 11.8 for the CPU default), 6 with bf16 master weights and optimizer states. Only a note, not a
+    refusal: another optimizer keeps other states, and space may be freed while the run trains. A save that finds
+    the disk full stops the run in one line (raytrain.checkpoint.shards). One statvfs and one directory walk."""
+    ckpt = resolved.config.checkpoint
+    if "://" in ckpt.storage_path:
+        return None  # object stores have no free space to ask
+    bf16 = resolved.ds_config.get("bf16") or {}
+    per_param = (2 if bf16.get("bf16_master_weights_and_grads") else 4) + (4 if bf16.get("bf16_optimizer_states")
+                                                                           else 8)
+    size = resolved.model.num_parameters * per_param
+    storage = os.path.abspath(os.path.expanduser(ckpt.storage_path))
+    existing = storage
+    while not os.path.exists(existing):  # a storage path made when the run starts: its disk is its parent's
+        existing = os.path.dirname(existing)
+    try:
+        free = shutil.disk_usage(existing).free
+    except OSError:
+        return None
+    held = ckpt.num_to_keep + 1 if ckpt.every_n_steps else 1
+    run = os.path.join(storage, ckpt.name) if ckpt.name else None
+    mine = _dir_bytes(run, "checkpoint_") if run and os.path.isdir(run) else 0
+    if free + mine >= held * size:
+        return None
+    return (f"checkpoint.storage_path={ckpt.storage_path} has {gib(free)} free, and this run keeps up to {held} "
+            f"checkpoints of about {gib(size)} there at once ({per_param} bytes a parameter: master weights and "
+            f"optimizer states; checkpoint.num_to_keep={ckpt.num_to_keep}, and the next is written before the oldest "
+            f"is deleted): free space there or choose another storage path; a save that does not fit stops the run")
+
+
+def _dir_bytes(path: str, prefix: str) -> int:
+    """Bytes of the files under `path`'s entries whose names start with `prefix`."""
+    total = 0
+    for entry in os.scandir(path):
+        if entry.name.startswith(prefix) and entry.is_dir(follow_symlinks=False):
+            for d, _, files in os.walk(entry.path):
+                total += sum(os.path.getsize(os.path.join(d, f)) for f in files
+                             if os.path.isfile(os.path.join(d, f)))
+    return total
 
 
 def _usage(plan: MemoryPlan) -> tuple[float, int]:

@@ -38,7 +38,8 @@ from raytrain.data.pipeline import build_datasets
 from raytrain.data.progress import DataProgress
 from raytrain.data.sources import inspect_sources
 from raytrain.driver.checks import (check_before_ray, check_dry_run_placement, check_memory, check_writable_dir,
-                                    dry_run_target, idle_settings, resolve_before_ray, tightest)
+                                    checkpoint_space_note, dry_run_target, idle_settings, resolve_before_ray,
+                                    tightest)
 from raytrain.driver.cluster import check_live_placement, check_preflight, cluster_target, connect, live_shape
 from raytrain.driver.elastic import policy_installed
 from raytrain.driver.live import check_not_live, claimed, live_driver
@@ -100,6 +101,8 @@ def fit(cfg: RunConfig, fresh: bool = False, argv: Sequence[str] | None = None) 
     for note in advice(resolved):
         say(f"raytrain: note: {note}")
     say(f"raytrain: {check_memory(resolved, target)}")
+    if (space := checkpoint_space_note(resolved)) is not None:
+        say(f"raytrain: note: {space}")
     if cfg.network.preflight:
         check_preflight(cfg)
     name = _run_name(cfg)
@@ -229,6 +232,8 @@ def dry_run(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_memory_
     notes.extend(f"note: {note}" for note in idle_settings(cfg, shape.use_gpu, shape.num_workers))
     notes.extend(resuming)
     notes.extend(f"note: {note}" for note in tracking)
+    if (space := checkpoint_space_note(resolved)) is not None:
+        notes.append(f"note: {space}")
     if target is None:
         notes.append("memory: not checked: this machine has no GPU to plan a GPU run against; state the "
                      "target's sizes with --gpu-memory-gib, --host-memory-gib and --gpus-per-node")

@@ -415,3 +415,31 @@ def test_worker_lines_have_no_colour_codes_in_redirected_output(monkeypatch):
     out = io.StringIO()
     print_worker_logs({"pid": 4242, "ip": "10.0.0.2", "localhost": "10.0.0.1", "lines": ["step 1/80"]}, out)
     assert out.getvalue() == "(pid=4242, ip=10.0.0.2) step 1/80\n"
+
+
+def test_a_storage_path_without_room_for_the_checkpoints_the_run_keeps_gets_a_note_with_the_sizes(tmp_path):
+    import shutil
+
+    from raytrain.driver.checks import checkpoint_space_note
+    from raytrain.driver.run import dry_run
+
+    # Llama-70B-shaped: 70.6B parameters x 12 bytes (fp32 master + Adam) = 788.5 GiB a checkpoint, 3 at once
+    storage = tmp_path / "runs"
+    args = [f"checkpoint.storage_path={storage}", "checkpoint.name=big"]
+    big, notes = dry_run(load_config("configs/llama-70b-ib.yaml", args), gpu_memory_gib=80, host_memory_gib=1500,
+                         gpus_per_node=8)
+    free = shutil.disk_usage(tmp_path).free
+    assert free < 3 * 788.5 * 2**30  # this machine's disk: what the note is about
+    note = checkpoint_space_note(big)
+    assert note.startswith(f"checkpoint.storage_path={storage} has ") and not storage.exists()  # nothing created
+    assert ("free, and this run keeps up to 3 checkpoints of about 788.5 GiB there at once (12 bytes a parameter: "
+            "master weights and optimizer states; checkpoint.num_to_keep=2, and the next is written before the oldest "
+            "is deleted)") in note
+    assert f"note: {note}" in notes  # the dry run says it too
+    # a continued run's own checkpoints are freed as new ones come: they count as room
+    (storage / "big" / "checkpoint_step_00000100").mkdir(parents=True)
+    with open(storage / "big" / "checkpoint_step_00000100" / "shard.pt", "wb") as f:
+        f.truncate(3 * 789 * 2**30)  # sparse: its size, not its blocks
+    assert checkpoint_space_note(big) is None
+    tiny, _ = dry_run(load_config(None, [f"checkpoint.storage_path={tmp_path}"]))
+    assert checkpoint_space_note(tiny) is None  # 820,352 parameters: room
