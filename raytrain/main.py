@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 
 from raytrain.config import ConfigError, load_config
@@ -110,4 +111,7 @@ def _interrupted_early() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code in (130, 143):  # stopped by Ctrl-C or SIGTERM: one more Ctrl-C must not break Ray's shutdown at exit
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # (a traceback from its atexit hook; it takes a second or two)
+    sys.exit(code)

@@ -90,6 +90,31 @@ def sigterm_as_ctrl_c():
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
+class _Stopping:
+    """While the driver stops a run after Ctrl-C (or SIGTERM). Users press Ctrl-C again when the first does not end
+    the command at once; that second KeyboardInterrupt escaped the stop: main printed "interrupted before training
+    started", without the step or the command that continues, and a third one broke Ray's shutdown at exit with a
+    traceback. Now a further Ctrl-C only sets `hurried`: the stop's waits (for Ray Train's abort, up to 2 minutes
+    while the controller winds down; what is left goes with this process's Ray at exit) end at their next 0.5 s
+    slice, and the line with the continue command is always said. The handler raises nothing: an exception raised
+    while Ray's C code waits came out as "SystemError: ... returned a result with an exception set". Main thread
+    only (where Python runs handlers)."""
+
+    def __enter__(self) -> "_Stopping":
+        self.hurried = False
+        self._main = threading.current_thread() is threading.main_thread()
+        if self._main:
+            self._previous = signal.signal(signal.SIGINT, self._again)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._main:
+            signal.signal(signal.SIGINT, self._previous if self._previous is not None else signal.SIG_DFL)
+
+    def _again(self, signum, frame) -> None:
+        self.hurried = True
+
+
 def callbacks(progress: DataProgress, max_failures: int) -> list:
     """RunConfig(callbacks=...) of a run whose counter is `progress`."""
     return [compat.OnControllerStart(functools.partial(watch_run, progress.name)),
@@ -165,17 +190,20 @@ def run_trainer(trainer, progress: DataProgress, run_uri: str, max_steps: int, c
                         # user's one line is the error. One actor call per 0.5 s until then.
                         printing_back = compat.stop_printing_worker_logs()
         except KeyboardInterrupt as e:
-            # Ctrl-C in a terminal signals every process of the foreground group, Ray's workers too: what they
-            # print as they die is consequence, not news (a Ray Data task's worker aborted on a corrupt absl
-            # mutex, 15 lines of stack dump before raytrain's one line, in one .ci/run under load).
-            if printing_back is None:
-                printing_back = compat.stop_printing_worker_logs()
-            # Once aborted, fit() returns within seconds; without a controller yet, this process's end
-            # takes the run with it (its actors are this driver's).
-            thread.join(timeout=120 if _abort(progress) else 0)
-            summary = progress.summary()
-            _say_skipped(summary)
-            checkpoint = layout.latest_checkpoint(run_uri)
+            with _Stopping() as stopping:  # an impatient second Ctrl-C hurries the stop, never loses its line
+                # Ctrl-C in a terminal signals every process of the foreground group, Ray's workers too: what they
+                # print as they die is consequence, not news (a Ray Data task's worker aborted on a corrupt absl
+                # mutex, 15 lines of stack dump before raytrain's one line, in one .ci/run under load).
+                if printing_back is None:
+                    printing_back = compat.stop_printing_worker_logs()
+                # Once aborted, fit() returns within seconds; without a controller yet, this process's end
+                # takes the run with it (its actors are this driver's).
+                deadline = time.monotonic() + (120 if _abort(progress, hurried=lambda: stopping.hurried) else 0)
+                while thread.is_alive() and not stopping.hurried and time.monotonic() < deadline:
+                    thread.join(timeout=0.5)
+                summary = progress.summary()
+                _say_skipped(summary)
+                checkpoint = layout.latest_checkpoint(run_uri)
             raise Interrupted(summary.step, max_steps,
                               layout.checkpoint_uri(run_uri, checkpoint) if checkpoint else None, command,
                               signal.SIGTERM if isinstance(e, _Terminated) else signal.SIGINT) from None
@@ -219,19 +247,23 @@ ABORT_WAIT_S = 15.0
 run's controller."""
 
 
-def _abort(progress: DataProgress, wait_s: float = 10.0) -> bool:
+def _abort(progress: DataProgress, wait_s: float = 10.0, hurried: Callable[[], bool] = lambda: False) -> bool:
     """Stop the run through its controller (it kills the workers), once it has said where it is;
-    False when it has not within `wait_s` (Ctrl-C while Ray Train starts)."""
+    False when it has not within `wait_s` (Ctrl-C while Ray Train starts), or when `hurried` (a second Ctrl-C)
+    ends the wait first."""
     deadline = time.monotonic() + wait_s
     controller = None
-    while controller is None and time.monotonic() < deadline:  # Ctrl-C while the controller starts
-        controller = ray.get(progress.actor.controller.remote(), timeout=wait_s)
+    while controller is None and time.monotonic() < deadline and not hurried():  # Ctrl-C while it starts
+        try:
+            controller = _get(progress.actor.controller.remote(), wait_s, hurried)
+        except GetTimeoutError:
+            return False
         if controller is None:
             time.sleep(0.2)
     if controller is None:
         return False
     try:
-        ray.get(compat.abort_train_run(controller), timeout=ABORT_WAIT_S)
+        _get(compat.abort_train_run(controller), ABORT_WAIT_S, hurried)
     except ray.exceptions.RayActorError:
         pass  # the controller ended itself: the abort's normal end
     except ray.exceptions.GetTimeoutError:
@@ -248,6 +280,17 @@ def _abort(progress: DataProgress, wait_s: float = 10.0) -> bool:
         ray.kill(controller, no_restart=True)
         compat.remove_placement_groups_of(controller)
     return True
+
+
+def _get(ref, timeout_s: float, hurried: Callable[[], bool]):
+    """ray.get(ref, timeout=timeout_s), waited for in 0.5 s slices that `hurried` can end early (GetTimeoutError)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ready, _ = ray.wait([ref], timeout=max(0.0, min(0.5, deadline - time.monotonic())))
+        if ready:
+            return ray.get(ready[0])
+        if hurried() or time.monotonic() >= deadline:
+            raise GetTimeoutError(f"not ready in {timeout_s:g} s")
 
 
 def _say_skipped(summary: RunSummary) -> None:

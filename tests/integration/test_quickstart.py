@@ -1,8 +1,8 @@
 """The quick start as a new user runs it: `python -m raytrain.main` without RAY_ADDRESS (raytrain
-starts its own local Ray cluster), with a few small overrides. Ctrl-C in the middle: one line with
-the step reached, the latest checkpoint and the command that continues, exit 130, and the local
-cluster gone. That command, run as printed, continues the run to its end. In both, at most 5 lines
-are not raytrain's own."""
+starts its own local Ray cluster), with a few small overrides. Ctrl-C in the middle (pressed three
+times): one line with the step reached, the latest checkpoint and the command that continues, exit 130,
+no traceback, and the local cluster gone. That command, run as printed, continues the run to its end.
+In both, at most 5 lines are not raytrain's own."""
 
 import os
 import re
@@ -55,6 +55,11 @@ def quickstart(tmp_path_factory):
         if parse_progress(line) and parse_progress(line)["step"] >= 20:
             pytest.fail("the run ended before it could be interrupted:\n" + "".join(lines))
     os.killpg(first.pid, signal.SIGINT)
+    # an impatient user presses it again while the run is being stopped, and once more as the process ends
+    for wait_s in (0.3, 1.5):
+        time.sleep(wait_s)
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGINT)
     rest, _ = first.communicate(timeout=300)
     interrupted = "".join(lines) + rest
     started = re.search(r"dashboard http://127.0.0.1:(\d+)", interrupted)
