@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         # The driver's modules only now: they import Ray, torch and transformers (~6.5 CPU-seconds on a
         # 2-core VM), which a mistyped flag or key needs none of: its one line comes in ~0.4 s.
         from raytrain.driver.run import dry_run, fit
-        from raytrain.driver.watch import Interrupted
+        from raytrain.driver.watch import ExportInterrupted, Interrupted
     except ConfigError as e:
         return _refused(e)
     except KeyboardInterrupt:
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         result = fit(cfg, fresh=args.fresh, argv=argv)
     except ConfigError as e:  # bad input, also a bad record found in the data while training
         return _refused(e)
-    except Interrupted as e:  # Ctrl-C or SIGTERM: the run is stopped (its workers and controller are gone)
+    except (Interrupted, ExportInterrupted) as e:  # Ctrl-C or SIGTERM: the run is stopped (workers, controller gone)
         say(f"raytrain: {e}", err=True)
         return e.exit_code
     except KeyboardInterrupt:  # Ctrl-C before training started

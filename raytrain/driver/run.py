@@ -46,7 +46,7 @@ from raytrain.driver.live import check_not_live, claimed, live_driver
 from raytrain.driver.summary import write_summary
 from raytrain.driver.tracking import check_tracking, local_tracking_uri, mlflow_run_outcome, tracking_env
 from raytrain.driver.watch import callbacks as watch_callbacks
-from raytrain.driver.watch import continue_command, run_trainer
+from raytrain.driver.watch import ExportInterrupted, continue_command, run_trainer
 from raytrain.model import model_source
 from raytrain.network.backend import torch_config
 from raytrain.planning.memory import MemoryPlan, check_fits, estimate_memory
@@ -152,8 +152,11 @@ def _wrap_up(checkpoint, spec: RunSpec, cfg: RunConfig, done_before: bool = Fals
             f"checkpoint elsewhere: python -m raytrain.tools.export {layout.checkpoint_uri(spec.run_uri, checkpoint)} "
             f"OUT_DIR")
     elif export_dir:
-        with checkpoint.as_directory() as local, local_model_files(spec.run_uri) as model_dir:
-            export(local, export_dir, model_dir=model_dir)
+        try:
+            with checkpoint.as_directory() as local, local_model_files(spec.run_uri) as model_dir:
+                export(local, export_dir, model_dir=model_dir)
+        except KeyboardInterrupt:  # the run is done: "interrupted before training started" would mislead
+            raise ExportInterrupted(meta["step"], layout.checkpoint_uri(spec.run_uri, checkpoint), export_dir) from None
     return FitResult(metrics=meta["metrics"], history=meta["history"],
                      checkpoint_path=layout.checkpoint_uri(spec.run_uri, checkpoint), run_path=spec.run_uri, spec=spec)
 

@@ -65,6 +65,18 @@ class Interrupted(Exception):
         super().__init__(f"interrupted{by} {reached}; {latest}; to continue: {command}")
 
 
+class ExportInterrupted(Exception):
+    """Ctrl-C during the export at the end of a finished run (minutes for a large model): str() the line to print,
+    with the command that exports the checkpoint; the export leaves nothing in its directory."""
+
+    exit_code = 130
+
+    def __init__(self, step: int, checkpoint: str, export_dir: str):
+        super().__init__(f"interrupted while exporting to {export_dir} (nothing left there); the run is done at step "
+                         f"{step}, checkpoint {checkpoint}; to export it: "
+                         f"{shlex.join(['python', '-m', 'raytrain.tools.export', checkpoint, export_dir])}")
+
+
 class _Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread to take Ctrl-C's path (`sigterm_as_ctrl_c`)."""
 

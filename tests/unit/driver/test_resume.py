@@ -390,6 +390,30 @@ def test_reading_a_runs_record_prints_no_ray_train_snapshot_line(tmp_path, caplo
     assert logging.getLogger(compat.CHECKPOINT_MANAGER_LOGGER).filters == []  # dropped for the call only
 
 
+def test_ctrl_c_during_the_final_export_says_the_run_is_done_and_how_to_export_it(tmp_path, monkeypatch):
+    from raytrain.driver import run as driver_run
+    from raytrain.driver.run import _wrap_up, finished_checkpoint
+    from raytrain.driver.watch import ExportInterrupted
+
+    run = run_with_checkpoints(tmp_path / "runs", "r1", [40])  # TWO: training.max_steps=40
+    record = tmp_path / "runs" / "r1" / "checkpoint_step_00000040" / "raytrain.json"
+    record.write_text(json.dumps({**json.loads(record.read_text()), "metrics": {"step": 40, "loss": 1.5},
+                                  "history": [{"step": 40, "loss": 1.5}]}))
+    out = tmp_path / "hf"
+    spec = place(tmp_path / "runs", "checkpoint.name=r1", f"checkpoint.export_dir={out}")
+
+    def interrupted(*args, **kwargs):  # Ctrl-C in the middle of the export's minutes
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(driver_run, "export", interrupted)
+    with pytest.raises(ExportInterrupted) as e:
+        _wrap_up(finished_checkpoint(spec.run_uri, 40), spec, spec.config)
+    assert e.value.exit_code == 130
+    assert str(e.value) == (f"interrupted while exporting to {out} (nothing left there); the run is done at step 40, "
+                            f"checkpoint {run}/checkpoint_step_00000040; to export it: python -m raytrain.tools.export "
+                            f"{run}/checkpoint_step_00000040 {out}")  # was "interrupted before training started"
+
+
 @pytest.mark.usefixtures("no_ray_driver")
 def test_the_same_command_on_a_done_run_with_an_export_dir_says_it_is_done(tmp_path, capsys):
     from raytrain.driver.run import _wrap_up, finished_checkpoint
