@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         # The driver's modules only now: they import Ray, torch and transformers (~6.5 CPU-seconds on a
         # 2-core VM), which a mistyped flag or key needs none of: its one line comes in ~0.4 s.
         from raytrain.driver.run import dry_run, fit
-        from raytrain.driver.watch import ExportInterrupted, Interrupted
+        from raytrain.driver.watch import ExportInterrupted, Interrupted, Terminated
     except ConfigError as e:
         return _refused(e)
     except KeyboardInterrupt:
@@ -92,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     except (Interrupted, ExportInterrupted) as e:  # Ctrl-C or SIGTERM: the run is stopped (workers, controller gone)
         say(f"raytrain: {e}", err=True)
         return e.exit_code
-    except KeyboardInterrupt:  # Ctrl-C before training started
-        return _interrupted_early()
+    except KeyboardInterrupt as e:  # Ctrl-C (or SIGTERM, once the run is placed) before training started
+        return _interrupted_early(isinstance(e, Terminated))
     loss = result.metrics.get("loss")
     say(f"raytrain: done at step {result.metrics.get('step')}, loss {loss:.4f}" if loss is not None else "raytrain: done")
     say(f"raytrain: checkpoint {result.checkpoint_path}")
@@ -105,9 +105,9 @@ def _refused(error: ConfigError) -> int:
     return 2
 
 
-def _interrupted_early() -> int:
-    say("raytrain: interrupted before training started", err=True)
-    return 130
+def _interrupted_early(by_sigterm: bool = False) -> int:
+    say(f"raytrain: interrupted{' by SIGTERM' if by_sigterm else ''} before training started", err=True)
+    return 143 if by_sigterm else 130
 
 
 if __name__ == "__main__":

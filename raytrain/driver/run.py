@@ -19,6 +19,7 @@ import json
 import math
 import os
 import re
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,7 +47,7 @@ from raytrain.driver.live import check_not_live, claimed, live_driver
 from raytrain.driver.summary import write_summary
 from raytrain.driver.tracking import check_tracking, local_tracking_uri, mlflow_run_outcome, tracking_env
 from raytrain.driver.watch import callbacks as watch_callbacks
-from raytrain.driver.watch import ExportInterrupted, continue_command, run_trainer
+from raytrain.driver.watch import ExportInterrupted, Terminated, continue_command, run_trainer, sigterm_as_ctrl_c
 from raytrain.model import model_source
 from raytrain.network.backend import torch_config
 from raytrain.planning.memory import MemoryPlan, check_fits, estimate_memory
@@ -106,7 +107,8 @@ def fit(cfg: RunConfig, fresh: bool = False, argv: Sequence[str] | None = None) 
     if cfg.network.preflight:
         check_preflight(cfg)
     name = _run_name(cfg)
-    with claimed(_storage_path(cfg.checkpoint.storage_path), name):  # one driver per run: live.py
+    # one driver per run (live.py); SIGTERM takes Ctrl-C's path from here to the end, the export included
+    with claimed(_storage_path(cfg.checkpoint.storage_path), name), sigterm_as_ctrl_c():
         spec, progress, restored = _place(resolved, fresh, name)
         sources.say_notes()  # only once every check has passed: above an error line they are noise
         command = continue_command(argv, spec.run_name, spec.resume_from)
@@ -155,8 +157,9 @@ def _wrap_up(checkpoint, spec: RunSpec, cfg: RunConfig, done_before: bool = Fals
         try:
             with checkpoint.as_directory() as local, local_model_files(spec.run_uri) as model_dir:
                 export(local, export_dir, model_dir=model_dir)
-        except KeyboardInterrupt:  # the run is done: "interrupted before training started" would mislead
-            raise ExportInterrupted(meta["step"], layout.checkpoint_uri(spec.run_uri, checkpoint), export_dir) from None
+        except KeyboardInterrupt as e:  # the run is done: "interrupted before training started" would mislead
+            raise ExportInterrupted(meta["step"], layout.checkpoint_uri(spec.run_uri, checkpoint), export_dir,
+                                    signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT) from None
     return FitResult(metrics=meta["metrics"], history=meta["history"],
                      checkpoint_path=layout.checkpoint_uri(spec.run_uri, checkpoint), run_path=spec.run_uri, spec=spec)
 

@@ -66,19 +66,19 @@ class Interrupted(Exception):
 
 
 class ExportInterrupted(Exception):
-    """Ctrl-C during the export at the end of a finished run (minutes for a large model): str() the line to print,
-    with the command that exports the checkpoint; the export leaves nothing in its directory."""
+    """Ctrl-C (or SIGTERM) during the export at the end of a finished run (minutes for a large model): str() the line
+    to print, with the command that exports the checkpoint; the export leaves nothing in its directory."""
 
-    exit_code = 130
-
-    def __init__(self, step: int, checkpoint: str, export_dir: str):
-        super().__init__(f"interrupted while exporting to {export_dir} (nothing left there); the run is done at step "
-                         f"{step}, checkpoint {checkpoint}; to export it: "
+    def __init__(self, step: int, checkpoint: str, export_dir: str, signum: int = signal.SIGINT):
+        self.exit_code = 128 + int(signum)
+        by = " by SIGTERM" if signum == signal.SIGTERM else ""
+        super().__init__(f"interrupted{by} while exporting to {export_dir} (nothing left there); the run is done at "
+                         f"step {step}, checkpoint {checkpoint}; to export it: "
                          f"{shlex.join(['python', '-m', 'raytrain.tools.export', checkpoint, export_dir])}")
 
 
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread to take Ctrl-C's path (`sigterm_as_ctrl_c`)."""
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread to take Ctrl-C's path (`sigterm_as_ctrl_c`); main exits 143 for it."""
 
 
 @contextlib.contextmanager
@@ -93,7 +93,7 @@ def sigterm_as_ctrl_c():
         return
 
     def terminated(signum, frame):
-        raise _Terminated()
+        raise Terminated()
 
     previous = signal.signal(signal.SIGTERM, terminated)
     try:
@@ -218,7 +218,7 @@ def run_trainer(trainer, progress: DataProgress, run_uri: str, max_steps: int, c
                 checkpoint = layout.latest_checkpoint(run_uri)
             raise Interrupted(summary.step, max_steps,
                               layout.checkpoint_uri(run_uri, checkpoint) if checkpoint else None, command,
-                              signal.SIGTERM if isinstance(e, _Terminated) else signal.SIGINT) from None
+                              signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT) from None
         summary = progress.summary()
         if summary.bad_record is not None:
             raise summary.bad_record  # the counter stopped the run: whatever fit() says is its consequence

@@ -390,10 +390,11 @@ def test_reading_a_runs_record_prints_no_ray_train_snapshot_line(tmp_path, caplo
     assert logging.getLogger(compat.CHECKPOINT_MANAGER_LOGGER).filters == []  # dropped for the call only
 
 
-def test_ctrl_c_during_the_final_export_says_the_run_is_done_and_how_to_export_it(tmp_path, monkeypatch):
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_during_the_final_export_says_the_run_is_done_and_how_to_export_it(signal_name, tmp_path, monkeypatch):
     from raytrain.driver import run as driver_run
     from raytrain.driver.run import _wrap_up, finished_checkpoint
-    from raytrain.driver.watch import ExportInterrupted
+    from raytrain.driver.watch import ExportInterrupted, Terminated
 
     run = run_with_checkpoints(tmp_path / "runs", "r1", [40])  # TWO: training.max_steps=40
     record = tmp_path / "runs" / "r1" / "checkpoint_step_00000040" / "raytrain.json"
@@ -402,16 +403,17 @@ def test_ctrl_c_during_the_final_export_says_the_run_is_done_and_how_to_export_i
     out = tmp_path / "hf"
     spec = place(tmp_path / "runs", "checkpoint.name=r1", f"checkpoint.export_dir={out}")
 
-    def interrupted(*args, **kwargs):  # Ctrl-C in the middle of the export's minutes
-        raise KeyboardInterrupt
+    def interrupted(*args, **kwargs):  # Ctrl-C (or SIGTERM: sigterm_as_ctrl_c) in the middle of the export's minutes
+        raise Terminated if signal_name == "SIGTERM" else KeyboardInterrupt
 
     monkeypatch.setattr(driver_run, "export", interrupted)
     with pytest.raises(ExportInterrupted) as e:
         _wrap_up(finished_checkpoint(spec.run_uri, 40), spec, spec.config)
-    assert e.value.exit_code == 130
-    assert str(e.value) == (f"interrupted while exporting to {out} (nothing left there); the run is done at step 40, "
-                            f"checkpoint {run}/checkpoint_step_00000040; to export it: python -m raytrain.tools.export "
-                            f"{run}/checkpoint_step_00000040 {out}")  # was "interrupted before training started"
+    by = " by SIGTERM" if signal_name == "SIGTERM" else ""
+    assert e.value.exit_code == (143 if by else 130)
+    assert str(e.value) == (f"interrupted{by} while exporting to {out} (nothing left there); the run is done at step "
+                            f"40, checkpoint {run}/checkpoint_step_00000040; to export it: python -m "
+                            f"raytrain.tools.export {run}/checkpoint_step_00000040 {out}")  # was "... before training"
 
 
 @pytest.mark.usefixtures("no_ray_driver")
