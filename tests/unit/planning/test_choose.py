@@ -368,3 +368,112 @@ def test_offloaded_states_over_the_host_while_the_gpu_fits_are_told_to_add_nodes
     # the hint followed: four nodes of one GPU each hold a quarter of the states each
     r = resolve(*full, auto=auto, host_gib=12, cluster=ClusterShape(num_workers=4, use_gpu=True, gpus_per_node=1))
     assert chosen(r)["offload"] == {"device": "cpu", "pin_memory": True} and "host 10.1 GiB of 10.8 GiB" in r.plan[0]
+
+
+def test_parameter_offload_auto_is_chosen_only_where_nothing_fits_without_it():
+    """offload_param=auto: 7.24B on 16 GiB GPUs fits only with the parameters on the host (chosen, pinned);
+    on 24 GiB full optimizer offload with checkpointing fits, so the parameters stay on the GPU."""
+    auto = [*AUTO, "deepspeed.zero_optimization.offload_param=auto"]
+    small = resolve("training.gradient_accumulation_steps=1", shape=SHAPE_7B, gpu_gib=16, host_gib=500, auto=auto)
+    assert small.ds_config["zero_optimization"]["offload_param"] == {"device": "cpu", "pin_memory": True}
+    assert "full optimizer offload, parameter offload, checkpointing" in small.plan[0]
+    assert small.deepspeed.offload_param == "cpu"
+    larger = resolve("training.gradient_accumulation_steps=1", shape=SHAPE_7B, gpu_gib=24, host_gib=500, auto=auto)
+    assert larger.ds_config["zero_optimization"]["offload_param"] == {"device": "none"}
+    assert chosen(larger)["offload"]["device"] == "cpu" and "parameter offload" not in larger.plan[0]
+
+
+def test_auto_micro_batch_under_a_written_train_batch_size_divides_it():
+    # deepspeed.train_batch_size=96 with the accumulation left free: the micro-batch must divide 96 (one GPU),
+    # and the accumulation is what is left of it (24 x 4), not 1 with the micro-batch alone
+    r = resolve("training.gradient_accumulation_steps=null", "deepspeed.train_batch_size=96")
+    mb = chosen(r)["micro_batch"]
+    assert 96 % mb == 0 and r.deepspeed.gradient_accumulation_steps == 96 // mb and r.deepspeed.train_batch_size == 96
+    assert r.plan[0].startswith(f"chose micro-batch {mb} x {96 // mb} accumulation, ")
+    # on 4 GPUs of 60 GiB each step is micro-batch x accumulation x 4 sequences (the divisors of 24 that fit)
+    r = resolve("training.gradient_accumulation_steps=null", "deepspeed.train_batch_size=96", gpu_gib=60,
+                host_gib=1000, auto=["training.micro_batch_size_per_gpu=auto"],
+                cluster=ClusterShape(num_workers=4, use_gpu=True, gpus_per_node=4))
+    assert chosen(r)["micro_batch"] == 12 and r.deepspeed.gradient_accumulation_steps == 2
+    assert r.plan[0].startswith("chose micro-batch 12 x 2 accumulation, ")
+
+
+def test_auto_micro_batch_plans_with_the_accumulation_the_deepspeed_json_writes():
+    # training.gradient_accumulation_steps unset, the JSON's gradient_accumulation_steps=4: ranked and printed at 4
+    r = resolve("training.gradient_accumulation_steps=null", "deepspeed.gradient_accumulation_steps=4")
+    assert r.deepspeed.gradient_accumulation_steps == 4
+    assert r.plan[0].startswith(f"chose micro-batch {chosen(r)['micro_batch']} x 4 accumulation, ")
+
+
+def test_a_written_sub_group_size_is_the_one_the_offload_ratio_is_searched_over():
+    # 22 GiB with sub_group_size auto: a ratio over 1e8 sub-groups wins; written (DeepSpeed's 1e9, 3 sub-groups),
+    # the search keeps to that split: a ratio chosen for finer sub-groups would split DeepSpeed's otherwise
+    r = resolve(gpu_gib=22, auto=[a for a in AUTO if "sub_group_size" not in a])
+    assert chosen(r)["offload"] == {"device": "cpu", "pin_memory": True, "ratio": 1.0}
+    assert "sub_group_size" not in r.ds_config["zero_optimization"] and "full optimizer offload" in r.plan[0]
+
+
+def test_written_offload_param_and_an_absent_zero_section_are_left_as_written():
+    # only the micro-batch auto: a written offload_param section is kept (pin_memory false included) ...
+    r = resolve('deepspeed.zero_optimization.offload_param={"device": "cpu", "pin_memory": false}',
+                auto=["training.micro_batch_size_per_gpu=auto"])
+    assert r.ds_config["zero_optimization"]["offload_param"] == {"device": "cpu", "pin_memory": False}
+    assert "parameter offload" in r.plan[0] and "sub_group_size" not in r.ds_config["zero_optimization"]
+    # ... and a DeepSpeed JSON without zero_optimization gets none of the planner's keys (2 CPU workers)
+    ds = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "bf16": {"enabled": "auto"}}
+    cfg = load_config(None, [f"deepspeed={json.dumps(ds)}", "training.micro_batch_size_per_gpu=auto",
+                             "scaling.num_workers=2"])
+    r = resolve_run(cfg, ClusterShape(num_workers=2, use_gpu=False), target=Target(None, 64 * GIB, None))
+    assert r.ds_config["zero_optimization"] == {} and r.ds_config["train_micro_batch_size_per_gpu"] == 128
+
+
+def test_on_cpu_the_largest_micro_batch_that_fits_is_chosen_without_checkpointing():
+    from raytrain.planning.memory import DoesNotFit
+
+    def on_cpu(*overrides):
+        cfg = load_config(None, ["training.micro_batch_size_per_gpu=auto", "scaling.num_workers=2", *overrides])
+        return resolve_run(cfg, ClusterShape(num_workers=2, use_gpu=False), target=Target(None, 3 * GIB, None))
+
+    r = on_cpu("model.gradient_checkpointing=auto")
+    mb = r.ds_config["train_micro_batch_size_per_gpu"]
+    assert r.config.model.gradient_checkpointing is False and 8 < mb < 128
+    # checkpointing would fit a larger micro-batch: no checkpointing wins where it fits at all
+    assert on_cpu("model.gradient_checkpointing=true").ds_config["train_micro_batch_size_per_gpu"] > mb
+    # and it is the largest: the planner's own fit check passes it and refuses one more
+    assert check_memory(r, Target(None, 3 * GIB, None)).startswith("memory: fits")
+    with pytest.raises(DoesNotFit, match=r"^this run needs .* host RAM per node \(2 workers x "):
+        check_memory(on_cpu(f"training.micro_batch_size_per_gpu={mb + 1}"), Target(None, 3 * GIB, None))
+
+
+def test_optimizer_offload_stays_on_where_the_user_wrote_its_device_or_deepspeed_needs_it():
+    # ratio auto under a written device cpu: a ratio (1.0 at most), never test_1b_capped_at_24_gib's no-offload plan
+    r = resolve('deepspeed.zero_optimization.offload_optimizer={"device": "cpu", "pin_memory": false, "ratio": "auto"}',
+                auto=["training.micro_batch_size_per_gpu=auto", "model.gradient_checkpointing=auto"], gpu_gib=24)
+    assert "optimizer offload" in r.plan[0].split(":")[0] and chosen(r)["micro_batch"] > 24
+    # bf16 master weights with fp32 moments: DeepSpeed asserts optimizer offload, so it is chosen with room to spare
+    r = resolve("deepspeed.bf16.bf16_master_weights_and_grads=true")
+    assert chosen(r)["offload"]["device"] == "cpu" and "optimizer offload" in r.plan[0].split(":")[0]
+
+
+def test_among_equally_fast_splits_of_one_micro_batch_the_most_headroom_on_the_tighter_limit_wins():
+    # 19 GiB: at micro-batch 29 the ratios 0.7857 (sub_group_size 2e8) and 0.7727 (1e8) are predicted within TIE.
+    # With 26 GiB of RAM the GPU is the tighter limit: 2e8 leaves it more room; with 25.25 GiB the host is, and
+    # 1e8 (17M fewer parameters' states on the host) leaves it more.
+    gpu_bound, host_bound = resolve(gpu_gib=19, host_gib=26), resolve(gpu_gib=19, host_gib=25.25)
+    assert chosen(gpu_bound)["micro_batch"] == chosen(host_bound)["micro_batch"] == 29
+    assert chosen(gpu_bound)["sub_group_size"] == 200_000_000 and chosen(gpu_bound)["offload"]["ratio"] == 0.7857
+    assert chosen(host_bound)["sub_group_size"] == 100_000_000 and chosen(host_bound)["offload"]["ratio"] == 0.7727
+    # the host's RAM unknown (the plan command without --host-memory-gib): not a limit, full offload fits
+    cfg = load_config("configs/llama-1b-1gpu.yaml", [*AUTO, *Z])
+    one_gpu = ClusterShape(num_workers=1, use_gpu=True, gpus_per_node=1)
+    unknown = resolve_run(cfg, one_gpu, target=Target(19 * GIB, None))
+    assert chosen(unknown)["offload"]["ratio"] == 1.0 and unknown.plan[0].endswith(", host 24.8 GiB")
+    assert chosen(unknown) == chosen(resolve(gpu_gib=19, host_gib=100_000))  # as with a host that is never the limit
+
+
+def test_offload_auto_under_zero_stage_2_offloads_the_whole_optimizer_or_nothing():
+    # stages 1-2 flatten each param group whole: no ratio to choose, 22 GiB needs the whole optimizer on the host
+    auto = [a for a in AUTO if "sub_group_size" not in a]
+    r = resolve("deepspeed.zero_optimization.stage=2", auto=auto, gpu_gib=22)
+    assert chosen(r)["offload"] == {"device": "cpu", "pin_memory": True, "ratio": 1.0} and chosen(r)["checkpointing"]
+    assert chosen(resolve("deepspeed.zero_optimization.stage=2", auto=auto))["offload"] == {"device": "none"}
