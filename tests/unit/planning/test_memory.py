@@ -220,3 +220,120 @@ def test_nvme_offload_holds_swap_buffers_in_host_ram_not_the_states(llama7b_stat
     # parameters on NVMe with max_in_cpu 0: only the 5 x 1e8 bf16 swap buffers (1 GB -> a 1 GiB block)
     assert nvme.model_states["param+optimizer"][1] == nvme.model_states["optimizer"][1] + 2**30
     assert "offload optimizer to nvme" in format_plan(nvme)
+
+
+def test_zero_1_and_2_partition_only_what_their_stage_partitions(llama7b_stats):
+    # 8 GPUs. ZeRO-2: the bf16 parameters whole on every GPU, gradients and optimizer states partitioned, a layer's
+    # full gradients while it runs, no gathered layer; each param group is one flat group whatever sub_group_size
+    # says (a ZeRO-3 key), so the step casts the decayed weights' whole partition at once
+    N, n = 6_738_415_616, 6_738_415_616 // 8
+    two = dict(plan_7b(llama7b_stats, zero={"stage": 2, "sub_group_size": 100_000_000}).configured.breakdown)
+    assert two["parameters"] == 2 * N and two["gradient partition"] == 2 * n and two["Adam moments"] == 8 * n
+    assert two["full gradients of a layer"] == 2 * 32000 * 4096 and "gathered layer + prefetch" not in two
+    assert two["step: gradients of one sub-group, master dtype"] == 4 * 842_268_672
+    # ZeRO-1: the gradients whole too, and no layer's gradients on top of them
+    one = dict(plan_7b(llama7b_stats, zero={"stage": 1}).configured.breakdown)
+    assert one["parameters"] == one["gradient partition"] == 2 * N and one["Adam moments"] == 8 * n
+    assert "full gradients of a layer" not in one and "gathered layer + prefetch" not in one
+    # optimizer offload works from stage 1: the states leave the GPU
+    offloaded = plan_7b(llama7b_stats, zero={"stage": 1, "offload_optimizer": {"device": "cpu"}}).configured
+    assert offloaded.offload == "optimizer" and "Adam moments" not in dict(offloaded.breakdown)
+    assert offloaded.params_on_host == n and offloaded.host_state_bytes > 12 * n
+
+
+def test_on_one_gpu_zero_3_keeps_no_gathered_or_persistent_copies_and_without_contiguous_gradients_no_bucket(
+        llama7b_stats):
+    one_gpu = dict(plan_7b(llama7b_stats, world=1).configured.breakdown)
+    assert "gathered layer + prefetch" not in one_gpu and "persistent small parameters" not in one_gpu
+    assert one_gpu["reduce bucket"] == 2 * 50_000_000
+    plain, unbucketed = plan_7b(llama7b_stats), plan_7b(llama7b_stats, zero={"contiguous_gradients": False})
+    assert "reduce bucket" not in dict(unbucketed.configured.breakdown)
+    assert [o.worker_bytes for o in plain.options] == [o.worker_bytes + 2 * 50_000_000 for o in unbucketed.options]
+
+
+def test_gpu_sub_groups_stage_through_pinned_blocks_of_the_sizes_the_host_side_lacks(llama7b_stats):
+    # ratio 0.1 over 1e8 sub-groups: only the norms' 33,280 on the host; the GPU sub-groups' fp32 gradient buffers
+    # pass through pinned blocks of two more sizes, 512 MiB (the ~1e8 ones) and 128 MiB (33.3M), kept cached
+    item = "pinned staging of GPU sub-groups' gradient buffers (cached)"
+    section = {"device": "cpu", "ratio": 0.1}
+    pinned = plan_7b(llama7b_stats, zero={"sub_group_size": 100_000_000, "offload_optimizer": section})
+    assert dict(pinned.configured.breakdown)[item] == 2**29 + 2**27
+    # ratio 0.5: the host side's own pinned buffers come in the GPU side's sizes already, so no more are cached
+    half = plan_7b(llama7b_stats, zero={"sub_group_size": 100_000_000, "offload_optimizer": {**section, "ratio": 0.5}})
+    assert dict(half.configured.breakdown)[item] == 0
+    # torch's AdamW steps the largest GPU sub-group's temporaries, not the smallest's
+    assert dict(pinned.configured.breakdown)["step: AdamW temporaries, largest GPU sub-group"] == 4 * 101_187_584
+    unpinned = plan_7b(llama7b_stats, zero={"sub_group_size": 100_000_000,
+                                            "offload_optimizer": {**section, "pin_memory": False}})
+    assert dict(unpinned.configured.breakdown)[item] == 0
+
+
+def test_fp32_takes_4_bytes_a_parameter_and_gradient_and_casts_nothing_at_the_step():
+    # training on CPU is fp32: 2 workers each hold half the built-in model's parameters and gradients, 4 bytes each
+    resolved = resolve_run(load_config(None), ClusterShape(num_workers=2, use_gpu=False))
+    plan = estimate_memory(resolved, Target(host_memory_bytes=8 * GIB))
+    items, half = dict(plan.configured.breakdown), -(-plan.num_params // 2)
+    assert plan.precision == "fp32" and items["parameter partition"] == items["gradient partition"] == 4 * half
+    # no flatten-and-cast (the model dtype is the master's); torch's per-tensor AdamW on CPU: the moments' size
+    largest = max(plan.facts.sub_groups(plan.configured.setting.sub_group_size))
+    assert items["step: flatten / Adam temporaries"] == 8 * largest
+    on_gpus = resolve_run(load_config(None, ["training.precision=fp32"]),
+                          ClusterShape(num_workers=2, use_gpu=True, gpus_per_node=2))
+    assert dict(estimate_memory(on_gpus).configured.breakdown)["step: flatten / Adam temporaries"] == 0
+
+
+def test_parameter_offload_pins_one_block_per_parameter_and_nvme_keeps_up_to_max_in_cpu_in_ram(llama7b_stats):
+    # per rank of 8, bf16: q, k, v, o 4 MiB each (exact powers of two), gate, up, down 11.3 MB -> 16 MiB, the
+    # embedding and the head 32.8 MB -> 32 MiB: 32 x 64 MiB + 64 MiB, cached from zero.Init; unpinned: none
+    item = "per-parameter pinned blocks from zero.Init (cached)"
+    cpu = plan_7b(llama7b_stats, zero={"offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}})
+    assert dict(cpu.configured.breakdown)[item] == 2112 * 2**20
+    # ... and the flat partitions, one block per param group: the weights' 1.68 GB -> 2 GiB, the norms' 66,560 B
+    assert dict(cpu.configured.breakdown)["parameter partitions (pinned, one block per param group)"] == 2**31 + 2**17
+    unpinned = plan_7b(llama7b_stats, zero={"offload_param": {"device": "cpu", "pin_memory": False},
+                                            "offload_optimizer": {"device": "cpu", "pin_memory": False}})
+    assert dict(unpinned.configured.breakdown)[item] == 0
+    # NVMe: the first 5e8 elements of the flat groups stay in host RAM (the weights' 842.3M partition cut there,
+    # the norms' left on the drive), 1 GB pinned in a 1 GiB block; unpinned, the optimizer's 4 swap buffers are
+    # exactly 4 x the largest fp32 sub-group, and the init transient its pageable copy
+    nvme = {"device": "nvme", "nvme_path": "/local_nvme"}
+    items = dict(plan_7b(llama7b_stats, zero={"offload_param": {**nvme, "max_in_cpu": 500_000_000},
+                                              "offload_optimizer": nvme}).configured.breakdown)
+    assert items["parameter partitions kept in host RAM (offload_param.max_in_cpu, pinned)"] == 2**30
+    # with DeepSpeed's max_in_cpu (1e9) both partitions stay in RAM: 2 GiB and 128 KiB blocks
+    items = dict(plan_7b(llama7b_stats, zero={"offload_param": nvme, "offload_optimizer": nvme}).configured.breakdown)
+    assert items["parameter partitions kept in host RAM (offload_param.max_in_cpu, pinned)"] == 2**31 + 2**17
+    items = dict(plan_7b(llama7b_stats, zero={"offload_optimizer": {**nvme, "pin_memory": False}}).configured.breakdown)
+    assert items["NVMe swap buffers, optimizer (buffer_count x largest sub-group, pinned)"] == 4 * 4 * 842_268_672
+    assert items["init: pageable copies before pinning (transient)"] == 4 * 842_268_672
+    # the parameters' swap buffers, unpinned: DeepSpeed's buffer_count 5 x buffer_size 1e8 bf16 elements
+    items = dict(plan_7b(llama7b_stats, zero={"offload_param": {**nvme, "max_in_cpu": 0, "pin_memory": False},
+                                              "offload_optimizer": {**nvme, "pin_memory": False}}).configured.breakdown)
+    assert items["NVMe swap buffers, parameters (buffer_count x buffer_size, pinned)"] == 2 * 5 * 100_000_000
+
+
+def test_zero_0_keeps_parameters_and_gradients_whole_and_is_what_a_zero_section_without_a_stage_means(
+        llama7b_stats):
+    from raytrain.planning.estimate import memory_facts
+
+    N = 6_738_415_616
+    zero = dict(plan_7b(llama7b_stats, zero={"stage": 0}).configured.breakdown)
+    assert zero["parameters"] == zero["gradient partition"] == 2 * N and "full gradients of a layer" not in zero
+    cfg = load_config(None, [f"model.config={json.dumps(LLAMA2_7B)}"])
+    facts = memory_facts({"zero_optimization": {"reduce_bucket_size": 1000}}, cfg, use_gpu=True, world_size=8,
+                         workers_per_node=8, stats=llama7b_stats, hf_config=load_model_config(cfg.model))
+    assert facts.stage == 0  # DeepSpeed's default
+
+
+def test_the_boundaries_of_hpz_persistence_and_gathering(llama7b_stats):
+    # hpZ 2 of 32 GPUs: a secondary copy of half the parameters; hpZ as large as the world: no secondary partition
+    assert dict(plan_7b(llama7b_stats, world=32, zero={"zero_hpz_partition_size": 2}).configured.breakdown)[
+        "hpZ secondary parameter copy"] == 2 * 6_738_415_616 // 2
+    assert "hpZ secondary parameter copy" not in dict(
+        plan_7b(llama7b_stats, world=8, zero={"zero_hpz_partition_size": 8}).configured.breakdown)
+    # two GPUs already gather layers and keep the small parameters whole
+    two = dict(plan_7b(llama7b_stats, world=2).configured.breakdown)
+    assert two["persistent small parameters"] == 2 * 65 * 4096 and "gathered layer + prefetch" in two
+    # a parameter exactly at stage3_param_persistence_threshold persists (DeepSpeed: numel <= threshold)
+    at = dict(plan_7b(llama7b_stats, zero={"stage3_param_persistence_threshold": 4096}).configured.breakdown)
+    assert at["persistent small parameters"] == 2 * 65 * 4096
