@@ -30,6 +30,8 @@ two Adam moments per parameter (4 / 8, or 2 / 4 with `bf16.bf16_master_weights_a
   (stage3.py:888-909). The gradient accumulation buffer stays in host RAM.
 - On one GPU ZeRO-3's gather is a view (partition_parameters.py, NoGatherHandle): no gathered-layer
   or persistent-parameter copies there.
+- Stages 1 and 2 keep the parameters (and stage 1 the gradients) whole, as N; stage 0 (no ZeRO) keeps the master
+  weights and moments whole on every rank too, and for fp32 no master copy at all.
 - Activations: `activation_bytes` (Llama-style decoders and their mixtures of experts, GPT-2, GPT-NeoX, Phi3's
   fused projections; other models are approximated).
 """
@@ -339,7 +341,12 @@ def estimate(f: MemoryFacts, s: Setting, subs: list[int] | None = None) -> Estim
         host.append(("pinned staging of GPU sub-groups' gradient buffers (cached)", sum(cached)))
     else:
         sg = max(subs)
-        resident += [("gradient partition", pb * grads), (master, mw * n), ("Adam moments", st * n)]
+        # ZeRO 1-3 partition the master weights and moments. Stage 0 is no ZeRO: DeepSpeed 0.19.8 wraps the
+        # optimizer in FP16_Optimizer for fp16 and bf16 (engine.py _do_optimizer_sanity_check: DDP_BFLOAT16),
+        # whole on every rank, and leaves it bare for fp32, whose parameters are their own master weights.
+        states = n if stage >= 1 else stats.num_params
+        masters = 0 if stage == 0 and f.precision == "fp32" else states
+        resident += [("gradient partition", pb * grads), (master, mw * masters), ("Adam moments", st * states)]
         # At the step each sub-group's gradients are flattened (model dtype) and cast to the master dtype.
         step += [("step: gradients of one sub-group, master dtype", mw * sg),
                  ("step: flatten / Adam temporaries", max(pb * sg if pb != mw else 0, st * sg if unfused else 0))]

@@ -280,6 +280,11 @@ def test_fp32_takes_4_bytes_a_parameter_and_gradient_and_casts_nothing_at_the_st
     on_gpus = resolve_run(load_config(None, ["training.precision=fp32"]),
                           ClusterShape(num_workers=2, use_gpu=True, gpus_per_node=2))
     assert dict(estimate_memory(on_gpus).configured.breakdown)["step: flatten / Adam temporaries"] == 0
+    # without ZeRO (stage 0) fp32 parameters are their own master weights: DeepSpeed keeps no copy of them
+    bare = resolve_run(load_config(None, ["training.precision=fp32", 'deepspeed={"zero_optimization": {"stage": 0}}']),
+                       ClusterShape(num_workers=2, use_gpu=True, gpus_per_node=2))
+    items = dict(estimate_memory(bare).configured.breakdown)
+    assert items["fp32 master weights"] == 0 and items["Adam moments"] == 8 * plan.num_params
 
 
 def test_parameter_offload_pins_one_block_per_parameter_and_nvme_keeps_up_to_max_in_cpu_in_ram(llama7b_stats):
@@ -312,13 +317,16 @@ def test_parameter_offload_pins_one_block_per_parameter_and_nvme_keeps_up_to_max
     assert items["NVMe swap buffers, parameters (buffer_count x buffer_size, pinned)"] == 2 * 5 * 100_000_000
 
 
-def test_zero_0_keeps_parameters_and_gradients_whole_and_is_what_a_zero_section_without_a_stage_means(
+def test_zero_0_keeps_parameters_gradients_and_optimizer_states_whole_and_is_the_default_of_a_zero_section(
         llama7b_stats):
     from raytrain.planning.estimate import memory_facts
 
     N = 6_738_415_616
     zero = dict(plan_7b(llama7b_stats, zero={"stage": 0}).configured.breakdown)
     assert zero["parameters"] == zero["gradient partition"] == 2 * N and "full gradients of a layer" not in zero
+    # ... and the optimizer too (no ZeRO: DeepSpeed's FP16_Optimizer for bf16, whole on every rank, as the driver's
+    # stage-0 note says): the master weights and moments of all N parameters on each of the 8 GPUs, not N / 8
+    assert zero["fp32 master weights"] == 4 * N and zero["Adam moments"] == 8 * N
     cfg = load_config(None, [f"model.config={json.dumps(LLAMA2_7B)}"])
     facts = memory_facts({"zero_optimization": {"reduce_bucket_size": 1000}}, cfg, use_gpu=True, world_size=8,
                          workers_per_node=8, stats=llama7b_stats, hf_config=load_model_config(cfg.model))
