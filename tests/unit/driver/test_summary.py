@@ -16,3 +16,19 @@ def test_summary_has_a_table_and_a_loss_curve(tmp_path):
     png = (tmp_path / "run3" / "loss_curve.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
     assert len(paths) == 2
+
+
+def test_a_sessions_first_window_is_labelled_with_its_start_up_and_left_out_of_the_median(tmp_path):
+    # a continued session of one window: its speed holds the restart (measured by a day-2 reviewer: the summary read
+    # the start-up window as the run's tokens/s)
+    history = [dict(HISTORY[0], tokens_per_s=300.0), dict(HISTORY[1], tokens_per_s=1000.0),
+               dict(HISTORY[2], tokens_per_s=1020.0),
+               dict(HISTORY[2], step=20, tokens_per_s=250.0, resumed_from_step=15)]
+    write_summary(history, history[-1], str(tmp_path), "cont")
+    md = (tmp_path / "cont" / "summary.md").read_text()
+    assert "| tokens/s (last window, with this session's start-up) | 250 |" in md
+    assert "| tokens/s (median of the windows after start-up) | 1,020 |" in md  # 1,000 and 1,020: not 300, not 250
+    write_summary(HISTORY, HISTORY[-1], str(tmp_path), "plain")
+    md = (tmp_path / "plain" / "summary.md").read_text()
+    assert "| tokens/s (last window) | 1,015 |" in md
+    assert "| tokens/s (median of the windows after start-up) | 1,015 |" in md  # the first window (1,005) left out
