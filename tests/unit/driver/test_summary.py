@@ -32,3 +32,6 @@ def test_a_sessions_first_window_is_labelled_with_its_start_up_and_left_out_of_t
     md = (tmp_path / "plain" / "summary.md").read_text()
     assert "| tokens/s (last window) | 1,015 |" in md
     assert "| tokens/s (median of the windows after start-up) | 1,015 |" in md  # the first window (1,005) left out
+    write_summary(HISTORY[:1], HISTORY[0], str(tmp_path), "one")  # one window: all of it start-up, no median
+    md = (tmp_path / "one" / "summary.md").read_text()
+    assert "| tokens/s (last window, with this session's start-up) | 1,005 |" in md and "median" not in md
