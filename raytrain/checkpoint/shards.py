@@ -86,12 +86,10 @@ class Checkpointer:
     def storage_full(self, step: int, metrics: dict[str, Any]) -> None:
         """The upload of step `step`'s checkpoint found checkpoint.storage_path full: stop the run in one line."""
         keep = self.spec.config.checkpoint.num_to_keep
-        size = metrics.get("checkpoint_size_gib")
-        stop_run(SetupMistake(
+        stop_run(SetupMistake(  # `metrics` is the window `save` added the checkpoint's size to
             f"checkpoint.storage_path={self.spec.storage_path}",
-            f"no space left for the checkpoint of step {step}"
-            + (f" ({size:.3f} GiB" if size is not None else " (")
-            + f"; checkpoint.num_to_keep={keep} are kept, and a new one is written before the oldest is deleted)",
+            f"no space left for the checkpoint of step {step} ({metrics['checkpoint_size_gib']:.3f} GiB; "
+            f"checkpoint.num_to_keep={keep} are kept, and a new one is written before the oldest is deleted)",
             f"free space there, and delete {self.spec.run_uri}/{checkpoint_dir_name(step)} (a save that never "
             f"completed); then the same command with checkpoint.name={self.spec.run_name} continues from the run's "
             f"latest checkpoint"), self.spec.counter)
