@@ -528,6 +528,33 @@ def _mapping(value: Any) -> dict:
     return value if isinstance(value, dict) else {}  # a section of the wrong type is check_deepspeed's to name
 
 
+def _check_zenflow(ds: dict, zero: dict, stage: int) -> None:
+    """ZenFlow at stages 1-2 (DeepSpeed 0.19.8, runtime/zenflow/zenflow_stage_1_and_2.py): what it needs, each
+    found on CPU as a traceback from deepspeed.initialize in every worker. Measured on an H200 and an H100 it was
+    no faster than plain offload (docs/benchmarks.md, session 50), but it is the user's DeepSpeed option."""
+    opt = _mapping(ds.get("optimizer"))
+    if stage not in (1, 2):  # stage 0 has no ZeRO optimizer for ZenFlow's steps (3: refused above)
+        raise ConfigError(f"deepspeed.zero_optimization.zenflow runs with ZeRO stage 1 or 2, not {stage}: set "
+                          f"zero_optimization.stage=2, or remove zenflow")
+    if str(_mapping(zero.get("offload_optimizer")).get("device", "none")).lower() != "cpu":
+        raise ConfigError("deepspeed.zero_optimization.zenflow needs zero_optimization.offload_optimizer.device=cpu "
+                          "(ZenFlow steps the unselected columns in a CPU Adam; DeepSpeed: 'Zenflow must be used with "
+                          "cpu offload'): add it, or remove zenflow")
+    if str(opt.get("type", "")).lower() not in ("adam", "adamw") or _mapping(opt.get("params")).get("torch_adam"):
+        # DeepSpeed hands the section's params to ZenFlow's device-side AdamW (ZenFlowSelectiveAdamW(**params)):
+        # with raytrain's own AdamW there are none (a TypeError), and torch_adam is not a parameter it takes.
+        raise ConfigError("deepspeed.zero_optimization.zenflow needs the DeepSpeed config's own optimizer section, "
+                          "type Adam or AdamW without torch_adam (DeepSpeed passes its params to ZenFlow's "
+                          "GPU-side AdamW): add deepspeed.optimizer: {type: AdamW, params: {lr: ...}}")
+    if ds.get("gradient_accumulation_steps", 1) != 1:
+        # runtime/zenflow/engine.py sets the engine's gradient_accumulation_steps to update_interval: the
+        # accumulation written here would be replaced, and raytrain's steps would not be DeepSpeed's
+        raise ConfigError(f"deepspeed.zero_optimization.zenflow replaces gradient accumulation with its "
+                          f"update_interval (DeepSpeed sets one to the other), and the batch has "
+                          f"gradient_accumulation_steps={ds.get('gradient_accumulation_steps')}: set "
+                          f"training.gradient_accumulation_steps=1 and zenflow.update_interval")
+
+
 def _check_zero_options(ds: dict) -> None:
     zero = _mapping(ds.get("zero_optimization"))
     bf16 = _mapping(ds.get("bf16"))
@@ -540,6 +567,8 @@ def _check_zero_options(ds: dict) -> None:
         raise ConfigError("deepspeed.zero_optimization.zenflow does not work with stage 3 on models built under "
                           "zero.Init, as raytrain builds them (DeepSpeed 0.19.8 transposes weights that are already "
                           "partitioned: wrong shapes in the first step): remove zenflow, or use offload_optimizer")
+    if zero.get("zenflow") is not None:
+        _check_zenflow(ds, zero, stage)
     master, states = bf16.get("bf16_master_weights_and_grads") is True, bf16.get("bf16_optimizer_states") is True
     offloaded = str(_mapping(zero.get("offload_optimizer")).get("device", "none")).lower() != "none"
     if (master or states) and bf16.get("enabled") is not True:

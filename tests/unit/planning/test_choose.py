@@ -178,6 +178,29 @@ def test_zenflow_with_stage_3_is_refused_without_auto_too():
         resolve("deepspeed.zero_optimization.zenflow={}", auto=[])
 
 
+# ZenFlow at stage 2 as DeepSpeed 0.19.8 runs it (measured on CPU: session 50): each piece missing was a traceback
+# from deepspeed.initialize in every worker
+ZENFLOW = ["deepspeed.zero_optimization.stage=2", 'deepspeed.zero_optimization.zenflow={"topk_ratio": 0.1}',
+           'deepspeed.zero_optimization.offload_optimizer={"device": "cpu"}',
+           'deepspeed.optimizer={"type": "AdamW", "params": {"lr": "auto"}}', WARMUP,
+           "training.gradient_accumulation_steps=1"]
+
+
+@pytest.mark.parametrize("change, match", [
+    ("deepspeed.zero_optimization.stage=0", r"zenflow runs with ZeRO stage 1 or 2, not 0"),
+    ('deepspeed.zero_optimization.offload_optimizer={"device": "none"}', r"zenflow needs .*offload_optimizer.device=cpu"),
+    ("deepspeed.optimizer=null", r"zenflow needs the DeepSpeed config's own optimizer section"),
+    ('deepspeed.optimizer={"type": "AdamW", "params": {"lr": "auto", "torch_adam": true}}', r"without torch_adam"),
+    ("training.gradient_accumulation_steps=4", r"replaces gradient accumulation .* gradient_accumulation_steps=4"),
+], ids=["stage0", "no-offload", "raytrain-adamw", "torch-adam", "accumulation"])
+def test_zenflow_at_stage_2_names_what_it_needs(change, match):
+    ok = resolve(*ZENFLOW, auto=[])
+    assert ok.ds_config["zero_optimization"]["zenflow"] == {"topk_ratio": 0.1}
+    with pytest.raises(ConfigError, match=match) as e:
+        resolve(*ZENFLOW, change, auto=[])
+    assert "\n" not in str(e.value)
+
+
 def test_auto_without_a_known_gpu_memory_names_how_to_plan():
     with pytest.raises(ConfigError, match=r"needs the GPU memory of the target.*--gpu-memory-gib"):
         resolve(gpu_gib=None)
