@@ -13,6 +13,11 @@
 # zeropp:  ZeRO++ hpZ + qwZ + qgZ executed and asserted on 4 ranks sharing the one GPU over gloo, beside plain
 #          ZeRO-3 (benchmarks/gpu_checks.py; BUDGET_S=450 is enough).
 # superoffload: DeepSpeed's SuperOffload on 1.1B (mb 24 x GA 4) against plain offload and no offload (~6.5 min).
+# zenflow: 1.1B at 20 GiB on ZeRO stage 2 with ZenFlow (CPU Adam overlapped with the GPU), its controls (~9 min).
+# stage2:  ZeRO stage 2's host work per micro-batch: 1.1B at micro-batch 1-8 beside stage 3 (~4 min), then zenflow's ui24.
+# hostexp: the host-bound rows (1.1B mb 4, 7.24B mb 1) with the workers' expandable segments and without (~7 min).
+# cap20b:  1.1B at 20 GiB (offload forced): micro-batch 6 with full offload and no checkpointing, the pick, references
+#          (~6 min; not yet run: its one call of session 50 came on an H100 before caps followed the GPU).
 # Issue 14 (the planner; docs/plan-accuracy.md has each variant's predictions, in order of value):
 # plan13b:   configs/llama-13b-1gpu.yaml trains 10 steps through raytrain.main (~6 min); then plain
 #            DeepSpeed at the same planner-chosen settings if the budget is left (~4 min more).
@@ -53,7 +58,7 @@
 # Every bench record carries the planner's prediction ("predicted"), the GPU peak (max_memory_allocated)
 # and the host's used memory sampled every 2 s; host_used_mib.txt samples the whole part the same way.
 set -u
-part=${1:?reader, offload, alloc1b, compile, compile-noliger, checks, zeropp, superoffload, offload-max, plan13b, plan13b-twin, plan13b-nooff, plan7b, plan1b, caps1b, eta1b, eta2, fp16, mfu62, fp8, fp8main, fp8-13b, fp8-13b-twin, main1b, files1b, moe, twin1b, convert1b, activ, profile or layers}
+part=${1:?reader, offload, alloc1b, compile, compile-noliger, checks, zeropp, superoffload, zenflow, stage2, hostexp, cap20b, offload-max, plan13b, plan13b-twin, plan13b-nooff, plan7b, plan1b, caps1b, eta1b, eta2, fp16, mfu62, fp8, fp8main, fp8-13b, fp8-13b-twin, main1b, files1b, moe, twin1b, convert1b, activ, profile or layers}
 OUT=${OUT:-/tmp/out}; W=/tmp/bench_$part; mkdir -p "$OUT" "$W"
 END=$(( $(date +%s) + ${BUDGET_S:-560} ))
 export TORCH_EXTENSIONS_DIR=/tmp/torch_ext
@@ -63,6 +68,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,uuid,serial --format=csv
 nvidia-smi --query-gpu=power.limit,power.max_limit,clocks.max.sm,clocks.sm,clocks.mem,temperature.gpu,pstate \
   --format=csv >> "$W/gpus.csv" 2>&1
 echo "TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST-unset} nproc=$(nproc)" >> "$W/status.txt"
+# The host's CPU: ZeRO-3's per-layer host work at small micro-batches differed 1.8x between H200 machines
+# (2026-12-02 against 2026-12-05, the same code: docs/benchmarks.md, "a host that keeps up")
+lscpu | grep -E "^Model name|^CPU max MHz|^Thread\(s\) per core" | tr -s ' ' >> "$W/status.txt" 2>&1
 Z=(--liger all --set deepspeed.zero_optimization.reduce_bucket_size=500000000
    --set deepspeed.zero_optimization.stage3_prefetch_bucket_size=200000000
    --set deepspeed.zero_optimization.stage3_param_persistence_threshold=10000000)
@@ -74,11 +82,14 @@ S13=(--hidden-size 5120 --num-layers 40 --num-heads 40 --num-kv-heads 40 --inter
 BF16_STATES=(--set deepspeed.bf16.bf16_master_weights_and_grads=true --set deepspeed.bf16.bf16_optimizer_states=true)
 # 20, 24, 70 and 84 GiB of the H200's 143,771 MiB (torch.cuda.set_per_process_memory_fraction and the planner)
 CAP20=0.1425; CAP24=0.171; CAP70=0.4986; CAP84=0.598
+cap_of() {  # cap_of GIB: that many GiB as a fraction of the GPU that came (calls may land on an 80 GB H100)
+  python -c "print(round($1 * 1024 / $(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1), 4))"
+}
 # the planner's pick and runner-up at 24 GiB since 2026-12-02 (plan1b, alloc1b)
 AUTO24=(--paths deepspeed "${AUTO[@]}" --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" --gpu-memory-fraction $CAP24 --no-profile)
 RUNNERUP24=(--paths deepspeed --micro-batch 55 --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" --offload
   --set model.gradient_checkpointing=true --set scaling.cpus_per_worker=14 --gpu-memory-fraction $CAP24 --no-profile)
-case $part in plan*|caps1b|alloc1b|eta*|fp16|fp8*|mfu62|main1b|files1b|activ|moe|twin1b|convert1b|profile|layers|superoffload)
+case $part in plan*|zenflow|stage2|hostexp|cap20b|caps1b|alloc1b|eta*|fp16|fp8*|mfu62|main1b|files1b|activ|moe|twin1b|convert1b|profile|layers|superoffload)
   (while true; do free -m | awk 'NR==2{print $3}'; sleep 2; done) > "$W/host_used_mib.txt" & hostmem=$!
   # The GPU's SM clock, power and why its clock is held down, every second: the same step made 58.3-62.1%
   # MFU on different H200s of one power limit and max clock, so what each one ran at under load is recorded
@@ -169,6 +180,82 @@ superoffload)  # issue 14's must-offload lever: DeepSpeed's SuperOffload steps C
   variant 1b-nooffload 110 "${E[@]}"
   variant 1b-superoffload 150 "${E[@]}" "${OFF[@]}" --set deepspeed.zero_optimization.offload_optimizer.super_offload=true
   variant 1b-offload-noclip 140 "${E[@]}" "${OFF[@]}"
+  ;;
+zenflow)  # issue 14's must-offload target with the one lever not yet measured: ZeRO stage 2 (no per-layer gather
+  # hooks, so a small micro-batch is not host-bound) with DeepSpeed's ZenFlow, whose CPU Adam runs in its own process
+  # while the GPU computes the next update_interval micro-batches (the top 10% gradient columns are updated on the GPU
+  # every micro-batch). At 20 GiB (offload forced: 67.7% of uncapped at the planner's pick) only ~4 sequences of
+  # activations fit without checkpointing, so one full update is mb 4 x update_interval 24 = 96 sequences, the
+  # reference's mb 24 x GA 4. ZenFlow needs DeepSpeed to build the optimizer (a JSON "optimizer" section: it passes the
+  # section's params to its GPU-side AdamW), so each ZenFlow variant runs at GA 1 with micro-steps as bench steps (~9 min)
+  # 20 GiB of whatever GPU came (an H100's 80 GB too); there the shipped micro-batch 24 does not fit: 20
+  CAP20=$(cap_of 20); refmb=24; [[ $CAP20 > 0.2 ]] && refmb=20
+  echo "20 GiB is fraction $CAP20 of this GPU; reference micro-batch $refmb" >> "$W/status.txt"
+  variant 1b-ref-nocap 110 --paths deepspeed "${GAS4[@]}" --micro-batch $refmb "${Z[@]}" --set scaling.cpus_per_worker=14 \
+    --no-profile
+  S2=(--paths deepspeed --liger all --set deepspeed.zero_optimization.stage=2 --micro-batch 4
+      --set deepspeed.zero_optimization.reduce_bucket_size=200000000 --set scaling.cpus_per_worker=14 --no-profile)
+  JSONOPT=(--set deepspeed.optimizer.type=AdamW --set deepspeed.optimizer.params.lr=0.0003
+           --set deepspeed.optimizer.params.weight_decay=0.1)
+  zf() {  # zf UPDATE_INTERVAL: ZenFlow's keys, reselecting the top-k columns once per full update
+    echo --offload --set deepspeed.zero_optimization.zenflow.topk_ratio=0.1 \
+      --set deepspeed.zero_optimization.zenflow.update_interval=$1 --set deepspeed.zero_optimization.zenflow.overlap_step=true \
+      --set deepspeed.zero_optimization.zenflow.select_strategy=step --set deepspeed.zero_optimization.zenflow.select_interval=$1 \
+      --grad-accum 1 --steps $(( 2 * $1 )) --warmup-steps $(( 2 * $1 )) --window $1
+  }
+  variant 1b-cap20-s2-zenflow-ui24 200 "${S2[@]}" "${JSONOPT[@]}" $(zf 24) --gpu-memory-fraction $CAP20
+  if grep -qi "out of memory" "$W/1b-cap20-s2-zenflow-ui24.log" 2>/dev/null; then  # planned by hand: 3 x 32 = 96
+    variant 1b-cap20-s2-zenflow-mb3-ui32 130 "${S2[@]}" --micro-batch 3 "${JSONOPT[@]}" $(zf 32) --gpu-memory-fraction $CAP20
+  fi
+  # the same batch without ZenFlow: stage 2's CPU Adam after every 24 micro-batches, not overlapped
+  variant 1b-cap20-s2-offload-ga24 110 "${S2[@]}" --offload --grad-accum 24 --steps 2 --warmup-steps 2 --window 2 \
+    --gpu-memory-fraction $CAP20
+  # ZenFlow's ceiling at this micro-batch: stage 2 with every state on the uncapped GPU, same batch
+  variant 1b-nocap-s2-mb4-ga24 90 "${S2[@]}" --grad-accum 24 --steps 2 --warmup-steps 2 --window 2
+  variant 1b-cap20-s2-zenflow-ui8 100 "${S2[@]}" "${JSONOPT[@]}" $(zf 8) --gpu-memory-fraction $CAP20
+  ;;
+stage2)  # ZeRO stage 2's host work per micro-batch (no per-layer gather/release hooks): 1.1B without offload at
+  # micro-batch 1, 2, 4 and 8 (GA 8), beside stage 3 at micro-batch 4 (its host term: 9.5 ms a layer, row
+  # 1b-mb4-1202b); then zenflow's update_interval 24 variant with the time left (~7 min)
+  E2=(--paths deepspeed --liger all --grad-accum 8 "${STEPS4[@]}" --set scaling.cpus_per_worker=14 --no-profile)
+  variant 1b-s3-mb4-ga8 60 "${E2[@]}" --micro-batch 4 "${Z[@]}"
+  for mb in 1 2 4 8; do
+    variant 1b-s2-mb$mb-ga8 55 "${E2[@]}" --micro-batch $mb --set deepspeed.zero_optimization.stage=2 \
+      --set deepspeed.zero_optimization.reduce_bucket_size=200000000
+  done
+  BUDGET_S=$(( END - $(date +%s) )) ONLY=ui24 bash "$0" zenflow > /dev/null 2>&1
+  cp /tmp/bench_zenflow/1b-cap20-s2-zenflow-ui24.log "$W/" 2>/dev/null
+  grep -h '"1b-cap20-s2-zenflow-ui24"' /tmp/bench_zenflow/results.jsonl >> "$W/results.jsonl" 2>/dev/null
+  sed -n '3,$p' /tmp/bench_zenflow/results.md >> "$W/results.md" 2>/dev/null
+  cat /tmp/bench_zenflow/status.txt >> "$W/status.txt" 2>/dev/null
+  ;;
+hostexp)  # the throughput model's host term (ZeRO-3's per-layer work at small micro-batches, rows of 2026-12-02) was
+  # measured before the workers' allocator default became expandable segments (raytrain.hardware.allocator_env); on
+  # 2026-12-05 1.1B at micro-batch 4 ran 1.85x its row. The host-bound rows again, with the default and with torch's
+  # own allocator (an empty PYTORCH_CUDA_ALLOC_CONF), one machine (~7 min)
+  H=(--paths deepspeed --liger all "${STEPS4[@]}" "${Z[@]}" --set scaling.cpus_per_worker=14 --no-profile)
+  variant 1b-mb4-exp 45 "${H[@]}" --micro-batch 4 --grad-accum 4
+  PYTORCH_CUDA_ALLOC_CONF= variant 1b-mb4-noexp 45 "${H[@]}" --micro-batch 4 --grad-accum 4
+  variant 7b-mb1-exp 100 "${H[@]}" "${S7[@]}" --micro-batch 1 --grad-accum 2
+  PYTORCH_CUDA_ALLOC_CONF= variant 7b-mb1-noexp 100 "${H[@]}" "${S7[@]}" --micro-batch 1 --grad-accum 2
+  variant 1b-mb4-ckpt-exp 45 "${H[@]}" --micro-batch 4 --grad-accum 4 --set model.gradient_checkpointing=true
+  variant 1b-mb4-unfused-exp 45 "${H[@]}" --micro-batch 4 --grad-accum 4 --set model.fused_layers=false
+  variant 1b-mb8-exp 45 "${H[@]}" --micro-batch 8 --grad-accum 4
+  variant 7b-mb1-ckpt-exp 100 "${H[@]}" "${S7[@]}" --micro-batch 1 --grad-accum 2 --set model.gradient_checkpointing=true
+  ;;
+cap20b)  # the must-offload cap (20 GiB) on a machine whose host keeps up with micro-batch 4 (hostexp): the reference,
+  # micro-batch 6 without offload uncapped (the ceiling of the largest micro-batch that fits at 20 GiB without
+  # checkpointing), the same with full offload at 20 GiB (the planner: 16,766 tokens/s, host-bound), then the
+  # planner's pick at 20 GiB (row 1b-mb37-cap20-ratio0.86-ckpt-1202f) on this machine (~6 min)
+  H=(--paths deepspeed --liger all "${STEPS4[@]}" "${Z[@]}" --set scaling.cpus_per_worker=14 --no-profile)
+  CAP20=$(cap_of 20); refmb=24; [[ $CAP20 > 0.2 ]] && refmb=20  # an H100: 20 GiB is 0.25, mb 24 does not fit
+  echo "20 GiB is fraction $CAP20 of this GPU; reference micro-batch $refmb" >> "$W/status.txt"
+  variant 1b-ref-nocap 70 "${H[@]}" --micro-batch $refmb --grad-accum 4
+  variant 1b-mb6-nocap 50 "${H[@]}" --micro-batch 6 --grad-accum 4
+  variant 1b-mb6-cap20-offload 130 "${H[@]}" --micro-batch 6 --grad-accum 4 --offload --gpu-memory-fraction $CAP20
+  variant 1b-mb37-cap20-pick 90 "${H[@]}" --micro-batch 37 --grad-accum 4 --offload \
+    --set deepspeed.zero_optimization.offload_optimizer.ratio=0.8636 --set deepspeed.zero_optimization.sub_group_size=100000000 \
+    --set model.gradient_checkpointing=true --gpu-memory-fraction $CAP20
   ;;
 offload-max)  # the largest model with optimizer offload: host RAM (16 bytes/parameter pinned) is the limit
   (while sleep 5; do free -m | awk 'NR==2{print $3}'; done) > "$W/host_used_mib.txt" &

@@ -49,6 +49,9 @@ X_REF_TOKENS_H2 = 24 * 2048 * 2048**2  # 1.1B (hidden 2048) at micro-batch 24 x 
 # Host seconds per decoder layer and micro-batch, keyed by model.fused_layers (the fused layers run fewer
 # modules, so fewer ZeRO-3 hooks: 1.1B at micro-batch 4 runs its forward in 87 ms fused against 183 ms): fused,
 # rows 1b-mb4-1202b (9.5 ms) and 7b-mb1-1202c (9.7 ms); transformers' layers, row 1b-mb4-unfused-1202c (14.9 ms).
+# Hosts differ: session 50's machine did it in 4.3 ms (row 1b-mb4-1205), 5.7 (7b-mb1-1205) and 6.4 (1b-mb4-unfused-1205)
+# with the same code. The slower hosts' value is kept, so a small micro-batch's prediction is a floor; with the faster
+# value no pick moved (1.1B uncapped and at 70, 24, 22 and 20 GiB, the 13B config: docs/benchmarks.md).
 HOST_S_PER_LAYER = {True: 0.0096, False: 0.0149}
 # ... times this with activation checkpointing (each layer's forward runs again): fused, rows 7b-mb1-ckpt-1202c
 # over 7b-mb1-1202c (1.30, one machine) and 1b-mb4-ckpt-1202c over 1b-mb4-1202b (1.07, two machines);

