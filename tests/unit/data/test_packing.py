@@ -3,6 +3,7 @@ eval split, bad values. Ray Data runs the same function in tests/integration/tes
 
 import json
 import logging
+import types
 
 import numpy as np
 import pytest
@@ -61,6 +62,33 @@ def test_empty_documents_are_skipped_and_counted(caplog):
     assert "skipped 2 empty documents" in caplog.text
 
 
+def test_in_a_run_empty_documents_go_to_the_runs_counter_not_the_log(monkeypatch, caplog):
+    told = []
+    monkeypatch.setattr(packing, "skipped", lambda counter, **counts: told.append((counter, counts)))
+    with caplog.at_level(logging.WARNING, logger="raytrain.data"):
+        out = pack_ids(np.array([np.arange(3), None, np.array([], np.int64)], dtype=object), seq_len=1,
+                       counter="run-counter")["input_ids"]
+    assert out.flatten().tolist() == [0, 1, 2, EOS]  # a null or empty id list: no document, not a lone EOS
+    assert ("run-counter", {"empty": 2}) in told and not caplog.text
+
+
+def test_outside_a_run_empty_documents_are_logged_at_once_then_at_most_every_30_s(monkeypatch, caplog):
+    clock = types.SimpleNamespace(monotonic=lambda: now)  # a fake clock: `now` of the loop below
+    monkeypatch.setattr(packing, "time", clock)
+    monkeypatch.setattr(packing, "_skipped_in_process", {"total": 0, "unreported": 0, "last_report": 0.0})
+    logged = []
+    for now, texts in ((10.0, ["", None, "a"]), (30.0, ["", "b"]), (40.0, ["", "", None, "c"])):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="raytrain.data"):
+            pack(texts, seq_len=1)
+        logged.append(caplog.text)
+    assert "skipped 2 empty documents (null or \"\") since the last report, 2 in this process so far (latest " \
+           "batch: 2 of 3)" in logged[0]  # the first at once, however early in the process
+    assert logged[1] == ""  # 20 s later: counted, not told
+    assert "skipped 4 empty documents (null or \"\") since the last report, 6 in this process so far (latest " \
+           "batch: 3 of 4)" in logged[2]  # 30 s after the last report: the ones held back, told
+
+
 def test_pretokenized_input_is_packed_as_is_with_one_eos_per_document():
     rows = np.array([np.arange(10), np.append(np.arange(10, 29), EOS), np.array([], dtype=np.int64)], dtype=object)
     out = pack_ids(rows, seq_len=31, vocab_size=320)["input_ids"]
@@ -75,6 +103,39 @@ def test_token_ids_beyond_the_embedding_table_are_an_error():
                           pretokenized=True, vocab_size=320)
     with pytest.raises(ConfigError, match="set model.config.vocab_size"):
         pack(["abc"], seq_len=2, vocab_size=100)  # bytes above 100 exist in "abc"
+
+
+def test_token_ids_outside_the_table_name_the_worst_and_count_the_documents_holding_one():
+    rows = np.array([np.array([0, 5]), np.array([320]), np.array([-1, 5]), np.array([0, 319])], dtype=object)
+    with pytest.raises(ConfigError) as e:
+        pack_ids(rows, seq_len=2, vocab_size=320)  # ids 0..319 fit: 320 is one past the last row
+    assert str(e.value) == ("token id 320 is outside the model's embedding table (320 rows) (and 1 more bad record): "
+                            "the data was tokenized with another vocabulary: re-tokenize it with model.tokenizer")
+    for row, worst in ((1, 320), (2, -1)):
+        with pytest.raises(ConfigError, match=f"^token id {worst} is outside"):
+            pack_ids(rows[row:row + 1], seq_len=2, vocab_size=320)
+
+
+def test_in_a_run_a_batch_with_ids_outside_the_table_yields_no_block(monkeypatch):
+    from raytrain.data import bad_records
+
+    told = []
+    monkeypatch.setattr(bad_records, "bad_record", lambda name, record: told.append(str(record)))
+    monkeypatch.setattr(bad_records, "more_bad_records", lambda name, n: told.append(n))
+    rows = np.array([np.arange(8), np.array([999])], dtype=object)
+    assert pack_ids(rows, seq_len=2, vocab_size=320, counter="run-counter")["input_ids"].shape == (0, 2)
+    assert told == ["token id 999 is outside the model's embedding table (320 rows): the data was tokenized with "
+                    "another vocabulary: re-tokenize it with model.tokenizer"]
+
+
+@pytest.mark.parametrize("position_ids, columns", [("packed", ["input_ids"]),
+                                                   ("per_document", ["input_ids", "position_ids"])])
+def test_a_batch_with_no_document_yields_zero_rows_of_the_usual_columns(position_ids, columns):
+    """An empty block has no columns at all; a batch of empty documents has no token."""
+    for batch in ({}, {"text": np.array(["", None], dtype=object)}):
+        out = block_arrays(tokenize_and_pack(batch, seq_len=1, model=ModelConfig(), text_column="text",
+                                             pretokenized=False, position_ids=position_ids))
+        assert list(out) == columns and all(array.shape == (0, 1) for array in out.values())
 
 
 def test_text_column_must_exist_and_hold_strings():
@@ -96,6 +157,27 @@ def test_eval_fraction_splits_documents_by_content_disjointly_and_deterministica
     assert train | held_out == set(docs) and not train & held_out
     assert 60 < len(held_out) < 140  # ~100 expected
     assert side("eval") == held_out  # same split every time
+    assert side(None) == set(docs)  # no split: every document, whatever eval_fraction says
+    assert pack(docs[:20], seq_len=1, split="eval")["input_ids"].size == 0  # no eval_fraction: nothing held out
+
+
+def test_pretokenized_documents_are_split_by_their_ids():
+    rows = np.array([np.arange(i, i + 3) for i in range(100)], dtype=object)
+
+    def side(split):
+        out = pack_ids(rows, seq_len=4, split=split, eval_fraction=0.5)["input_ids"]
+        return {tuple(block[:3]) for block in out.tolist()}
+
+    train, held_out = side("train"), side("eval")
+    assert train | held_out == {tuple(r) for r in rows.tolist()} and not train & held_out
+    assert 30 < len(held_out) < 70
+    key = pieces.key(np.arange(0, 3, dtype=np.int64).tobytes())
+    assert ((0, 1, 2) in held_out) == bool(packing._eval_side([key], 0.5)[0])
+
+
+def test_an_eval_fraction_of_0_holds_out_nothing_and_1_everything():
+    assert packing._eval_side([bytes(8), b"\xff" * 8], 0.0).tolist() == [False, False]
+    assert packing._eval_side([bytes(8), b"\xff" * 8], 1.0).tolist() == [True, True]
 
 
 def test_a_batch_without_a_whole_block_has_the_tensor_type_of_every_other_not_pickles(caplog):
@@ -199,9 +281,11 @@ def test_each_document_starts_with_the_bos_its_tokenizer_adds_as_hugging_face_tr
     with_special = [np.array(tok(d)["input_ids"] + [eos]) for d in docs]
     without = [np.array(tok(d, add_special_tokens=False)["input_ids"]) for d in docs]
     for rows in (with_special, without):
-        packed = tokenize_and_pack({"input_ids": np.array(rows, dtype=object)}, seq_len=len(stream),
-                                   model=llama_style, text_column="text", pretokenized=True)
-        assert block_arrays(packed)["input_ids"].flatten().tolist() == stream
+        packed = block_arrays(tokenize_and_pack({"input_ids": np.array(rows, dtype=object)}, seq_len=len(stream),
+                                                model=llama_style, text_column="text", pretokenized=True,
+                                                position_ids="per_document"))
+        assert packed["input_ids"].flatten().tolist() == stream
+        assert packed["position_ids"].tolist() == out["position_ids"].tolist()  # a BOS already there counted once
     assert document_start_ids(TOK) == ()  # the byte tokenizer (as GPT-2's): nothing before a document
     assert pack(["ab"], seq_len=3)["input_ids"].flatten().tolist() == ids("ab") + [EOS]
 
@@ -228,15 +312,36 @@ def test_a_long_document_is_tokenized_in_pieces_with_the_whole_documents_ids(mon
 
     calls = []
     tokenize = packing._tokenize
-    monkeypatch.setattr(packing, "_tokenize", lambda tok, texts: calls.append(sum(map(len, texts))) or tokenize(tok, texts))
+    monkeypatch.setattr(packing, "_tokenize",
+                        lambda tok, texts: calls.append(sum(map(len, texts))) or tokenize(tok, texts))
     monkeypatch.setattr(pieces, "PIECE_CHARS", 4000)
     monkeypatch.setattr(packing, "CALL_CHARS", 20000)
+    two_pieces = LONG[:6000]
+    assert len(list(pieces.cut([two_pieces], 4000))) == 2
     for tok in (TOK, gpt2_style()):
-        calls.clear()
-        encoded = packing._encode(tok, [LONG, "short"])
-        assert [p.tolist() for p in encoded] == tok([LONG, "short"], add_special_tokens=False)["input_ids"]
-        assert len(calls) > 1 and max(calls) <= 20000  # the probe's calls included
-    assert not packing._can_cut(load_tokenizer(llama_style))  # it puts a prefix space before every call: never cut
+        for docs in ([LONG, two_pieces, "short"], [LONG]):
+            packing._can_cut(tok)  # its probe's calls, once per tokenizer: not counted below
+            calls.clear()
+            encoded = packing._encode(tok, docs)
+            assert [p.tolist() for p in encoded] == tok(docs, add_special_tokens=False)["input_ids"]
+            # pieces of at most 4000 characters fill each call but the last up to the 20000
+            assert len(calls) > 1 and max(calls) <= 20000 and min(calls[:-1]) > 20000 - 4000
+    llama = load_tokenizer(llama_style)
+    assert not packing._can_cut(llama)  # it puts a prefix space before every call: never cut
+    calls.clear()
+    assert [p.tolist() for p in packing._encode(llama, [LONG])] == llama([LONG], add_special_tokens=False)["input_ids"]
+    assert calls == [len(LONG)]  # whole, in one call
+
+
+def test_documents_share_a_tokenizer_call_up_to_call_chars_inclusive(monkeypatch):
+    assert packing.CALL_CHARS == pieces.HARD_CUT * pieces.PIECE_CHARS  # a piece cut hard still fits one call
+    calls = []
+    tokenize = packing._tokenize
+    monkeypatch.setattr(packing, "_tokenize", lambda tok, texts: calls.append(list(texts)) or tokenize(tok, texts))
+    monkeypatch.setattr(packing, "CALL_CHARS", 20)
+    docs = ["a" * 10, "b" * 10, "c" * 5]
+    assert [p.tolist() for p in packing._encode(TOK, docs)] == [ids(d) for d in docs]
+    assert calls == [docs[:2], docs[2:]]
 
 
 def rows_in_pieces(text, size=4000):
