@@ -1,6 +1,8 @@
 """DeepSpeed resolution: "auto", batch arithmetic, contradictions, precision vs hardware.
 (What DeepSpeed's own models and raytrain's rules refuse in the resolved dict: planning/test_deepspeed_check.py.)"""
 
+import dataclasses
+
 import pytest
 
 from raytrain.config import ConfigError, TrainingConfig
@@ -54,6 +56,28 @@ def test_auto_values_are_filled_from_training_and_model():
     assert out["optimizer"]["params"] == {"lr": 0.02, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
     assert out["zero_optimization"]["reduce_bucket_size"] == 1024 * 1024
     assert "auto" not in repr(out)
+    zero = resolve({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": "auto",
+                                          "stage3_param_persistence_threshold": "auto"}}, hidden=1000)
+    assert zero["zero_optimization"] == {"stage": 3, "stage3_prefetch_bucket_size": 900_000,  # Hugging Face's formulas
+                                         "stage3_param_persistence_threshold": 10_000}
+
+
+def test_scheduler_auto_values_come_from_training():
+    ds = {"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": "auto", "total_num_steps": "auto",
+                                                            "warmup_max_lr": "auto", "warmup_min_lr": "auto"}}}
+    out = resolve(ds, warmup_steps=7, max_steps=90, learning_rate=0.02)
+    assert out["scheduler"]["params"] == {"warmup_num_steps": 7, "total_num_steps": 90, "warmup_max_lr": 0.02,
+                                          "warmup_min_lr": 0.0}
+
+
+@pytest.mark.parametrize("ds, where", [
+    ({"steps_per_print": "auto"}, "steps_per_print"),
+    ({"optimizer": {"type": "AdamW", "params": {"betas": [0.9, "auto"]}}}, "optimizer.params.betas[1]"),
+])
+def test_an_auto_raytrain_cannot_fill_is_named_where_it_is(ds, where):
+    with pytest.raises(ConfigError) as e:
+        resolve(ds)
+    assert str(e.value).startswith(f'deepspeed.{where} is "auto" but raytrain has no value for it: write the value')
 
 
 def test_concrete_values_are_never_rewritten():
@@ -62,6 +86,31 @@ def test_concrete_values_are_never_rewritten():
     out = resolve(ds, world_size=2, gradient_clipping=1.0)
     assert out["gradient_clipping"] == 2.0 and out["zero_optimization"]["reduce_bucket_size"] == 12345
     assert out["train_batch_size"] == 6
+
+
+def test_nothing_stated_gives_the_fallback_micro_batch_and_an_empty_zero_section():
+    for ds in ({}, {"zero_optimization": None}):
+        out = resolve(ds, world_size=2)
+        assert (out["train_batch_size"], out["train_micro_batch_size_per_gpu"], out["gradient_accumulation_steps"]) \
+            == (16, 8, 1)
+        assert out["zero_optimization"] == {}  # there for every reader of the resolved dict (no ZeRO: stage 0)
+        assert DeepSpeedFacts.of(out).zero_stage == 0
+
+
+def test_a_consistent_triple_is_kept_as_written():
+    ds = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}
+    out = resolve(ds, world_size=8)
+    assert {k: out[k] for k in ds} == ds
+
+
+def test_train_batch_size_alone_is_divided_by_the_world_size_with_no_accumulation():
+    out = resolve({"train_batch_size": 32}, world_size=2)
+    assert (out["train_micro_batch_size_per_gpu"], out["gradient_accumulation_steps"]) == (16, 1)
+    with pytest.raises(ConfigError) as e:
+        resolve({"train_batch_size": 15}, world_size=2)
+    assert str(e.value) == ("deepspeed.train_batch_size=15 is not divisible by gradient_accumulation_steps=1 x world "
+                            "size 2: choose a train_batch_size that is a multiple of 2, or a number of workers "
+                            "(scaling.num_workers) that divides 15")
 
 
 def test_gradient_clipping_absent_or_auto_comes_from_training():
@@ -98,6 +147,8 @@ def test_contradictions_are_rejected(ds, match):
 def test_fp16_on_cpu_is_rejected_with_the_fix():
     with pytest.raises(ConfigError, match=r"fp16.enabled=true needs GPUs.*scaling.use_gpu=true"):
         resolve(SEED, use_gpu=False)
+    with pytest.raises(ConfigError, match=r"^training.precision=fp16 needs GPUs, and this run is on CPU"):
+        resolve({}, use_gpu=False, precision="fp16")  # the fp16 section raytrain adds for training.precision
 
 
 def test_deepspeed_json_path_is_read(tmp_path):
@@ -154,6 +205,9 @@ def test_training_batch_values_fill_keys_the_json_leaves_out():
     # "auto" beside a precision the JSON turns on follows it, instead of both being true
     ({"fp16": {"enabled": True}, "bf16": {"enabled": "auto"}}, None, True, "fp16"),
     ({"fp16": {"enabled": "auto"}, "bf16": {"enabled": True}}, None, True, "bf16"),
+    ({}, None, True, "fp32"),  # nothing stated, nothing "auto": the JSON's word (DeepSpeed's fp32) stands
+    ({"fp16": {"enabled": True}}, "fp16", True, "fp16"),  # stated and asked alike: no contradiction
+    ({"fp16": {"enabled": False}}, "bf16", True, "bf16"),  # the other precision turned off: no contradiction
 ])
 def test_precision_from_training_or_the_json(ds, precision, use_gpu, want):
     out = resolve({"zero_optimization": {"stage": 3}, **ds}, use_gpu=use_gpu, precision=precision)
@@ -195,6 +249,7 @@ def test_a_precision_filled_from_training_is_no_second_precision_turned_on(ds):
     (512, 6, {"gradient_accumulation_steps": 4}, "a multiple of 24, or a number of workers (scaling.num_workers) "
                                                  "that divides 128"),
     (15, 2, {"micro_batch_size_per_gpu": 4}, "a multiple of 8"),  # neither divides 15: only train_batch_size
+    (6, 2, {"micro_batch_size_per_gpu": 4}, "a multiple of 8, or a training.micro_batch_size_per_gpu that divides 3"),
 ])
 def test_a_train_batch_size_that_does_not_divide_offers_only_fixes_that_work(tbs, world_size, training, fix):
     with pytest.raises(ConfigError) as e:
@@ -202,3 +257,22 @@ def test_a_train_batch_size_that_does_not_divide_offers_only_fixes_that_work(tbs
     name, value = next(iter(training.items()))
     assert str(e.value) == (f"deepspeed.train_batch_size={tbs} is not divisible by training.{name}={value} x world "
                             f"size {world_size}: choose a train_batch_size that is {fix}")
+
+
+def test_facts_read_from_the_resolved_dict():
+    ds = {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+          "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "CPU"},  # read in lower case
+                                "offload_param": {"device": "nvme"}},
+          "bf16": {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True},
+          "optimizer": {"type": "AdamW", "params": {"torch_adam": True}}, "scheduler": {"type": "WarmupLR"}}
+    assert DeepSpeedFacts.of(ds) == DeepSpeedFacts(
+        train_batch_size=32, micro_batch_per_gpu=2, gradient_accumulation_steps=2, zero_stage=3, precision="bf16",
+        offload_optimizer="cpu", offload_param="nvme", optimizer_type="AdamW", torch_adam=True, has_scheduler=True,
+        bf16_master_weights=True, bf16_optimizer_states=True)
+    plain = DeepSpeedFacts.of({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 8,
+                               "gradient_accumulation_steps": 1, "bf16": {"enabled": True}})
+    assert (plain.zero_stage, plain.offload_optimizer, plain.offload_param, plain.optimizer_type, plain.torch_adam,
+            plain.has_scheduler, plain.bf16_master_weights, plain.bf16_optimizer_states) == \
+        (0, "none", "none", None, False, False, False, False)  # the bf16 trade-offs are opt-in only
+    with pytest.raises(dataclasses.FrozenInstanceError):  # read once on the driver, never edited afterwards
+        plain.zero_stage = 3
