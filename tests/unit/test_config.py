@@ -80,6 +80,16 @@ def test_deepspeed_key_override_edits_the_default_config():
     assert cfg.deepspeed["zero_optimization"]["stage"] == 3  # the rest of the default stays
     assert cfg.deepspeed["zero_optimization"]["overlap_comm"] is False
     assert load_config().deepspeed["zero_optimization"]["overlap_comm"] is True  # default not mutated
+    cfg = load_config(None, ["deepspeed.gradient_clipping=0.5"])  # a top-level key: the same
+    assert cfg.deepspeed == {**load_config().deepspeed, "gradient_clipping": 0.5}
+    cfg = load_config(None, ['deepspeed.zero_optimization={"stage": 2}'])  # a section of it given whole
+    assert cfg.deepspeed["zero_optimization"] == {"stage": 2} and cfg.deepspeed["train_batch_size"] == "auto"
+
+
+def test_an_override_inside_a_value_is_refused():
+    with pytest.raises(ConfigError, match=r"^override training.max_steps.x: training.max_steps is a value, not a "
+                                          r"section$"):
+        load_config(None, ["training.max_steps=5", "training.max_steps.x=1"])
 
 
 def test_yaml_12_floats_in_files_and_overrides(tmp_path):
@@ -401,6 +411,23 @@ def test_training_values_the_deepspeed_json_agrees_with_or_leaves_auto_pass(tmp_
             "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": "auto"}}}
     load_config(None, [f"deepspeed={json.dumps(auto)}", "training.learning_rate=3e-4", "training.weight_decay=0.01",
                        "training.warmup_steps=5", "training.max_steps=20"])
+    # a section that is no mapping is not read here: raytrain.deepspeed_config names it
+    malformed = {**OWN_OPTIMIZER, "optimizer": "AdamW", "scheduler": "WarmupLR"}
+    cfg = load_config(None, [f"deepspeed={json.dumps(malformed)}", "training.learning_rate=3e-4",
+                             "training.warmup_steps=5"])
+    from raytrain.deepspeed_config import resolve_deepspeed
+
+    with pytest.raises(ConfigError, match=r"^deepspeed.optimizer must be a mapping"):
+        resolve_deepspeed(cfg.deepspeed, cfg.training, world_size=1, use_gpu=False, hidden_size=64)
+
+
+def test_a_min_lr_ratio_under_the_jsons_own_scheduler_is_refused():
+    ds = {**OWN_OPTIMIZER, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": "auto"}}}
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"deepspeed={json.dumps(ds)}", "training.min_lr_ratio=0.2"])
+    assert str(e.value) == ("training.min_lr_ratio=0.2 would be ignored: deepspeed.scheduler (WarmupLR) replaces "
+                            "raytrain's warmup + cosine schedule: set the DeepSpeed scheduler's own minimum there, or "
+                            "remove training.min_lr_ratio")
 
 
 @pytest.mark.parametrize("override, message", [
