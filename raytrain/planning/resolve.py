@@ -567,7 +567,7 @@ def _check_zero_options(ds: dict) -> None:
         raise ConfigError("deepspeed.zero_optimization.zenflow does not work with stage 3 on models built under "
                           "zero.Init, as raytrain builds them (DeepSpeed 0.19.8 transposes weights that are already "
                           "partitioned: wrong shapes in the first step): remove zenflow, or use offload_optimizer")
-    if zero.get("zenflow") is not None:
+    if zero.get("zenflow") is not None and stage != -1:  # -1: not a number, which check_deepspeed names
         _check_zenflow(ds, zero, stage)
     master, states = bf16.get("bf16_master_weights_and_grads") is True, bf16.get("bf16_optimizer_states") is True
     offloaded = str(_mapping(zero.get("offload_optimizer")).get("device", "none")).lower() != "none"

@@ -201,6 +201,79 @@ def test_zenflow_at_stage_2_names_what_it_needs(change, match):
     assert "\n" not in str(e.value)
 
 
+
+@pytest.mark.parametrize("change", ["deepspeed.zero_optimization.stage=1",
+                                    'deepspeed.optimizer={"type": "Adam", "params": {"lr": "auto"}}'],
+                         ids=["stage1", "adam"])
+def test_zenflow_at_stage_1_or_with_adam_passes(change):
+    assert resolve(*ZENFLOW, change, auto=[]).ds_config["zero_optimization"]["zenflow"] == {"topk_ratio": 0.1}
+
+
+def test_zenflow_with_a_quoted_stage_gets_the_stage_line_not_a_stage_never_written():
+    # was: "zenflow runs with ZeRO stage 1 or 2, not -1": the placeholder for a stage that is not a number
+    with pytest.raises(ConfigError) as e:
+        resolve(*ZENFLOW, 'deepspeed.zero_optimization.stage="2"', auto=[])
+    assert str(e.value) == ('deepspeed.zero_optimization.stage is the string "2", but DeepSpeed reads a number there: '
+                            'write 2 without quotes')
+
+
+MASTER, STATES = BF16_STATES
+CPU_OFFLOAD = 'deepspeed.zero_optimization.offload_optimizer={"device": "cpu"}'
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ([MASTER, CPU_OFFLOAD, "training.precision=fp32"],
+     "deepspeed.bf16.bf16_master_weights_and_grads / bf16_optimizer_states need bf16.enabled=true "
+     "(training.precision=bf16)"),
+    ([*BF16_STATES, "deepspeed.zero_optimization.stage=0"],
+     "deepspeed.bf16.bf16_master_weights_and_grads needs ZeRO stage 1-3 (zero_optimization.stage)"),
+    ([MASTER, "deepspeed.zero_optimization.stage=0"],
+     "deepspeed.bf16.bf16_master_weights_and_grads needs ZeRO stage 1-3 (zero_optimization.stage)"),
+    ([*BF16_STATES, "deepspeed.zero_optimization={}"],  # no stage written: DeepSpeed's default, 0
+     "deepspeed.bf16.bf16_master_weights_and_grads needs ZeRO stage 1-3 (zero_optimization.stage)"),
+    ([MASTER], "deepspeed.bf16.bf16_master_weights_and_grads=true with fp32 optimizer states needs "
+               "zero_optimization.offload_optimizer.device=cpu (DeepSpeed's CPU Adam holds them), or "
+               "bf16_optimizer_states=true as well"),
+], ids=["fp32", "stage0", "master-stage0", "no-stage", "fp32-states-on-gpu"])
+def test_bf16_master_weights_name_what_they_need(overrides, message):
+    with pytest.raises(ConfigError) as e:
+        resolve(*overrides, auto=[])
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("overrides", [[MASTER, CPU_OFFLOAD], BF16_STATES],
+                         ids=["fp32-states-offloaded", "bf16-states"])
+def test_bf16_master_weights_with_offload_or_bf16_states_pass(overrides):
+    facts = resolve(*overrides, auto=[]).deepspeed
+    assert facts.bf16_master_weights and facts.bf16_optimizer_states == (STATES in overrides)
+
+
+LION = 'deepspeed.optimizer={"type": "Lion", "params": {"lr": "auto"}}'
+RATIO = 'deepspeed.zero_optimization.offload_optimizer={"device": "cpu", "ratio": 0.5}'
+
+
+@pytest.mark.parametrize("optimizer, shown", [
+    (LION, "'Lion'"),
+    ('deepspeed.optimizer={"type": "AdamW", "params": {"lr": "auto", "torch_adam": true}}', "'AdamW'"),
+], ids=["lion", "torch-adam"])
+def test_an_offload_ratio_without_deepspeeds_cpu_adam_is_refused(optimizer, shown):
+    with pytest.raises(ConfigError) as e:
+        resolve(RATIO, optimizer, WARMUP, auto=[])
+    assert str(e.value) == (f"deepspeed.zero_optimization.offload_optimizer.ratio=0.5 needs DeepSpeed's CPU Adam "
+                            f"(stage3.py: 'Hybrid Optimizer Only Supports DeepSpeedCPUAdam'), and the DeepSpeed JSON's "
+                            f"optimizer is {shown}: use Adam/AdamW without torch_adam, or drop the ratio")
+
+
+@pytest.mark.parametrize("overrides", [
+    [RATIO, 'deepspeed.optimizer={"type": "AdamW", "params": {"lr": "auto"}}', WARMUP],
+    [RATIO],  # raytrain's own optimizer: DeepSpeed's CPU Adam under offload
+    ['deepspeed.zero_optimization.offload_optimizer={"device": "cpu", "ratio": 1.0}', LION, WARMUP],
+    [CPU_OFFLOAD, LION, WARMUP],  # no ratio: all of it on the CPU, no hybrid optimizer
+], ids=["adamw", "no-optimizer", "ratio-1", "no-ratio"])
+def test_an_offload_ratio_with_cpu_adam_or_a_whole_offload_passes(overrides):
+    assert resolve(*overrides, auto=[]).ds_config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+
+
 def test_auto_without_a_known_gpu_memory_names_how_to_plan():
     with pytest.raises(ConfigError, match=r"needs the GPU memory of the target.*--gpu-memory-gib"):
         resolve(gpu_gib=None)

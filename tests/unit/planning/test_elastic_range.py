@@ -99,3 +99,49 @@ def test_the_plan_tool_checks_every_size_of_the_range_too(capsys):
     assert plan_main([*GOOD, "--host-memory-gib", "3"]) == 1
     assert "at world size 3: this run needs 3.1 GiB host RAM per node" in capsys.readouterr().err
     assert plan_main([*GOOD, "--host-memory-gib", "8"]) == 0
+
+
+
+def resolve_on_cpus(cpus_total, *overrides):
+    """resolve_run on a CPU cluster of `cpus_total` CPUs, as Ray's cluster_resources() reports it (no Ray started)."""
+    from raytrain.config import load_config
+    from raytrain.planning.resolve import resolve_run, shape_from_cluster
+
+    cfg = load_config(None, ["scaling.use_gpu=false", *overrides])
+    gpus = 2 if cfg.scaling.use_gpu else 0
+    return resolve_run(cfg, shape_from_cluster(cfg, {"CPU": cpus_total, "GPU": gpus}, gpus or None))
+
+
+@pytest.mark.parametrize("cpus_total, overrides", [
+    (3, ["scaling.num_workers=2"]),  # one CPU left for Ray Data is enough
+    (1, ["scaling.num_workers=2"]),  # a group above the cluster's CPUs: the autoscaler adds nodes for it
+    (2, ["scaling.num_workers=2", "scaling.cpus_per_worker=0.5"]),  # fractions: 2 x 0.5 leave 1 of 2
+    (2, ["scaling.num_workers=2", "scaling.use_gpu=true"]),  # a GPU run: the rule is for CPU-only clusters
+], ids=["one-spare", "autoscaler", "fractions", "gpus"])
+def test_workers_that_leave_ray_data_a_cpu_or_wait_for_the_autoscaler_pass(cpus_total, overrides):
+    assert resolve_on_cpus(cpus_total, *overrides).cluster.cpus_total == cpus_total
+
+
+@pytest.mark.parametrize("cpus_total, overrides, message", [
+    (2, ["scaling.num_workers=2"],
+     "2 workers x scaling.cpus_per_worker=1 leave 0 of the cluster's 2 CPUs for Ray Data, which then hangs: lower "
+     "scaling.cpus_per_worker (fractions work) or add CPUs"),
+    (1.5, ["scaling.num_workers=3", "scaling.cpus_per_worker=0.5"], "3 workers x scaling.cpus_per_worker=0.5 leave 0 "
+                                                                     "of the cluster's 1.5 CPUs for Ray Data"),
+    (2, ["scaling.num_workers=2", "scaling.cpus_per_worker=0.6"], "2 workers x scaling.cpus_per_worker=0.6 leave 0.8 "
+                                                                  "of the cluster's 2 CPUs for Ray Data"),
+    # Ray Train's elastic policy starts the largest group the CPUs hold: the 1 that starts takes the only CPU
+    (1, ["scaling.num_workers=[1, 2]"], "scaling.num_workers=[1, 2] starts as many workers as the cluster's 1 CPUs "
+                                        "hold, 1 x scaling.cpus_per_worker=1, which leave 0 for Ray Data, which then "
+                                        "hangs: lower scaling.cpus_per_worker (fractions work), or add CPUs"),
+    (2, ["scaling.num_workers=[1, 3]"], "scaling.num_workers=[1, 3] starts as many workers as the cluster's 2 CPUs "
+                                        "hold, 2 x scaling.cpus_per_worker=1, which leave 0 for Ray Data, which then "
+                                        "hangs: lower scaling.cpus_per_worker (fractions work), the range's maximum "
+                                        "to 1, or add CPUs"),
+], ids=["fixed", "fixed-fractions", "fixed-fraction-left", "elastic-at-min", "elastic-above-min"])
+def test_workers_that_leave_ray_data_no_cpu_are_refused_naming_the_count(cpus_total, overrides, message):
+    from raytrain.config import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        resolve_on_cpus(cpus_total, *overrides)
+    assert str(e.value).startswith(message), str(e.value)
