@@ -18,13 +18,13 @@ def write_summary(history: list[dict[str, Any]], final: dict[str, Any], storage_
     rows = [("final step", f"{int(final['step'])}"), ("final loss", f"{final['loss']:.4f}")]
     # A session's first window holds its start-up (the workers' start, a restore, the data pipeline filling): a short
     # continued session's last window was such a window, and its tokens/s read as the run's speed.
-    window = "last window, with this session's start-up" if _starts_a_session(final, history) else "last window"
+    window = "last window, with this session's start-up" if _starts_a_session(final, len(history) - 1) else "last window"
     for key, label, fmt in (("eval_loss", "eval loss", "{:.4f}"), ("eval_ppl", "eval perplexity", "{:.2f}"),
                             ("tokens_per_s", f"tokens/s ({window})", "{:,.0f}"), ("mfu", f"MFU ({window})", "{:.1%}"),
                             ("memory_gib", "peak memory GiB", "{:.2f}"), ("data_wait_frac", "data wait", "{:.2%}")):
         if final.get(key) is not None:
             rows.append((label, fmt.format(final[key])))
-    steady = [m for i, m in enumerate(history) if not _starts_a_session(m, history[:i + 1])]
+    steady = [m for i, m in enumerate(history) if not _starts_a_session(m, i)]
     for key, label, fmt in (("tokens_per_s", "tokens/s (median of the windows after start-up)", "{:,.0f}"),
                             ("mfu", "MFU (median of the windows after start-up)", "{:.1%}")):
         values = sorted(m[key] for m in steady if m.get(key) is not None)
@@ -62,7 +62,7 @@ def write_summary(history: list[dict[str, Any]], final: dict[str, Any], storage_
     return written
 
 
-def _starts_a_session(window: dict[str, Any], history_to_it: list[dict[str, Any]]) -> bool:
-    """Whether `window` (the last of `history_to_it`) is a session's first: the run's first, or the first after a
+def _starts_a_session(window: dict[str, Any], index: int) -> bool:
+    """Whether `window` (the history's `index`-th) is a session's first: the run's first, or the first after a
     restore (it carries resumed_from_step, raytrain.worker.metrics.TrainMetrics)."""
-    return len(history_to_it) == 1 or "resumed_from_step" in window
+    return index == 0 or "resumed_from_step" in window

@@ -528,11 +528,15 @@ def _mapping(value: Any) -> dict:
     return value if isinstance(value, dict) else {}  # a section of the wrong type is check_deepspeed's to name
 
 
+def _deepspeed_adam(opt: dict) -> bool:
+    """The JSON's optimizer section asks for DeepSpeed's own Adam/AdamW (CPU Adam with offload), not torch's."""
+    return str(opt.get("type", "")).lower() in ("adam", "adamw") and not _mapping(opt.get("params")).get("torch_adam")
+
+
 def _check_zenflow(ds: dict, zero: dict, stage: int) -> None:
     """ZenFlow at stages 1-2 (DeepSpeed 0.19.8, runtime/zenflow/zenflow_stage_1_and_2.py): what it needs, each
     found on CPU as a traceback from deepspeed.initialize in every worker. Measured on an H200 and an H100 it was
     no faster than plain offload (docs/benchmarks.md, session 50), but it is the user's DeepSpeed option."""
-    opt = _mapping(ds.get("optimizer"))
     if stage not in (1, 2):  # stage 0 has no ZeRO optimizer for ZenFlow's steps (3: refused above)
         raise ConfigError(f"deepspeed.zero_optimization.zenflow runs with ZeRO stage 1 or 2, not {stage}: set "
                           f"zero_optimization.stage=2, or remove zenflow")
@@ -540,7 +544,7 @@ def _check_zenflow(ds: dict, zero: dict, stage: int) -> None:
         raise ConfigError("deepspeed.zero_optimization.zenflow needs zero_optimization.offload_optimizer.device=cpu "
                           "(ZenFlow steps the unselected columns in a CPU Adam; DeepSpeed: 'Zenflow must be used with "
                           "cpu offload'): add it, or remove zenflow")
-    if str(opt.get("type", "")).lower() not in ("adam", "adamw") or _mapping(opt.get("params")).get("torch_adam"):
+    if not _deepspeed_adam(_mapping(ds.get("optimizer"))):
         # DeepSpeed hands the section's params to ZenFlow's device-side AdamW (ZenFlowSelectiveAdamW(**params)):
         # with raytrain's own AdamW there are none (a TypeError), and torch_adam is not a parameter it takes.
         raise ConfigError("deepspeed.zero_optimization.zenflow needs the DeepSpeed config's own optimizer section, "
@@ -585,8 +589,7 @@ def _check_zero_options(ds: dict) -> None:
                           "bf16_optimizer_states=true as well")
     opt = _mapping(ds.get("optimizer"))
     ratio = _mapping(zero.get("offload_optimizer")).get("ratio", 1.0)
-    if offloaded and ratio != 1.0 and opt and (str(opt.get("type", "")).lower() not in ("adam", "adamw")
-                                               or _mapping(opt.get("params")).get("torch_adam")):
+    if offloaded and ratio != 1.0 and opt and not _deepspeed_adam(opt):
         raise ConfigError(f"deepspeed.zero_optimization.offload_optimizer.ratio={ratio} needs DeepSpeed's CPU Adam "
                           f"(stage3.py: 'Hybrid Optimizer Only Supports DeepSpeedCPUAdam'), and the DeepSpeed JSON's "
                           f"optimizer is {opt.get('type')!r}: use Adam/AdamW without torch_adam, or drop the ratio")
