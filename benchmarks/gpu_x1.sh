@@ -85,6 +85,10 @@ CAP20=0.1425; CAP24=0.171; CAP70=0.4986; CAP84=0.598
 cap_of() {  # cap_of GIB: that many GiB as a fraction of the GPU that came (calls may land on an 80 GB H100)
   python -c "print(round($1 * 1024 / $(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1), 4))"
 }
+cap20_here() {  # CAP20 of this GPU, and refmb: the reference's micro-batch (24 does not fit an H100: 20 there)
+  CAP20=$(cap_of 20); refmb=24; [[ $CAP20 > 0.2 ]] && refmb=20
+  echo "20 GiB is fraction $CAP20 of this GPU; reference micro-batch $refmb" >> "$W/status.txt"
+}
 # the planner's pick and runner-up at 24 GiB since 2026-12-02 (plan1b, alloc1b)
 AUTO24=(--paths deepspeed "${AUTO[@]}" --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" --gpu-memory-fraction $CAP24 --no-profile)
 RUNNERUP24=(--paths deepspeed --micro-batch 55 --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" --offload
@@ -188,9 +192,7 @@ zenflow)  # issue 14's must-offload target with the one lever not yet measured: 
   # activations fit without checkpointing, so one full update is mb 4 x update_interval 24 = 96 sequences, the
   # reference's mb 24 x GA 4. ZenFlow needs DeepSpeed to build the optimizer (a JSON "optimizer" section: it passes the
   # section's params to its GPU-side AdamW), so each ZenFlow variant runs at GA 1 with micro-steps as bench steps (~9 min)
-  # 20 GiB of whatever GPU came (an H100's 80 GB too); there the shipped micro-batch 24 does not fit: 20
-  CAP20=$(cap_of 20); refmb=24; [[ $CAP20 > 0.2 ]] && refmb=20
-  echo "20 GiB is fraction $CAP20 of this GPU; reference micro-batch $refmb" >> "$W/status.txt"
+  cap20_here
   variant 1b-ref-nocap 110 --paths deepspeed "${GAS4[@]}" --micro-batch $refmb "${Z[@]}" --set scaling.cpus_per_worker=14 \
     --no-profile
   S2=(--paths deepspeed --liger all --set deepspeed.zero_optimization.stage=2 --micro-batch 4
@@ -248,8 +250,7 @@ cap20b)  # the must-offload cap (20 GiB) on a machine whose host keeps up with m
   # checkpointing), the same with full offload at 20 GiB (the planner: 16,766 tokens/s, host-bound), then the
   # planner's pick at 20 GiB (row 1b-mb37-cap20-ratio0.86-ckpt-1202f) on this machine (~6 min)
   H=(--paths deepspeed --liger all "${STEPS4[@]}" "${Z[@]}" --set scaling.cpus_per_worker=14 --no-profile)
-  CAP20=$(cap_of 20); refmb=24; [[ $CAP20 > 0.2 ]] && refmb=20  # an H100: 20 GiB is 0.25, mb 24 does not fit
-  echo "20 GiB is fraction $CAP20 of this GPU; reference micro-batch $refmb" >> "$W/status.txt"
+  cap20_here
   variant 1b-ref-nocap 70 "${H[@]}" --micro-batch $refmb --grad-accum 4
   variant 1b-mb6-nocap 50 "${H[@]}" --micro-batch 6 --grad-accum 4
   variant 1b-mb6-cap20-offload 130 "${H[@]}" --micro-batch 6 --grad-accum 4 --offload --gpu-memory-fraction $CAP20
