@@ -57,9 +57,11 @@ def flag_number(kind: type, *, minimum: float | None = None, above: float | None
         if value in (float("inf"), float("-inf")) and "inf" not in text.lower():  # 1e400: past a float's range
             raise argparse.ArgumentTypeError(f"must be a finite number, got {text} (too large for a float)")
         out_of_range = (minimum is not None and value < minimum) or (above is not None and value <= above)
-        if value != value or value in (float("inf"), float("-inf")) or out_of_range:
+        finite = value == value and value not in (float("inf"), float("-inf"))
+        if not finite or out_of_range:
             bound = f">= {minimum:g}" if minimum is not None else f"> {above:g}"
-            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
+            # "must be > 0, got inf" would read as a contradiction: say what inf and nan are not
+            raise argparse.ArgumentTypeError(f"must be {'a finite number ' if not finite else ''}{bound}, got {text}")
         return value
 
     parse.__name__ = kind.__name__  # argparse's "invalid <name> value" wording, if it ever shows
