@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 from transformers import (BambaConfig, BertConfig, BertGenerationConfig, BloomConfig, FalconH1Config, Gemma2Config,
-                          GPTNeoXConfig, LlamaConfig, LlamaForCausalLM, NemotronHConfig, T5Config)
+                          GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, LlamaConfig, LlamaForCausalLM, NemotronHConfig,
+                          T5Config)
 
 import raytrain
 from raytrain.config import ConfigError, ModelConfig, RunConfig
@@ -294,6 +295,54 @@ def test_flash_attention_needs_its_package_or_kernels_where_the_run_starts(tmp_p
         "the run stops as its workers start"]
 
 
+def test_a_hub_kernel_and_flex_attention_pass_the_attention_check_where_they_can_run():
+    """model.attn_implementation=org/repo is a hub kernel transformers fetches at build: not in its list of names,
+    and not refused for it. flex_attention is refused only with a torch that lacks it (this one has it)."""
+    from transformers.utils import is_torch_flex_attn_available
+
+    from raytrain.planning.resolve import _check_attention
+
+    def check(name):
+        return _check_attention(RunConfig(model=ModelConfig(attn_implementation=name)), LlamaConfig(**TINY),
+                                ClusterShape(num_workers=1, use_gpu=False))
+
+    assert check("kernels-community/flash-attn") is None
+    with pytest.raises(ConfigError, match="^model.attn_implementation='kernels-community' is not an attention"):
+        check("kernels-community")
+    assert is_torch_flex_attn_available()
+    assert check("flex_attention") is None
+
+
+@pytest.mark.parametrize("model, model_type, use_gpu, refused", [
+    (dict(compile=True, liger_kernel="loss"), "llama", True,
+     "model.compile=true does not work with model.liger_kernel=loss (torch.compile fails on Liger's kernels)"),
+    (dict(compile=True), "llama", True, None),
+    (dict(liger_kernel="loss"), "llama", False, None),  # the loss kernel runs on CPU
+    (dict(liger_kernel="all"), "llama", True, None),
+    (dict(liger_kernel="all"), "llama", False, "model.liger_kernel=all needs GPUs (triton kernels): use loss or none "
+                                               "on CPU"),
+    (dict(liger_kernel="loss"), "gpt2", True, "model.liger_kernel=loss patches Llama models only, and this model is "
+                                              "gpt2: set model.liger_kernel=none"),
+    (dict(fused_layers=True), "llama", False, None),
+    (dict(fused_layers=True, compile=True), "llama", True, "model.fused_layers=true with model.compile=true: not "
+                                                           "measured together"),
+], ids=["compile-liger", "compile", "liger-loss-cpu", "liger-all-gpu", "liger-all-cpu", "liger-gpt2", "fused",
+        "fused-compile"])
+def test_model_options_that_cannot_run_together_are_refused_and_the_others_pass(model, model_type, use_gpu, refused):
+    """raytrain.planning.resolve._check_model_options on the driver: each refusal would fail every worker (or be
+    slower for nothing) after the cluster started."""
+    from raytrain.planning.resolve import _check_model_options
+
+    hf_config = LlamaConfig(**TINY) if model_type == "llama" else GPT2Config(n_embd=16, n_layer=1, n_head=2)
+    cfg = RunConfig(model=ModelConfig(attn_implementation="eager", **model))
+    shape = ClusterShape(num_workers=1, use_gpu=use_gpu, gpus_per_node=1 if use_gpu else None)
+    if refused is None:
+        assert _check_model_options(cfg, hf_config, shape) is None
+    else:
+        with pytest.raises(ConfigError, match=f"^{re.escape(refused)}"):
+            _check_model_options(cfg, hf_config, shape)
+
+
 def test_a_worker_without_flash_attention_stops_the_run_in_one_line_naming_its_node(tmp_path, monkeypatch):
     """The driver lets a run through when it runs on no node of the workers (above); a worker whose node lacks the
     package then stops the run as a bad record does (one line naming the node, the key, the package and the fix;
@@ -392,6 +441,10 @@ def test_config_json_token_ids_outside_the_vocabulary_are_said_once_in_a_note_no
         f"gradient; the exported config.json keeps them: set model.config.bos_token_id=null "
         f"model.config.eos_token_id=256 model.config.pad_token_id=null"]
     assert notes(bos_token_id=None, eos_token_id=256, pad_token_id=None) == []  # the fix the note names
+    said = notes(bos_token_id=None)[0]  # two left outside, as the overrides' config has them
+    assert said.startswith(f"{path} has token ids with model.config's overrides outside the model's vocabulary (0 to "
+                           f"332), which transformers only warns about: eos_token_id=4321: "), said
+    assert said.endswith("keeps them: set model.config.eos_token_id=256 model.config.pad_token_id=null"), said
     with transformers_log() as log:  # a load outside raytrain's hold still warns: the message is transformers'
         AutoConfig.from_pretrained(_with_token_ids(tmp_path / "llama", eos_token_id=4323))
     assert [m for m in log if "eos_token_id must be `None` or an integer within the vocabulary" in m], log
@@ -544,6 +597,47 @@ def test_a_generation_config_json_pad_token_id_outside_the_vocabulary_has_its_ow
     assert GenerationConfig.from_pretrained(tmp_path / "runs" / "0" / "model").pad_token_id == -1
     assert notes(pad_token_id=None) == []
     assert GenerationConfig.from_pretrained(tmp_path / "runs" / "1" / "model").pad_token_id is None
+    # the fix names config.json's pad_token_id where it is within the vocabulary, null where it is outside too
+    for pad, fix in [(5, "5"), (-1, "null")]:
+        path = _pretrained(tmp_path / str(pad), vocab_size=335, pad_token_id=pad)
+        (tmp_path / str(pad) / "llama" / "generation_config.json").write_text(json.dumps({"pad_token_id": -2}))
+        cfg = RunConfig(model=ModelConfig(name_or_path=path, pretrained=True))
+        assert [n for n in advice(resolve_run(cfg, shape_from_config(cfg))) if "vocabulary" in n][-1] == (
+            f"{path}'s generation_config.json has pad_token_id=-2, outside the model's vocabulary (0 to 334): "
+            f"generate() with the exported model fails on a batch once one of its rows ends before the others (the "
+            f"rows that ended are filled with this id: index out of range); the export keeps it: set "
+            f"model.config.pad_token_id={fix} (the run's generation config takes model.config's token ids)")
+
+
+def _llama_style_tokenizer():
+    """A Llama-style tokenizer, built in code (as tests/unit/data/test_packing.py's): <s> (1) before every text."""
+    from transformers import LlamaTokenizer
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "\u2581": 3, **{ch: 4 + i for i, ch in enumerate("abcdefghij")}}
+    return LlamaTokenizer(vocab=vocab, merges=[], add_bos_token=True)
+
+
+@pytest.mark.parametrize("build, said", [
+    (lambda: (LlamaForCausalLM(LlamaConfig(**TINY, bos_token_id=500, eos_token_id=2)), _llama_style_tokenizer()),
+     "bos_token_id=500: packing starts every document with the tokenizer's BOS (token 1), not this id; the exported "
+     "config.json keeps it: set model.config.bos_token_id=1"),
+    (lambda: (LlamaForCausalLM(LlamaConfig(**TINY, pad_token_id=5, sep_token_id=500, eos_token_id=[2, 256])), None),
+     "sep_token_id=500: raytrain does not use it; "),  # and no EOS note: the tokenizer's 256 is one of the list
+    (lambda: (LlamaForCausalLM(LlamaConfig(**{**TINY, "vocab_size": 258}, pad_token_id=-1, eos_token_id=256)), None),
+     "pad_token_id=-1: LlamaForCausalLM makes it its embedding's padding row, row 257 (no token of the tokenizer), "),
+    (lambda: (GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=320, n_positions=128,
+                                         pad_token_id=400, eos_token_id=256, bos_token_id=256)), None),
+     "pad_token_id=400: raytrain does not use it, and generate() "),
+], ids=["bos-of-the-tokenizer", "sep-and-an-eos-list", "padding-row-past-the-tokenizer",
+        "gpt2-without-a-padding-row"])
+def test_what_a_token_id_outside_the_vocabulary_does_is_said_for_its_key_and_model(tmp_path, build, said):
+    model, tokenizer = build()  # tokenizer None: the byte tokenizer
+    model.save_pretrained(tmp_path / "m")
+    (tokenizer or byte_tokenizer()).save_pretrained(tmp_path / "m")
+    cfg = RunConfig(model=ModelConfig(name_or_path=str(tmp_path / "m"), pretrained=True))
+    notes = advice(resolve_run(cfg, shape_from_config(cfg)))
+    assert len(notes) == 1 and "has a token id in its config.json outside the model's vocabulary" in notes[0], notes
+    assert said in notes[0], notes
 
 
 _DROP = "give the directory save_pretrained wrote (copy or download {} again), or drop model.pretrained to train " \

@@ -58,11 +58,84 @@ def test_every_world_size_keeps_the_batch_with_its_own_accumulation(capsys):
       "deepspeed.train_batch_size=72", "deepspeed.zero_optimization.zero_hpz_partition_size=8"],
      "scaling.num_workers=[8, 9], at world size 9: deepspeed.zero_optimization.zero_hpz_partition_size=8 does not "
      "divide world size 9"),
+    # below the maximum: the per-size plans (raytrain.planning.resolve.resolve_world_sizes) name the size
+    (["scaling.use_gpu=true", "scaling.num_workers=[2, 4]", "data.num_shards=12", "training.micro_batch_size_per_gpu=1",
+      "deepspeed.train_batch_size=12", "deepspeed.zero_optimization.zero_hpz_partition_size=4"],
+     "scaling.num_workers=[2, 4], at world size 2: deepspeed.zero_optimization.zero_hpz_partition_size=4 does not "
+     "divide world size 2"),
+    (["scaling.num_workers=[3, 4]", *GOOD[1:], "deepspeed.gradient_accumulation_steps=3"],
+     "scaling.num_workers=[3, 4]: deepspeed.gradient_accumulation_steps=3 is fixed"),
+    (["scaling.num_workers=[1, 2]", "data.num_shards=2", "training.micro_batch_size_per_gpu=1",
+      "deepspeed.train_batch_size=1"],
+     "scaling.num_workers=[1, 2]: train_batch_size=1 with micro-batch 1 needs a whole gradient accumulation at every "
+     "world size, and [2] do(es) not divide 1"),
+    # checked at every size, not divided by (the range's check of the batch skips a micro-batch it cannot divide by)
+    ([*GOOD[:2], GOOD[3], "deepspeed.train_micro_batch_size_per_gpu=0"], "scaling.num_workers=[2, 4], at world size 4: "
+     "deepspeed.train_micro_batch_size_per_gpu must be a positive integer or \"auto\", got 0"),
 ])
 def test_a_range_that_cannot_run_is_refused_in_one_line(capsys, args, needle):
     code, _, err = dry_run(capsys, *args)
     assert code == 2 and needle in err, err
     assert len(err.strip().splitlines()) == 1, err
+
+
+def test_a_range_of_one_size_may_fix_the_gradient_accumulation(capsys):
+    """[4, 4] never changes its world size: a fixed gradient_accumulation_steps keeps train_batch_size there."""
+    code, out, err = dry_run(capsys, "scaling.num_workers=[4, 4]", *GOOD[1:], "deepspeed.gradient_accumulation_steps=3")
+    assert code == 0, err
+    assert [(p["world_size"], p["ds_config"]["gradient_accumulation_steps"]) for p in json.loads(out)["world_sizes"]] \
+        == [(4, 3)]
+
+
+SPLITS_AT_THE_MAXIMUM_ONLY = (
+    "raytrain: error: scaling.num_workers=[2, 3]: train_batch_size=24 with micro-batch 8 needs a whole gradient "
+    "accumulation at every world size, and [2] do(es) not divide 3: use a train_batch_size that is a multiple of 48, "
+    "or a range without those sizes")
+
+
+@pytest.mark.parametrize("args, how", [
+    ([], ' (train_batch_size is "auto": micro-batch x gradient accumulation x the maximum 3 workers; set '
+         'deepspeed.train_batch_size)'),
+    (["deepspeed.train_batch_size=24"], " (the micro-batch was derived at the maximum 3 workers; set "
+                                        "training.micro_batch_size_per_gpu, fixed across sizes)"),
+    # both in the DeepSpeed JSON: refused as written, before anything is derived
+    (["deepspeed.train_batch_size=24", "deepspeed.train_micro_batch_size_per_gpu=8"], ""),
+], ids=["both-derived", "micro-derived", "both-written"])
+def test_a_batch_that_splits_at_the_maximum_alone_names_the_value_raytrain_derived(capsys, args, how):
+    code, _, err = dry_run(capsys, "scaling.num_workers=[2, 3]", "data.num_shards=6", *args)
+    assert (code, err) == (2, f"{SPLITS_AT_THE_MAXIMUM_ONLY}{how}\n")
+
+
+def test_the_sizes_a_batch_does_not_split_at_are_listed_up_to_seven():
+    from raytrain.config import ConfigError
+    from raytrain.planning.resolve import _check_batch_sizes
+    from raytrain.run_spec import ClusterShape
+
+    for high, listed, common in [(8, "2, 3, 4, 5, 6, 7, 8", 840), (9, "2, 3, 4, 5, 6, 7, 8 and 1 more", 2520)]:
+        with pytest.raises(ConfigError) as e:
+            _check_batch_sizes(ClusterShape(num_workers=high, min_workers=1, use_gpu=False), 1, 1)
+        assert str(e.value) == (f"scaling.num_workers=[1, {high}]: train_batch_size=1 with micro-batch 1 needs a whole "
+                                f"gradient accumulation at every world size, and [{listed}] do(es) not divide 1: use a "
+                                f"train_batch_size that is a multiple of {common}, or a range without those sizes")
+
+
+def test_a_range_too_wide_for_any_practical_shard_count_is_told_a_narrower_one(capsys):
+    from raytrain.planning.resolve import MAX_ADVISED_SHARDS, _common_multiple, _too_wide
+    from raytrain.run_spec import ClusterShape
+
+    assert [_common_multiple(range(2, 5)), _common_multiple(range(3, 4)), _common_multiple(range(1, 20))] == [
+        12, 3, None]
+    assert _common_multiple(range(MAX_ADVISED_SHARDS, MAX_ADVISED_SHARDS + 1)) == MAX_ADVISED_SHARDS  # the bound: in
+    wide = "for a range this wide the smallest such count is over 100,000: narrow it"
+    assert _too_wide(ClusterShape(num_workers=20, min_workers=1, use_gpu=False)) == (
+        f"{wide}, e.g. scaling.num_workers=[17, 20] with data.num_shards=58140")  # 17 x 18 x 19 x 20 / 2 / 2
+    assert _too_wide(ClusterShape(num_workers=317, min_workers=316, use_gpu=False)) == wide  # 316 x 317 > 100,000
+    assert _too_wide(ClusterShape(num_workers=100_001, min_workers=100_001, use_gpu=False)) == wide  # one size
+    code, _, err = dry_run(capsys, "scaling.num_workers=[1, 30]")
+    assert (code, err) == (2, "raytrain: error: scaling.num_workers=[1, 30]: an elastic run needs data.num_shards "
+                              "divisible by every world size of the range, so that its data position means the same "
+                              f"at any size, and {wide}, e.g. scaling.num_workers=[28, 30] with "
+                              "data.num_shards=12180\n")
 
 
 def test_a_derived_train_batch_size_the_shards_do_not_divide_says_how_it_was_derived_and_what_to_set(capsys):
@@ -90,6 +163,13 @@ def test_a_derived_train_batch_size_the_shards_do_not_divide_says_how_it_was_der
                               "(gradient accumulation 3), or data.num_shards=8\n")
     assert dry_run(capsys, "scaling.num_workers=4", "data.num_shards=12", "deepspeed.train_batch_size=96",
                    "training.micro_batch_size_per_gpu=8")[0] == 0
+    # the fewer shards named divide the batch, and the workers: 8 of 10 (a multiple of the 2 workers) does not divide 4
+    code, _, err = dry_run(capsys, "scaling.num_workers=2", "data.num_shards=10", "training.micro_batch_size_per_gpu=2")
+    assert code == 2 and err.endswith("set deepspeed.train_batch_size=20 and training.micro_batch_size_per_gpu=2 "
+                                      "(gradient accumulation 5), or data.num_shards=4\n"), err
+    code, _, err = dry_run(capsys, "scaling.num_workers=1", "data.num_shards=2", "training.micro_batch_size_per_gpu=3")
+    assert code == 2 and err.endswith("set deepspeed.train_batch_size=6 and training.micro_batch_size_per_gpu=3 "
+                                      "(gradient accumulation 2), or data.num_shards=1\n"), err
 
 
 def test_the_plan_tool_checks_every_size_of_the_range_too(capsys):

@@ -1,9 +1,10 @@
 """The notes raytrain.planning.resolve.advice prints before a run (settings that run, but not as the user
-may expect): here a pretrained model whose config has no EOS at all."""
+may expect): here a pretrained model whose config has no EOS at all, and an optimizer offloaded to
+few CPU threads."""
 
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from raytrain.config import ModelConfig, RunConfig
+from raytrain.config import ModelConfig, RunConfig, load_config
 from raytrain.model import byte_tokenizer
 from raytrain.planning.resolve import advice, resolve_run, shape_from_config
 
@@ -27,3 +28,17 @@ def test_a_pretrained_model_without_an_eos_token_id_gets_the_eos_note(tmp_path):
         f"eos_token_id: generate() with the exported model never stops at the end of a text; set "
         f"model.config.eos_token_id=256"]
     assert eos_notes(eos_token_id=256) == []  # the way out the note names
+
+
+def test_an_optimizer_offloaded_to_fewer_than_4_cpus_per_worker_gets_the_cpu_adam_note():
+    def notes(*overrides):
+        cfg = load_config(None, list(overrides))
+        return advice(resolve_run(cfg, shape_from_config(cfg)))
+
+    offload = "deepspeed.zero_optimization.offload_optimizer.device=cpu"
+    assert notes(offload, "scaling.cpus_per_worker=3.5") == [
+        "deepspeed.zero_optimization.offload_optimizer runs DeepSpeed's CPU Adam on the worker's "
+        "scaling.cpus_per_worker=3.5 CPU threads: at 1.1B on one H200 that halved tokens/s (1 CPU: 26k, 14 CPUs: 51k; "
+        "docs/benchmarks.md); raise scaling.cpus_per_worker"]
+    assert notes(offload, "scaling.cpus_per_worker=4") == []
+    assert notes("scaling.cpus_per_worker=1") == []  # no offload: the optimizer steps on the GPU
