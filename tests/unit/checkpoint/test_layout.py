@@ -18,7 +18,10 @@ def test_only_a_directory_deepspeed_can_load_counts_as_a_checkpoint_naming_the_k
         with pytest.raises(ConfigError, match=rf"checkpoint.resume_from=.* (is not a raytrain checkpoint \()?{why}"):
             layout.check_is_checkpoint(str(tmp_path), "checkpoint.resume_from")
 
-    refused("no raytrain.json")
+    with pytest.raises(ConfigError) as e:
+        layout.check_is_checkpoint(str(tmp_path), "checkpoint.resume_from")
+    assert str(e.value) == (f"checkpoint.resume_from={tmp_path} is not a raytrain checkpoint (no raytrain.json in it): "
+                            f"give a checkpoint_step_* directory of a run")  # (a run's directory names its latest)
     (tmp_path / "raytrain.json").write_text(json.dumps({"step": 1, "spec": {"model": {}, "config": {"data": {}}}}))
     (tmp_path / "latest_universal").write_text("step_00000001_universal")  # a universal copy (reshard): not one
     (tmp_path / "step_00000001_universal").mkdir()
@@ -57,3 +60,66 @@ def test_a_raytrain_json_without_what_the_driver_reads_is_one_line_naming_the_ke
                             f"record (the file was edited, or written by another program): choose another checkpoint "
                             f"(an earlier checkpoint_step_* of the run), or for a run's own latest checkpoint pass "
                             f"--fresh to start over")
+
+
+def test_a_local_path_is_made_absolute_and_a_uri_keeps_its_filesystem(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    fs, path = layout.filesystem("runs/r1")  # a relative path: pyarrow's from_uri refuses it
+    assert fs.type_name == "local" and path == str(tmp_path / "runs" / "r1")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert layout.filesystem("~/runs")[1] == str(tmp_path / "home" / "runs")
+    fs, path = layout.filesystem(f"file://{tmp_path}/runs")
+    assert fs.type_name == "local" and path == f"{tmp_path}/runs"
+
+
+def test_s3s_single_request_copy_limit_is_5_gib():
+    # S3 CopyObject copies up to 5 GiB in one request: a larger limit fails Arrow's move of such an object
+    assert layout.S3_COPY_LIMIT_BYTES == 5 * 2**30
+
+
+@pytest.mark.parametrize("stage, wanted", [
+    (3, ["zero_pp_rank_0_mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+         "zero_pp_rank_1_mp_rank_00_model_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]),
+    (2, ["mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+         "zero_pp_rank_1_mp_rank_00_optim_states.pt"]),  # ZeRO 1-2: one model file, written by rank 0
+    (1, ["mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+         "zero_pp_rank_1_mp_rank_00_optim_states.pt"]),
+    (0, ["mp_rank_00_model_states.pt"]),  # no ZeRO: no optimizer partitions
+])
+def test_the_shard_files_deepspeed_loads_follow_the_zero_stage_and_world_size(tmp_path, stage, wanted):
+    meta = {"world_size": 2, "spec": {"deepspeed": {"zero_stage": stage}}}
+    assert layout.missing_shards(str(tmp_path), meta) == wanted
+    for name in wanted:  # bf16 and DeepSpeed's older optimizer spelling count too
+        spelled = {"zero_pp_rank_0_mp_rank_00_optim_states.pt": "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                   "zero_pp_rank_1_mp_rank_00_optim_states.pt": "zero_pp_rank_1_mp_rank_00optim_states.pt"}
+        (tmp_path / spelled.get(name, name)).write_bytes(b"")
+    assert layout.missing_shards(str(tmp_path), meta) == []
+
+
+def test_a_raytrain_json_holding_no_object_is_one_line(tmp_path):
+    (tmp_path / "raytrain.json").write_text("[4]")
+    (tmp_path / "latest").write_text("step_00000004")
+    (tmp_path / "step_00000004").mkdir()
+    with pytest.raises(ConfigError, match=rf"^{tmp_path}/raytrain.json holds list, not raytrain's record of a "):
+        layout.check_is_checkpoint(str(tmp_path), "checkpoint.resume_from")
+
+
+def test_storage_that_cannot_be_reached_is_one_line_naming_the_key_and_the_fix(tmp_path):
+    layout.check_reachable(str(tmp_path / "not-yet"), "checkpoint.storage_path")  # absent is fine: made later
+    with pytest.raises(ConfigError, match=r"^checkpoint.storage_path=nosuch://b/runs: cannot reach it \(.+\): "
+                                          r"check the URI, the driver's credentials for it, and this machine's "
+                                          r"network$"):
+        layout.check_reachable("nosuch://b/runs", "checkpoint.storage_path")
+    with pytest.raises(ConfigError, match=r"^checkpoint.storage_path=nosuch://b/runs \(run 'r1'\): cannot reach it"):
+        layout.latest_checkpoint("nosuch://b/runs/r1")
+    with pytest.raises(ConfigError, match=r"^checkpoint.resume_from=nosuch://b/c: cannot read it \(.+\): check the "
+                                          r"path or URI and its credentials$"):
+        layout.check_is_checkpoint("nosuch://b/c", "checkpoint.resume_from")
+    said = layout.unreachable("checkpoint.storage_path=gs://b/r", "gs://b/r", OSError("x" * 400 + "\nsecond line"))
+    assert str(said) == (f"checkpoint.storage_path=gs://b/r: cannot reach it ({'x' * 300}...): check the URI, the "
+                         f"driver's Google credentials (GOOGLE_APPLICATION_CREDENTIALS or workload identity), and this "
+                         f"machine's network")
+    assert "AWS_ACCESS_KEY_ID" in str(layout.unreachable("k=S3://b", "S3://b", OSError("x" * 300)))
+    assert "(" + "x" * 300 + ")" in str(layout.unreachable("k=S3://b", "S3://b", OSError("x" * 300)))
+    assert "(" + "x" * 300 + "...)" in str(layout.unreachable("k=S3://b", "S3://b", OSError("x" * 301)))
+    assert "AZURE_CLIENT_ID" in str(layout.unreachable("k=abfss://c@a/r", "abfss://c@a/r", OSError()))

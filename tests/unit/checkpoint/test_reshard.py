@@ -5,6 +5,7 @@ test_universal.py; inside a real elastic run: tests/integration/test_elastic.py.
 
 import dataclasses
 import json
+import re
 
 import pytest
 from ray.train import Checkpoint
@@ -42,6 +43,29 @@ def test_the_universal_copy_lives_in_the_run_keyed_by_the_checkpoints_path_and_c
     assert reshard.universal_uri("/s/run", "/s/other/checkpoint_step_00000006", {**meta, "history": []}) != copy
     assert reshard.universal_uri("s3://b/run/", "b/run/checkpoint_step_00000012", meta).startswith(
         "s3://b/run/universal/checkpoint_step_00000012-")
+    # the digest's length is part of the key: another would miss the copies earlier sessions of the run left
+    assert re.fullmatch(r"/s/run/universal/checkpoint_step_00000006-[0-9a-f]{12}", copy)
+
+
+def test_a_conversion_is_done_once_its_raytrain_json_is_stored_and_the_workers_wait_for_nothing_more(tmp_path):
+    copy = tmp_path / "universal" / "checkpoint_step_00000006-0123456789ab"
+    (copy / "step_00000006_universal").mkdir(parents=True)
+    assert not reshard.is_complete(str(copy))  # a conversion cut short: redone by the next group
+    (copy / "raytrain.json").write_text("{}")
+    assert reshard.is_complete(str(copy))
+    reshard.wait_until_complete(str(copy), poll_s=0.01)  # returns at once (a mistaken loop hangs to the timeout)
+
+
+def test_pruning_removes_the_runs_other_universal_copies_only(tmp_path):
+    run = tmp_path / "run"
+    reshard.prune(str(run), keep=str(run / "universal" / "c-1"))  # a run with no universal copy yet: nothing to do
+    for name in ("checkpoint_step_00000002-aaa", "checkpoint_step_00000004-bbb", "checkpoint_step_00000004-ccc"):
+        (run / "universal" / name).mkdir(parents=True)
+    (run / "universal" / "notes.txt").write_text("not a copy")
+    (run / "checkpoint_step_00000004").mkdir()
+    reshard.prune(str(run) + "/", keep=str(run / "universal" / "checkpoint_step_00000004-bbb") + "/")
+    assert sorted(p.name for p in (run / "universal").iterdir()) == ["checkpoint_step_00000004-bbb", "notes.txt"]
+    assert (run / "checkpoint_step_00000004").is_dir()  # the checkpoints themselves are not its business
 
 
 def resolved(*overrides):

@@ -70,6 +70,38 @@ def test_every_object_of_an_s3_run_moves_and_nothing_stays(s3, monkeypatch, stre
     assert files(fs, run) == {}
 
 
+class Recorded:
+    """A real pyarrow filesystem that notes which objects it moved (a server-side copy) and which it read."""
+
+    def __init__(self, fs):
+        self.fs, self.moved, self.read = fs, [], []
+
+    def __getattr__(self, name):
+        return getattr(self.fs, name)
+
+    def move(self, src, dest):
+        self.moved.append(src)
+        self.fs.move(src, dest)
+
+    def open_input_stream(self, path):
+        self.read.append(path)
+        return self.fs.open_input_stream(path)
+
+
+def test_only_objects_over_s3s_copy_limit_are_streamed_and_the_runs_record_moves_last(s3, monkeypatch):
+    fs, run = s3.filesystem(), f"{s3.bucket}/runs/r-order"
+    write_run(fs, run)
+    recorded = Recorded(fs)
+    monkeypatch.setattr(layout, "filesystem", lambda uri: (recorded, uri.partition("://")[2]))
+    monkeypatch.setattr(layout, "S3_COPY_LIMIT_BYTES", 11)  # raytrain.json's size: at the limit is copied
+    layout.set_aside(f"s3://{run}", ".replaced-1")
+    optim = "checkpoint_step_00000003/step_00000003/zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    assert recorded.read == [f"{run}/{optim}"]  # streamed, the only one over the limit
+    assert recorded.moved[-1] == f"{run}/checkpoint_manager_snapshot.json"  # Ray Train's record: a cut leaves it
+    assert sorted(recorded.moved[:-1]) == [f"{run}/checkpoint_step_00000003/raytrain.json", f"{run}/model/config.json"]
+    assert files(fs, f"{run}.replaced-1") == RUN and files(fs, run) == {}
+
+
 def test_a_checkpoint_on_s3_is_named_with_its_scheme(s3):
     # Ray's Checkpoint keeps the path on its filesystem: printed as it is, "bucket/runs/..." reads as a
     # local path (--resume-from and the export given it would look on local disk)

@@ -14,6 +14,7 @@ real DeepSpeed engines from the worker's own build_engine, gloo, a transformers 
 import json
 import os
 import shutil
+import signal
 
 import pytest
 import torch
@@ -90,12 +91,13 @@ def loaded(tmp_path_factory):
     out = tmp_path_factory.mktemp("universal")
     plain = _spawn(2, out, "save")
     target = str(out / "run" / "universal" / "checkpoint_step_00000001")
-    stale = out / "run" / "universal" / "checkpoint_step_00000000"
-    stale.mkdir(parents=True)  # an older copy: removed once the new one is complete
+    assert not os.path.exists(os.path.dirname(target))  # the run's first conversion makes universal/ itself
     with reshard.Conversion(Checkpoint(str(out / "run" / "checkpoint_step_00000001")), 1, target) as conversion:
         conversion.start()
         gib, converting, total = conversion.finish()
     assert 0 < converting <= total
+    stale = out / "run" / "universal" / "checkpoint_step_00000000"
+    stale.mkdir()  # an older copy: removed once the new one is complete
     reshard.prune(str(out / "run"), keep=target)
     return {"plain": plain, "universal": _spawn(3, out, "universal"), "gib": gib, "dir": out}
 
@@ -124,6 +126,43 @@ def test_the_copy_is_complete_and_the_only_one(loaded):
     universal = loaded["dir"] / "run" / "universal"
     assert reshard.is_complete(str(universal / "checkpoint_step_00000001")) and loaded["gib"] > 0
     assert sorted(p.name for p in universal.iterdir()) == ["checkpoint_step_00000001"]
+    # the GiB reported are the converter's output as stored (the marker aside)
+    written = sum(f.stat().st_size for f in (universal / "checkpoint_step_00000001").rglob("*")
+                  if f.is_file() and f.name != "raytrain.json")
+    assert loaded["gib"] == pytest.approx(written / 2**30)
+    assert (universal / "checkpoint_step_00000001" / "step_00000001_universal").is_dir()
+
+
+def test_a_failed_conversion_raises_with_the_converters_output_and_stores_nothing(tmp_path):
+    from ray.train import Checkpoint
+
+    from raytrain.checkpoint import reshard
+
+    (tmp_path / "ckpt").mkdir()  # a checkpoint without its shards (step_00000001/)
+    (tmp_path / "ckpt" / "raytrain.json").write_text("{}")
+    target = tmp_path / "run" / "universal" / "c"
+    with reshard.Conversion(Checkpoint(str(tmp_path / "ckpt")), 1, str(target)) as conversion:
+        conversion.start()
+        with pytest.raises(RuntimeError, match=rf"(?s)ds_to_universal failed on {tmp_path}/ckpt:\n.*step_00000001") \
+                as e:
+            conversion.finish()
+        with open(os.path.join(conversion._tmp, "convert.log")) as log:
+            assert str(e.value).endswith(":\n" + log.read()[-4000:])  # the whole log, or its end if long
+    assert not target.exists() and not reshard.is_complete(str(target))
+
+
+def test_leaving_a_conversion_early_kills_the_converter_and_removes_its_scratch(tmp_path):
+    from ray.train import Checkpoint
+
+    from raytrain.checkpoint import reshard
+
+    (tmp_path / "ckpt").mkdir()
+    with reshard.Conversion(Checkpoint(str(tmp_path / "ckpt")), 1, str(tmp_path / "copy")) as conversion:
+        conversion.start()  # still importing DeepSpeed when the group is shut down
+    assert conversion._proc.poll() == -signal.SIGKILL
+    assert not os.path.exists(conversion._tmp)
+    with reshard.Conversion(Checkpoint(str(tmp_path / "ckpt")), 1, str(tmp_path / "copy")):
+        pass  # never started (rank 0 gone before it began): nothing to kill, no error
 
 
 def test_a_checkpoint_and_out_dir_given_as_uris_export_where_they_say(loaded, tmp_path, monkeypatch):

@@ -54,6 +54,8 @@ def test_an_elastic_fit_gets_the_policy_and_the_replacement_wait_and_then_neithe
     with policy_installed(spec("scaling.num_workers=[2, 3]", "scaling.replacement_timeout_s=45")):
         policy = trainer_module.create_scaling_policy(ScalingConfig(num_workers=(2, 3)))
         assert isinstance(policy, ReplacementPolicy) and policy.replacement_timeout_s == 45
+        # another trainer of a fixed size in the same process keeps Ray's own policy
+        assert not isinstance(trainer_module.create_scaling_policy(ScalingConfig(num_workers=2)), ReplacementPolicy)
         assert os.environ[compat.WORKER_GROUP_START_TIMEOUT_ENV] == "45.0"
     assert trainer_module.create_scaling_policy is stock and compat.WORKER_GROUP_START_TIMEOUT_ENV not in os.environ
     # 0 (shrink at once) still gives a placement group the few seconds it needs to be created
@@ -68,3 +70,57 @@ def test_a_fixed_size_fit_is_left_to_ray(monkeypatch):
     stock = trainer_module.create_scaling_policy
     with policy_installed(spec("scaling.num_workers=2")):
         assert trainer_module.create_scaling_policy is stock and os.environ[compat.WORKER_GROUP_START_TIMEOUT_ENV] == "77"
+
+
+class SeenCluster(ReplacementPolicy):
+    """The policy on a cluster that can place `placeable` workers (None: the coordinator did not answer):
+    Ray's AutoscalingCoordinator needs a running cluster, so raytrain's two queries of it are answered here."""
+
+    placeable: int | None = None
+    requests = 0
+
+    def request_resources(self):
+        self.requests += 1
+
+    def placeable_workers(self):
+        return self.placeable
+
+
+def test_the_policys_decisions_while_no_group_runs(monkeypatch, capfd):
+    from ray.train import ScalingConfig
+    from ray.train.v2._internal.execution.scaling_policy import NoopDecision, ResizeDecision
+
+    import raytrain.driver.elastic as elastic
+
+    monkeypatch.setattr(elastic, "IDLE_PAUSE_S", 0.0)
+    policy = SeenCluster(ScalingConfig(num_workers=(2, 3)), replacement_timeout_s=30)
+
+    def decide(placeable):
+        policy.placeable = placeable
+        decision = policy.make_decision_for_non_running_worker_group()
+        return decision.num_workers if isinstance(decision, ResizeDecision) else type(decision)
+
+    assert decide(None) is NoopDecision and decide(1) is NoopDecision  # no answer; below the minimum
+    assert decide(3) == 3 and capfd.readouterr().out == ""  # the first group: nothing to say
+    policy.group_started(3)
+    assert decide(2) == 3  # a node lost: one retry at 3, waiting for a replacement
+    assert capfd.readouterr().out == ("raytrain: 2 of 3 workers can be placed now: waiting up to 30 s "
+                                      "(scaling.replacement_timeout_s) for a replacement\n")
+    assert decide(2) == 2  # none came: continue on 2
+    assert capfd.readouterr().out == "raytrain: resizing from 3 to 2 workers (the cluster holds 2, range 2-3)\n"
+    policy.group_started(2)
+    assert decide(3) == 3 and "resizing from 2 to 3 workers" in capfd.readouterr().out
+    policy.group_started(3)
+    assert decide(3) == 3 and capfd.readouterr().out == ""  # a restart at the same size: nothing to say
+    assert policy.requests == 7  # the request for max workers renewed at every decision
+    for timeout_s, size in ((1, 3), (0, 2)):  # any replacement timeout waits once; 0 continues on what is there
+        policy = SeenCluster(ScalingConfig(num_workers=(2, 3)), replacement_timeout_s=timeout_s)
+        policy.group_started(3)
+        assert decide(2) == size
+
+
+def test_a_fit_restores_the_placement_wait_the_process_had(monkeypatch):
+    monkeypatch.setenv(compat.WORKER_GROUP_START_TIMEOUT_ENV, "77")
+    with policy_installed(spec("scaling.num_workers=[2, 3]", "scaling.replacement_timeout_s=0")):
+        assert os.environ[compat.WORKER_GROUP_START_TIMEOUT_ENV] == "5.0"  # the shortest wait a group can have
+    assert os.environ[compat.WORKER_GROUP_START_TIMEOUT_ENV] == "77"

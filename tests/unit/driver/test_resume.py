@@ -141,6 +141,15 @@ def test_a_record_naming_a_deleted_checkpoint_is_one_line_and_fresh_sets_the_run
     assert any(p.startswith("r1.replaced-") for p in os.listdir(tmp_path / "runs"))
 
 
+def test_a_runs_directory_given_as_a_checkpoint_is_refused_naming_its_latest_checkpoint(tmp_path):
+    run = run_with_checkpoints(tmp_path / "runs", "r1", [4, 8])
+    with pytest.raises(ConfigError) as e:
+        layout.check_is_checkpoint(run + "/", "checkpoint.resume_from")
+    assert str(e.value) == (f"checkpoint.resume_from={run}/ is not a raytrain checkpoint (no raytrain.json in it): "
+                            f"it is a run's directory: give one of its checkpoints, the latest being "
+                            f"{run}/checkpoint_step_00000008")
+
+
 def test_a_stopped_run_is_offered_to_continue_unless_another_driver_is_training_it(tmp_path):
     import time
 
