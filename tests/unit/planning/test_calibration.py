@@ -3,9 +3,12 @@ host peaks within 10% of every measured row, the throughput model reproducing th
 come from. Each row is rebuilt with raytrain.tools.bench's own argument parser and resolution, so the
 DeepSpeed dict is the one that ran. docs/plan-accuracy.md records the same comparison."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from raytrain.planning import calibration, throughput
+from raytrain.planning.estimate import Estimate, MemoryFacts, Setting
 from raytrain.tools import bench, bench_paths
 
 # The rows each throughput constant is fitted on (raytrain/planning/throughput.py names them): reproduced
@@ -144,3 +147,116 @@ def test_every_fitted_row_is_named_by_a_constant():
     named = {word.strip(",.():;") for word in source.split()}
     rows = {w for w in named if w.startswith(("1b-", "7b-", "8.1b-", "13b-"))}
     assert rows <= set(calibration.BY_ID), rows - set(calibration.BY_ID)  # no constant names a row that is gone
+
+
+# The 1.1B shape (configs/llama-1b-1gpu.yaml) as the model's formulas read it, for predictions pinned by hand.
+TINYLLAMA = SimpleNamespace(model_type="llama", hidden_size=2048, num_hidden_layers=22, num_attention_heads=32,
+                            num_key_value_heads=4, intermediate_size=5632, vocab_size=32000, tie_word_embeddings=False)
+N_1B = 1_100_048_384
+
+
+def by_hand(setting, *, on_host=0, **facts):
+    f = MemoryFacts(**{"use_gpu": True, "world_size": 1, "workers_per_node": 1, "stats": SimpleNamespace(
+        num_params=N_1B), "hf_config": TINYLLAMA, "seq_len": 2048, "precision": "bf16", "stage": 3, "zero": {},
+        "liger_kernel": "all", **facts})
+    n_rank = -(-N_1B // f.world_size)
+    return f, Estimate(setting=setting, worker_bytes=0, host_bytes_per_node=0, breakdown=(),
+                       params_on_gpu=n_rank - on_host, params_on_host=on_host)
+
+
+def test_prediction_without_offload_by_hand():
+    """t_step = GA t_micro + T_STEP_FIXED + 30 N / HBM (bf16, fp32 states); at 24 x 2048 tokens of hidden 2048
+    eta is its plateau (Liger's kernels all on: LIGER_FACTOR 1), and the GPU's time and the host's blend at power
+    HOST_GPU_BLEND_P."""
+    p = throughput.predict(*by_hand(Setting(24, False)), grad_accum=4, cpus_per_worker=14)
+    fpt = 6 * N_1B + 12 * 22 * 2048 * 2048
+    t_gpu = fpt * 24 * 2048 / (989e12 * throughput.ETA_PLATEAU)
+    t_host = 22 * throughput.HOST_S_PER_LAYER[False]
+    t_micro = (t_gpu**8 + t_host**8) ** (1 / 8)
+    assert p.compute_s == pytest.approx(4 * t_micro, rel=1e-12)
+    assert p.optimizer_s == pytest.approx(throughput.T_STEP_FIXED + 30 * N_1B / throughput.HBM_ADAM_BYTES_PER_S,
+                                          rel=1e-12)
+    assert p.step_time_s == pytest.approx(p.compute_s + p.optimizer_s, rel=1e-12)
+    assert p.tokens_per_s == pytest.approx(4 * 24 * 2048 / p.step_time_s, rel=1e-12)
+    assert p.mfu == pytest.approx(p.tokens_per_s * fpt / 989e12, rel=1e-12)
+    # on two GPUs each rank steps half the states
+    two = throughput.predict(*by_hand(Setting(24, False), world_size=2), grad_accum=4, cpus_per_worker=14)
+    assert two.optimizer_s == pytest.approx(throughput.T_STEP_FIXED + 15 * N_1B / throughput.HBM_ADAM_BYTES_PER_S,
+                                            rel=1e-12)
+
+
+
+def test_checkpointing_fused_layers_and_fp8_by_hand():
+    """Checkpointing reruns the decoder layers' forward (2 N_layers + 4 L H S flops, at RECOMPUTE_COST a flop) and
+    the host's hooks (HOST_CKPT_FACTOR); FP8 speeds up the projections' share g of the flops, recompute included."""
+    p = throughput.predict(*by_hand(Setting(24, True), fused_layers=True, fp8=True), grad_accum=2,
+                           cpus_per_worker=14)
+    fpt = 6 * N_1B + 12 * 22 * 2048 * 2048
+    recompute = 2 * (N_1B - 2 * 32000 * 2048 - 2048) + 4 * 22 * 2048 * 2048  # untied head, final norm
+    ckpt = 1 + throughput.RECOMPUTE_COST * recompute / fpt
+    # q, k, v and o (kv: 4 heads of 64) and the MLP's three, forward + backward; the recompute adds a forward
+    projections = 6 * 22 * (2048 * (2048 + 2 * 256) + 2048 * 2048 + 3 * 2048 * 5632)
+    g = projections * (1 + throughput.RECOMPUTE_COST / 3) / (fpt * ckpt)
+    t_gpu = (fpt * 24 * 2048 * ckpt / (989e12 * throughput.ETA_PLATEAU * throughput.FUSED_LAYERS_FACTOR)
+             * (1 - g + g / throughput.FP8_GEMM_SPEEDUP))
+    t_host = 22 * throughput.HOST_S_PER_LAYER[True] * throughput.HOST_CKPT_FACTOR[True]
+    assert p.compute_s == pytest.approx(2 * (t_gpu**8 + t_host**8) ** (1 / 8), rel=1e-12)
+    assert p.mfu == pytest.approx(p.tokens_per_s * fpt / 989e12, rel=1e-12)  # model flops: no recompute
+
+def test_optimizer_offload_by_hand():
+    """The gradients' round trip (2N + 4N (GA - 1) bytes, K_VISIBLE of it visible), CPU Adam on the host's
+    parameters and torch's AdamW (3 mw + 2 st + mw bytes) on the GPU's, per rank of two."""
+    setting = Setting(24, False, offload_optimizer=True, ratio=0.5)
+    f, e = by_hand(setting, on_host=400_000_000, world_size=2, bf16_states=True)
+    p = throughput.predict(f, e, grad_accum=3, cpus_per_worker=4)
+    pcie = throughput.K_VISIBLE * 2 * (N_1B // 2) * 5 / throughput.PCIE_BYTES_PER_S
+    cpu = 400_000_000 * throughput.cpu_adam_s_per_param(4, True)
+    gpu = (N_1B // 2 - 400_000_000) * (3 * 4 + 2 * 4 + 4) / throughput.HBM_ADAM_BYTES_PER_S
+    assert p.optimizer_s == pytest.approx(throughput.T_STEP_FIXED + pcie + cpu + gpu, rel=1e-12)
+    # the same facts without the offload step only the HBM pass
+    p = throughput.predict(*by_hand(Setting(24, False), world_size=2, bf16_states=True), grad_accum=3,
+                           cpus_per_worker=4)
+    assert p.optimizer_s == pytest.approx(throughput.T_STEP_FIXED + (N_1B // 2) * 22 / throughput.HBM_ADAM_BYTES_PER_S,
+                                          rel=1e-12)
+
+
+@pytest.mark.parametrize("checkpointing, copies", [(False, 2), (True, 3)])
+def test_parameter_offload_copies_the_parameters_each_pass(checkpointing, copies):
+    """Every forward and backward (and with checkpointing the recompute) copies all N parameters H2D, per
+    micro-batch, not overlapped."""
+    off, on = (throughput.predict(*by_hand(Setting(8, checkpointing, offload_optimizer=True, offload_param=param),
+                                           on_host=N_1B), grad_accum=4, cpus_per_worker=14)
+               for param in (False, True))
+    assert on.compute_s - off.compute_s == pytest.approx(4 * copies * 2 * N_1B / throughput.PCIE_BYTES_PER_S,
+                                                         rel=1e-9)
+    assert on.optimizer_s == off.optimizer_s
+
+
+def test_eta_falls_linearly_below_the_reference_gemm_size():
+    plateau, slope = throughput.ETA_PLATEAU, throughput.ETA_SLOPE
+    assert throughput.eta(2048, 24, 2048) == throughput.eta(2048, 96, 2048) == pytest.approx(plateau, rel=1e-12)
+    assert throughput.eta(2048, 12, 2048) == pytest.approx(plateau * (1 - slope / 2), rel=1e-12)
+    # x scales with hidden squared: 4096 at a quarter of the tokens is the same x
+    assert throughput.eta(4096, 3, 2048) == pytest.approx(throughput.eta(2048, 12, 2048), rel=1e-12)
+
+
+def test_cpu_adam_scales_with_threads_between_1_and_16():
+    base, exponent = throughput.CPU_ADAM_S_PER_PARAM_14_THREADS, throughput.CPU_ADAM_THREAD_EXPONENT
+    assert throughput.cpu_adam_s_per_param(14, False) == pytest.approx(base, rel=1e-12)
+    assert throughput.cpu_adam_s_per_param(0.5, False) == throughput.cpu_adam_s_per_param(1, False) == pytest.approx(
+        base * 14**exponent, rel=1e-12)
+    assert throughput.cpu_adam_s_per_param(64, False) == throughput.cpu_adam_s_per_param(16, False) == pytest.approx(
+        base * (14 / 16) ** exponent, rel=1e-12)
+    assert throughput.cpu_adam_s_per_param(14, True) == pytest.approx(base * throughput.CPU_ADAM_BF16_FACTOR,
+                                                                      rel=1e-12)
+
+
+def test_recompute_flops_leave_out_the_embedding_and_an_untied_head():
+    cfg = SimpleNamespace(hidden_size=64, num_hidden_layers=2, vocab_size=100)
+    attention = 4 * 2 * 64 * 16
+    assert throughput.recompute_flops_per_token(cfg, 20_000, 16) == 2 * (20_000 - 6400 - 6400 - 64) + attention
+    tied = SimpleNamespace(**vars(cfg), tie_word_embeddings=True)
+    assert throughput.recompute_flops_per_token(tied, 20_000, 16) == 2 * (20_000 - 6400 - 64) + attention
+    no_vocab = SimpleNamespace(hidden_size=64, num_hidden_layers=2)
+    assert throughput.recompute_flops_per_token(no_vocab, 20_000, 16) == 2 * (20_000 - 64) + attention
+    assert throughput.recompute_flops_per_token(cfg, 100, 16) == attention  # never negative

@@ -12,7 +12,7 @@ import pytest
 from raytrain.config import ConfigError, load_config
 from raytrain.hardware import Target
 from raytrain.model import load_model_config, param_stats
-from raytrain.planning.activations import activation_bytes
+from raytrain.planning.activations import activation_bytes, decoder_dims, moe_dims
 from raytrain.planning.memory import GIB, check_fits, estimate_memory
 from raytrain.planning.table import format_plan
 from raytrain.planning.resolve import resolve_run
@@ -102,7 +102,66 @@ def test_activation_formula_by_hand():
         2 * (2 * 256 + 528 + 768) + 256)
     # GPU SDPA: o_proj reads a view of the attention output, one copy fewer (2 bytes x 64 per token and layer)
     assert activation_bytes(cfg, 2, 16, 2, checkpointing=False, sdpa_out_copies=1) == 32 * (6864 - 2 * 2 * 64)
+    # FP8 GEMMs keep 1-byte inputs: both norms' outputs and down_proj's input shrink by e - 1 bytes a value, o_proj
+    # adds a 1-byte copy of SDPA's output: (2 - 1) * (2*64 + 128) - 64 = 192 less a layer
+    assert activation_bytes(cfg, 2, 16, 2, checkpointing=False, fp8=True) == 32 * (6864 - 2 * 192)
+    # in fp32 eager attention keeps the fp32 probabilities alone (no cast): heads x seq_len x 4 a token and layer
+    assert (activation_bytes(cfg, 2, 16, 4, checkpointing=False, attn_implementation="eager")
+            - activation_bytes(cfg, 2, 16, 4, checkpointing=False)) == 32 * 2 * 4 * 16 * 4
 
+
+
+
+def test_moe_and_gpt2_activation_formulas_by_hand():
+    base = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=100)
+    moe = SimpleNamespace(**base, num_key_value_heads=2, head_dim=16, intermediate_size=128, num_experts=4,
+                          num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=64,
+                          decoder_sparse_step=2)
+    # layer 1 is sparse: 2 experts x (2*(2*64 + 4*32) + 40 index bytes) + the router's fp32 softmax 4*4 = 1120; the
+    # gated shared expert 4*2*64 + (2*64 + 2) = 642; in place of the dense MLP's 1024: 2576 - 1024 + 1762 = 3314
+    assert activation_bytes(moe, 2, 16, 2, checkpointing=False) == 32 * (2576 + 3314 + 512 + 1200)
+    # checkpointing recomputes the larger (sparse) layer
+    assert activation_bytes(moe, 2, 16, 2, checkpointing=True) == 32 * (2 * 128 + 3314 + 512 + 1200)
+    # one small expert a token, no shared one: 2*(2*64 + 4*8) + 40 + 16 = 376, a sparse layer of 1928 < 2576
+    small = SimpleNamespace(**{**vars(moe), "num_experts_per_tok": 1, "moe_intermediate_size": 8,
+                               "shared_expert_intermediate_size": None})
+    assert activation_bytes(small, 2, 16, 2, checkpointing=True) == 32 * (2 * 128 + 2576 + 512 + 1200)
+    every_layer = SimpleNamespace(**{**vars(small), "decoder_sparse_step": 1})
+    assert activation_bytes(every_layer, 2, 16, 2, checkpointing=True) == 32 * (2 * 128 + 1928 + 512 + 1200)
+    # Qwen3's per-head q and k norms keep (4 + e)(q + kv) a token and layer
+    qwen3 = SimpleNamespace(**{**vars(moe), "model_type": "qwen3", "num_experts": None})
+    assert activation_bytes(qwen3, 2, 16, 2, checkpointing=False) == 32 * (6864 + 2 * 6 * (64 + 32))
+    # GPT-2: LayerNorms keep input, output and the fp32 mean and rstd (2*2*64 + 8 = 264 each), q, k, v are 64 wide
+    # (2*192 + 2*2*64 + 4*4 = 656) and gelu_new keeps 4 values of the 4h MLP besides c_proj's input (5*2*256)
+    gpt2 = SimpleNamespace(**base, model_type="gpt2", activation_function="gelu_new")
+    assert activation_bytes(gpt2, 2, 16, 2, checkpointing=False) == 32 * (2 * (2 * 264 + 656 + 2560) + 264 + 1200)
+    # attn_pdrop in fp32 on a CPU: SDPA's math path keeps fp32 q, k, v (3*4*64) and three score matrices
+    # (3*4*4*16), o_proj's input (4*64) and, v being a view, the whole fused output less the 4*q counted:
+    # 4*192 - 4*64; the LayerNorms 2*4*64 + 8 = 520, the MLP 5*4*256
+    cpu = SimpleNamespace(**vars(gpt2), attn_pdrop=0.1)
+    attention = 3 * 4 * 64 + 3 * 4 * 4 * 16 + 4 * 64 + (4 * 192 - 4 * 64)
+    assert activation_bytes(cpu, 2, 16, 4, checkpointing=False, on_gpu=False) == 32 * (
+        2 * (2 * 520 + attention + 5 * 4 * 256) + 520 + 1200)
+
+def test_config_defaults_where_a_family_leaves_a_width_out():
+    """No head count: 64-wide heads, at least one; no head_dim: hidden / heads; no MLP width: 4 x hidden; no
+    key/value heads: as many as query heads."""
+    assert decoder_dims(SimpleNamespace(hidden_size=256, num_hidden_layers=2)) == (256, 2, 4, 256, 256, 1024)
+    assert decoder_dims(SimpleNamespace(hidden_size=32, num_hidden_layers=1)) == (32, 1, 1, 32, 32, 128)
+    assert decoder_dims(SimpleNamespace(hidden_size=126, num_hidden_layers=1)).heads == 1
+    # a mixture of experts without intermediate_size: each expert is 4 x hidden wide
+    assert moe_dims(SimpleNamespace(hidden_size=64, num_hidden_layers=4, num_local_experts=8)) == (
+        8, 1, 256, 0, False, 4)
+    assert moe_dims(SimpleNamespace(hidden_size=64, num_hidden_layers=4, num_local_experts=1)) is None  # one: dense
+    assert moe_dims(SimpleNamespace(hidden_size=64, num_hidden_layers=4, num_local_experts=2)).experts == 2
+    # Qwen's decoder_sparse_step: layers 3 and 6 of 6 are sparse, and mlp_only_layers makes the first (index 2) dense
+    qwen = SimpleNamespace(hidden_size=64, num_hidden_layers=6, num_experts=4, decoder_sparse_step=3,
+                           mlp_only_layers=[2])
+    assert moe_dims(qwen).sparse_layers == 1
+    # DeepSeek's spelling: n_shared_experts of the routed experts' width, dense below first_k_dense_replace
+    deepseek = SimpleNamespace(hidden_size=64, num_hidden_layers=4, n_routed_experts=8, num_experts_per_tok=2,
+                               moe_intermediate_size=32, n_shared_experts=2, first_k_dense_replace=1)
+    assert moe_dims(deepseek) == (8, 2, 32, 64, False, 3)
 
 def test_refusal_names_optimizer_offload_when_that_fits(llama7b_stats):
     # 7B on one 80 GB GPU: ~100 GiB of model states; offloading the optimizer leaves ~13 GiB of bf16 params.
