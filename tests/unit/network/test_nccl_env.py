@@ -274,6 +274,10 @@ def test_efa_on_one_node_leaves_nccl_net_unset(tmp_path):
     plan = plan_for(tmp_path, multi_node=False)
     assert plan.env["FI_PROVIDER"] == "efa" and "NCCL_NET" not in plan.env
     assert "one node: NCCL_NET left unset, no traffic leaves the node" in plan.notes
+    # Exactly 4 devices: all named, no "and 0 more"; no verbs port, so no "left out" note.
+    assert any(n.startswith(f"4 EFA device(s) on {NODE_IP} (rdmap79s0:1, rdmap80s0:1, rdmap81s0:1, rdmap82s0:1): ")
+               for n in plan.notes)
+    assert not any("left out" in n for n in plan.notes)
 
 
 def test_efa_recognised_by_pci_ids_without_a_driver_link(tmp_path):
@@ -332,3 +336,100 @@ def test_network_env_names_nccl_does_not_read_are_set_with_a_note_not_forced(tmp
     [note] = [n for n in plan.notes if n.startswith("NCCL_NEW_KNOB")]
     assert note.startswith(f"NCCL_NEW_KNOB=1 set by network.env, but NCCL up to {nccl_variables.NEWEST_RELEASE} reads "
                            "no variable of that name") and "forced" not in note
+
+
+def test_notes_only_for_what_someone_else_decided(tmp_path):
+    add_port(tmp_path / "sys", "mlx5_0")
+    user = {"GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "=eth9", "NCCL_IB_DISABLE": "1"}
+    plan = plan_for(tmp_path, user_env=user, forced={"NCCL_SOCKET_IFNAME": "=ib0"})
+    # The same value as raytrain's says nothing; a forced key is reported once, as forced, never as kept.
+    assert not any("GLOO_SOCKET_IFNAME" in n or n.startswith("kept NCCL_SOCKET_IFNAME") for n in plan.notes)
+    assert "NCCL_SOCKET_IFNAME==ib0 from network.env replaces the worker environment's =eth9" in plan.notes
+    assert "NCCL_IB_DISABLE=1 is set: NCCL will use TCP sockets whatever the HCAs above" in plan.notes
+
+
+def test_default_environment_and_interfaces_are_this_process_and_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv("NCCL_IB_HCA", "=mlx5_7:1")
+    add_port(tmp_path / "sys", "mlx5_0")
+    plan = compute_nccl_env("127.0.0.1", sysfs_root=str(tmp_path / "sys"), fs_root=str(tmp_path / "root"))
+    assert "NCCL_IB_HCA" not in plan.env and "NCCL_SOCKET_IFNAME" not in plan.env  # psutil: 127.0.0.1 is on lo
+    assert any(n.startswith("kept NCCL_IB_HCA==mlx5_7:1 from the worker environment") for n in plan.notes)
+    assert any("node IP 127.0.0.1 is on lo" in n and "(loopback or container bridge)" in n for n in plan.notes)
+
+
+def test_node_ip_on_two_usable_interfaces_takes_the_first_and_says_so(tmp_path):
+    two = {"eth1": [NODE_IP], "bond0": [NODE_IP], "lo": ["127.0.0.1"]}
+    plan = plan_for(tmp_path, interfaces=two)
+    assert plan.env["NCCL_SOCKET_IFNAME"] == "=bond0"
+    assert f"node IP {NODE_IP} is on bond0, eth1: using bond0" in plan.notes
+    assert not any(n.startswith("node IP") for n in plan_for(tmp_path).notes)  # one usable interface: no note
+
+
+def test_several_azure_topology_files_leave_it_unset(tmp_path):
+    ms = tmp_path / "root" / "opt" / "microsoft"
+    (ms / "ndv5").mkdir(parents=True)
+    (ms / "ndv5" / "topo.xml").write_text("<system/>")
+    assert "NCCL_GRAPH_FILE" not in plan_for(tmp_path).env  # ND v5 ships no graph file
+    (ms / "ndv4").mkdir()
+    (ms / "ndv4" / "topo.xml").write_text("<system/>")
+    plan = plan_for(tmp_path)
+    assert "NCCL_TOPO_FILE" not in plan.env
+    assert "several Azure topology files (ndv5, ndv4): NCCL_TOPO_FILE left unset" in plan.notes
+
+
+def test_roce_prefers_ipv4_mapped_over_a_lower_global_ipv6_gid(tmp_path):
+    table = [ROCE_TABLE[5], ROCE_TABLE[1], ROCE_TABLE[4]]  # global IPv6 at 0, link-local at 1, IPv4-mapped at 2
+    add_port(tmp_path / "sys", "mlx5_0", link_layer="Ethernet", gids=table)
+    plan = plan_for(tmp_path)
+    assert plan.env["NCCL_IB_GID_INDEX"] == "2"
+    assert not any("no RoCE v2 GID" in n for n in plan.notes)
+
+
+def test_no_usable_roce_port_is_no_fabric(tmp_path):
+    add_port(tmp_path / "sys", "mlx5_0", link_layer="Ethernet", gids=ROCE_TABLE[:1])
+    fabric = select_fabric(find_ib_ports(str(tmp_path / "sys")), [])
+    assert (fabric.kind, fabric.ports) == ("", [])  # the preflight reports this node as "no RDMA"
+
+
+def test_unreadable_sysfs_corners_are_skipped(tmp_path):
+    sysfs = tmp_path / "sys"
+    (sysfs / "class" / "infiniband" / "mlx5_9").mkdir(parents=True)  # a device without ports/
+    add_port(sysfs, "mlx5_0", link_layer="Ethernet", gids=ROCE_TABLE[4:5])
+    gids = sysfs / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / "gids"
+    (gids / "README").write_text(ROCE_TABLE[4][0])  # not a GID table slot
+    (gids.parent / "gid_attrs" / "types" / "README").write_text("RoCE v2")
+    add_port(sysfs, "mlx5_1", link_layer="Ethernet")
+    for f in (sysfs / "class" / "infiniband" / "mlx5_1" / "ports" / "1" / "gids").iterdir():
+        f.unlink()
+    (sysfs / "class" / "infiniband" / "mlx5_1" / "ports" / "1" / "gids").rmdir()  # a port without a GID table
+    ports = find_ib_ports(str(sysfs))
+    assert [(p.name, p.roce_v2_gid_index) for p in ports] == [("mlx5_0:1", 0), ("mlx5_1:1", None)]
+
+
+def test_efa_driver_link_is_enough_for_a_new_pci_id(tmp_path):
+    add_efa(tmp_path / "sys", "rdmap0s0", pci="0000:10:1c.0", pci_device_id="0xefa9")
+    assert [p.is_efa for p in find_ib_ports(str(tmp_path / "sys"))] == [True]
+
+
+def test_nccl_conf_lines_without_a_value_are_not_settings(tmp_path):
+    add_port(tmp_path / "sys", "mlx5_0")
+    (tmp_path / "root" / "etc").mkdir(parents=True)
+    (tmp_path / "root" / "etc" / "nccl.conf").write_text("NCCL_IB_HCA\n#NCCL_SOCKET_IFNAME==ib0\n")
+    assert plan_for(tmp_path).env["NCCL_IB_HCA"] == "=mlx5_0:1"
+
+
+def test_node_ip_on_no_interface_is_said_so(tmp_path):
+    plan = plan_for(tmp_path, node_ip="10.9.9.9")
+    assert ("node IP 10.9.9.9 is on no interface of this machine (NAT?): NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME left "
+            "unset") in plan.notes
+
+
+def test_nccl_conf_file_replaces_the_home_one(tmp_path):
+    add_port(tmp_path / "sys", "mlx5_0")
+    (tmp_path / "root" / "cfg").mkdir(parents=True)
+    (tmp_path / "root" / "cfg" / "nccl.conf").write_text("NCCL_IB_HCA==mlx5_0:1\n")
+    (tmp_path / "root" / "home" / "u").mkdir(parents=True)
+    (tmp_path / "root" / "home" / "u" / ".nccl.conf").write_text("GLOO_SOCKET_IFNAME=ib0\n")
+    plan = plan_for(tmp_path, user_env={"HOME": "/home/u", "NCCL_CONF_FILE": "/cfg/nccl.conf"})
+    assert "NCCL_IB_HCA" not in plan.env and plan.env["GLOO_SOCKET_IFNAME"] == "eth0"  # as NCCL: one or the other
+    assert any(n.startswith("kept NCCL_IB_HCA==mlx5_0:1 from /cfg/nccl.conf") for n in plan.notes)

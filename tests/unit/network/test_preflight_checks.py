@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from raytrain.network.nccl_log import parse_nccl_log
+from raytrain.network.nccl_log import NcclLog, parse_nccl_log
 from raytrain.network.preflight_checks import (
     check_agreement,
     check_bandwidth,
@@ -187,6 +187,15 @@ def test_minimums_from_link_rates():
     assert half[ALL_RANKS] == (160, "80% of 8 x 400 Gb/s per node x 4/8 GPUs; --min-ib-busbw-gbs sets your own")
     # The weakest node sets the figure.
     assert net_minimums([ib_node("a"), ib_node("b", gbps=200)], rates)[ALL_RANKS][0] == pytest.approx(160)
+    assert net_minimums([ib_node("a", gbps=200), ib_node("b")], rates)[ONE_PER_NODE][0] == pytest.approx(20)
+    # Within a node too: one rank's figure is set by the slowest of its links.
+    slow_link = ib_node("b")
+    slow_link.link_gbps["mlx5_ib5:1"] = 100.0
+    assert net_minimums([ib_node("a"), slow_link], rates)[ONE_PER_NODE][0] == pytest.approx(10)
+    # One GPU and one rank per node on one NIC: the rank drives the whole link.
+    single = [ib_node(ip, num_ports=1, gpu_count=1, num_ranks=1) for ip in ("a", "b")]
+    assert net_minimums(single, rates)[ALL_RANKS] == (40, "80% of 1 x 400 Gb/s per node; --min-ib-busbw-gbs sets "
+                                                          "your own")
 
 
 def test_minimums_per_rail_where_rates_are_unknown_or_given():
@@ -223,6 +232,8 @@ def test_bandwidth_on_p4d_passes_at_its_line_rate():
     p4d = [efa_node("a", num_devices=4), efa_node("b", num_devices=4)]
     ms = [ar(ONE_PER_NODE, "1 rank per node", 1 << 30, 11.5, 2), ar(ALL_RANKS, "all ranks", 1 << 30, 46, 16)]
     assert check_bandwidth(ms, Thresholds.defaults(use_gpu=True), p4d) == ([], [])
+    ms[1] = ar(ALL_RANKS, "all ranks", 1 << 30, 40, 16)  # exactly the minimum meets it
+    assert check_bandwidth(ms, Thresholds.defaults(use_gpu=True), p4d) == ([], [])
     ms[1] = ar(ALL_RANKS, "all ranks", 1 << 30, 4.5, 16)  # TCP
     failures, _ = check_bandwidth(ms, Thresholds.defaults(use_gpu=True), p4d)
     assert failures == ["all ranks: all-reduce busbw 4.5 GB/s at 1 GiB is below the minimum 40 GB/s (80% of 4 x "
@@ -234,3 +245,33 @@ def test_bandwidth_unchecked_on_cpu_and_one_rank_is_a_note():
     assert check_bandwidth(ms, Thresholds.defaults(use_gpu=False), [node("a")]) == ([], [])
     failures, notes = check_bandwidth([ar(INTRA, "node a", 1 << 30, 0, 1)], Thresholds(300, 40), [node("a")])
     assert failures == [] and "1 rank" in notes[0]
+
+
+def test_efa_failures_name_what_the_log_says_and_no_more():
+    four = dict(num_devices=4, nccl_log_files=[])
+    # A provider other than TCP: "not efa", and no version where the plugin logged none.
+    verbs = NcclLog(ofi_provider="verbs", networks={"Libfabric"}, num_lines=5)
+    failure, _ = check_transport(efa_node(nccl_log=verbs, **four), multi_node=True)
+    assert failure.startswith("node 10.1.0.5: aws-ofi-nccl runs on libfabric's verbs provider, not efa, although EFA "
+                              "devices rdmap79s0:1, rdmap80s0:1, rdmap81s0:1, rdmap82s0:1 are present: ")
+    # The plugin loaded (its version logged) but said nothing more: no ": None" after it.
+    quiet = NcclLog(ofi_version="1.14.0", networks={"Socket"}, num_lines=5)
+    failure, _ = check_transport(efa_node(nccl_log=quiet, **four), multi_node=True)
+    assert "(aws-ofi-nccl 1.14.0 found no EFA provider in libfabric): pass the EFA devices" in failure
+    # No word of a plugin at all; NCCL picked IB without logging a channel.
+    ib = NcclLog(networks={"IB"}, num_lines=5)
+    failure, _ = check_transport(efa_node(nccl_log=ib, **four), multi_node=True)
+    assert "NCCL uses NET/IB, not aws-ofi-nccl, although EFA devices" in failure
+    assert "(NCCL did not load aws-ofi-nccl): put /opt/amazon/ofi-nccl" in failure
+
+
+def test_socket_next_to_ib_without_a_reason_in_the_log():
+    log = NcclLog(networks={"Socket"}, net_channels={"Socket"}, num_lines=5)
+    failure, _ = check_transport(ib_node(nccl_log=log), multi_node=True)
+    assert "are active (NCCL did not select its IB transport)" in failure
+
+
+def test_one_node_report_has_no_cross_node_notes():
+    one = PreflightReport(backend="nccl", num_workers=8, nodes=[node("10.1.0.6", nccl_log=parse_nccl_log(SOCKET_LOG))])
+    evaluate(one)
+    assert one.passed and one.notes == []
