@@ -62,6 +62,16 @@ def test_missing_and_malformed_files(tmp_path):
         load_config(None, [f"deepspeed={bad_json}", "deepspeed.gradient_clipping=1.0"])
 
 
+def test_a_missing_relative_path_names_the_directory_it_was_looked_for_in(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as e:
+        load_config("nope.yaml")
+    assert str(e.value) == (f"config file nope.yaml does not exist (relative to the current directory {tmp_path}): "
+                            f"check the path")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(tmp_path / "nope.yaml"))
+    assert str(e.value) == f"config file {tmp_path / 'nope.yaml'} does not exist: check the path"
+
 def test_deepspeed_override_applies_inside_a_json_file(tmp_path):
     ds = tmp_path / "ds.json"
     ds.write_text(json.dumps({"train_batch_size": 512, "zero_optimization": {"stage": 3}}))
@@ -141,6 +151,39 @@ def test_yaml_duplicate_keys_at_any_depth_name_the_file_line_and_key(tmp_path):
         load_config(str(path))
 
 
+def test_duplicate_keys_inside_lists_are_named_and_merge_keys_are_not_duplicates():
+    from raytrain.config_files import parse_yaml
+
+    with pytest.raises(ConfigError, match=r"^config file f line 2: key a\[0\].b is given twice \(first at line 2\)"):
+        parse_yaml("a:\n  - {b: 1, b: 2}\n", "config file f")
+    merged = parse_yaml("a: &a {x: 1}\nb: &b {y: 2}\nc:\n  <<: *a\n  <<: *b\n  x: 3\n", "config file f")
+    assert merged["c"] == {"x": 3, "y": 2}  # YAML's merge key "<<", twice, and a merged key set again: no error
+    with pytest.raises(ConfigError, match=r"^config file f is not valid YAML \(found unhashable key at line 1"):
+        parse_yaml("? [a, b]\n: 1\n", "config file f")  # a list as a key: YAML's error, not a crash
+    with pytest.raises(ConfigError) as e:  # the reader's error has no line mark: its message alone
+        parse_yaml("a: \x07\n", "config file f")
+    assert str(e.value) == ("config file f is not valid YAML (unacceptable character #x0007: special characters are "
+                            "not allowed): fix the syntax there")
+
+
+def test_a_library_errors_first_line_or_its_class_is_what_a_one_line_error_quotes():
+    from raytrain.config_files import first_line
+
+    assert (first_line(ValueError(" bad header\n  at byte 9")), first_line(EOFError())) == ("bad header", "EOFError")
+
+def test_overrides_keep_network_env_values_and_what_is_not_yaml_as_typed():
+    from raytrain.config_files import parse_override, parse_yaml, yaml_11_number
+
+    assert parse_override("network={env: {A: 0x10, B: 1e-3}}") == ("network", {"env": {"A": "0x10", "B": "1e-3"}})
+    assert parse_yaml("network:\n  env:\n    A: 0x10\n", "f") == {"network": {"env": {"A": "0x10"}}}
+    assert parse_override("network.env.A=true") == ("network.env.A", True)  # a boolean: the field refuses it
+    assert parse_override("model.config.hidden_size=64") == ("model.config.hidden_size", 64)  # 3 parts, not env
+    assert parse_override("checkpoint.name=") == ("checkpoint.name", "")
+    assert parse_override("network=5") == ("network", 5)  # the field refuses it, naming the section
+    assert parse_override("checkpoint.name=a: b: c") == ("checkpoint.name", "a: b: c")  # not YAML: as written
+    assert parse_override('tracking.tags=[a, "b #2"]') == ("tracking.tags", ["a", "b #2"])  # '#' quoted: no comment
+    assert (yaml_11_number("022"), yaml_11_number("2024-06-01")) == (18, None)  # a date is no number
+
 def test_a_deepspeed_json_and_a_run_config_given_in_each_others_place_are_named(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)  # the shipped pair: configs/seed-8gpu.yaml names configs/seed-ds.json
     # JSON is YAML: the DeepSpeed file was read as a run config whose first key was unknown
@@ -160,6 +203,15 @@ def test_a_deepspeed_json_and_a_run_config_given_in_each_others_place_are_named(
         load_config(None, [f"deepspeed={ds_yaml}", "deepspeed.zero_optimization.stage=2"])  # reads the file
     assert str(e.value) == (f"deepspeed: {ds_yaml} is YAML, and deepspeed= takes DeepSpeed's JSON config: write it as "
                             f"JSON, or put its settings under deepspeed: in a run config (--config)")
+    ds_yaml.write_text("checkpoint:\n  tag_validation: Warn\n")  # DeepSpeed's own key only: YAML, not a run config
+    with pytest.raises(ConfigError, match=r"^deepspeed: .*ds.yaml is YAML, and deepspeed= takes"):
+        read_json_file(str(ds_yaml), "deepspeed")
+    cut = tmp_path / "cut.json"  # neither JSON nor YAML: the JSON error
+    cut.write_text('{"a": 1')
+    with pytest.raises(ConfigError) as e:
+        read_json_file(str(cut), "deepspeed")
+    assert str(e.value) == (f"deepspeed: {cut} is not valid JSON (Expecting ',' delimiter at line 1, column 8): "
+                            f"fix it there")
     run = tmp_path / "run.yaml"  # a run config with a deepspeed section (and DeepSpeed's own checkpoint key) is one
     run.write_text("checkpoint: {name: r}\ndeepspeed: {train_batch_size: 8}\n")
     assert load_config(str(run)).deepspeed == {"train_batch_size": 8}
@@ -181,6 +233,13 @@ def test_unreadable_config_files_are_named(tmp_path):
     bom = tmp_path / "bom.yaml"
     bom.write_bytes(b"\xef\xbb\xbftraining:\n  max_steps: 3\n")  # editors' UTF-8 byte order mark is fine
     assert load_config(str(bom)).training.max_steps == 3
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing set yet\n")  # no document at all: the defaults, not "got NoneType"
+    assert load_config(str(empty)) == load_config()
+    empty.write_text("training max_steps 5\n")  # one string, not sections
+    with pytest.raises(ConfigError, match=r"^config file .*empty.yaml must be a mapping of sections \(model, data, "
+                                          r"training, ...\), got str$"):
+        load_config(str(empty))
 
 
 def test_every_section_refuses_bad_values_when_built_directly():

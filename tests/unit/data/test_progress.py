@@ -117,6 +117,15 @@ def test_read_documents_reports_every_byte_of_plain_and_compressed_files(tmp_pat
         assert sum(c["bytes"] for _, c in reports) == (tmp_path / name).stat().st_size
 
 
+def test_a_compressed_file_reported_as_it_is_read_counts_its_own_bytes_not_the_decompressed(tmp_path, reports,
+                                                                                            monkeypatch):
+    monkeypatch.setattr(data_progress, "REPORT_EVERY_S", 0.0)  # a report at every read, as a long file's
+    f = tmp_path / "b.jsonl.gz"
+    f.write_bytes(gzip.compress(b'{"text": "document"}\n' * 1000))
+    docs = list(read_documents({"path": str(f)}, format="json", filesystem=pafs.LocalFileSystem(),
+                               text_column="text", text_document="file", invalid_utf8="replace", progress="counter"))
+    assert len(docs) == 1000 and sum(c["bytes"] for _, c in reports) == f.stat().st_size
+
 def test_read_documents_reports_an_arrow_files_bytes(tmp_path, reports):
     import datasets
 

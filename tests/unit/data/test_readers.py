@@ -26,6 +26,24 @@ def test_text_file_is_one_document_or_one_per_line(tmp_path):
     assert read(f, "text", text_document="line") == ["Chapter 1", "It was a dark night."]
 
 
+def test_a_last_line_or_character_cut_by_the_files_end_is_kept_and_a_clean_file_logs_nothing(tmp_path, caplog):
+    f = tmp_path / "a.txt"
+    f.write_bytes(b"one\ntwo")  # no newline at the end
+    with caplog.at_level(logging.WARNING, logger="raytrain.data"):
+        assert read(f, "text", text_document="line") == ["one", "two"]
+        assert read(f, "text") == ["one\ntwo"]
+    assert not caplog.text  # nothing skipped or replaced: nothing logged
+    f.write_bytes(b"")
+    with caplog.at_level(logging.WARNING, logger="raytrain.data"):
+        assert read(f, "text") == []
+    assert caplog.text.count("skipped 1 empty documents") == 1
+    f.write_bytes(b"caf\xc3")  # the file ends inside a character: replaced, not dropped
+    assert read(f, "text") == ["caf\ufffd"]
+    f = tmp_path / "a.jsonl"
+    f.write_bytes(b'{"text": "x"}\n{"text": "y"}\n{"text": 5}')
+    with pytest.raises(ConfigError, match=f"^{f} line 3: data.text_column='text' holds a int"):
+        read(f, "json")
+
 def test_invalid_utf8_is_replaced_and_counted_or_an_error_naming_the_line(tmp_path, caplog):
     f = tmp_path / "a.txt"
     f.write_bytes(b"fine\nbad \xff\xfe here\nalso \xc3 bad\n")
@@ -138,7 +156,7 @@ def test_a_utf16_file_is_a_bad_record_when_read(tmp_path):
 def test_a_json_file_whose_records_all_lack_the_key_is_a_bad_record(tmp_path, caplog):
     """A missing key is an empty document, but not in every record of a file: that file uses another key."""
     f = tmp_path / "a.jsonl"
-    f.write_text('{"content": "x"}\n{"content": "y"}\n')
+    f.write_text('{"content": "x"}\n{"body": "y"}\n')  # the first record's keys are named
     with pytest.raises(ConfigError, match=f"{f}: none of its 2 records has the key data.text_column='text' \\(the "
                                           f"first has content\\): set data.text_column"):
         read(f, "json")
@@ -147,6 +165,29 @@ def test_a_json_file_whose_records_all_lack_the_key_is_a_bad_record(tmp_path, ca
         assert read(f, "json") == ["y"]
     assert "skipped 1 empty documents" in caplog.text
 
+
+def test_a_json_line_nested_past_pythons_limit_is_a_bad_record_not_a_crashed_task(tmp_path):
+    f = tmp_path / "a.jsonl"
+    f.write_text('{"text": "ok"}\n{"text": ' + "[" * 100_000 + "\n")
+    with pytest.raises(ConfigError, match=f"^{f} line 2: cannot be parsed by Python's json .*: fix or remove it"):
+        read(f, "json")
+
+
+def test_an_arrow_files_rows_are_its_documents_and_a_non_string_is_a_bad_record_naming_its_row(tmp_path, counter):
+    """A save_to_disk directory's .arrow files: Arrow IPC streams."""
+    def arrow(name, values):
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, pa.schema([("id", pa.int64()), ("text", values.type)])) as out:
+            out.write_batch(pa.record_batch([pa.array(range(len(values))), values], names=["id", "text"]))
+        (tmp_path / name).write_bytes(sink.getvalue().to_pybytes())
+        return tmp_path / name
+
+    assert read(arrow("a.arrow", pa.array(["a", None, "", "b"])), "hf", counter="c") == ["a", "b"]
+    assert counter["skipped"] == [(str(tmp_path / "a.arrow"), {"empty": 2, "invalid_utf8": 0, "lone_surrogate": 0})]
+    assert read(arrow("b.arrow", pa.array([None, 7, 8])), "hf", counter="c") == []
+    assert [str(r) for r in counter["bad"]] == [f"{tmp_path / 'b.arrow'} row 2: data.text_column='text' holds a int, "
+                                                f"not a string: set data.text_column to the text field"]
+    assert counter["more"] == [1]
 
 def read_parquet(path, column="text", pretokenized=False, **kwargs):
     from raytrain.data.readers import read_parquet_rows
@@ -172,6 +213,18 @@ def test_parquet_rows_and_a_damaged_file_is_a_bad_record_naming_it(tmp_path, cou
     assert read_parquet(tmp_path / "b.parquet", counter="c") == []
     assert str(counter["bad"][0]).startswith(f"{tmp_path / 'b.parquet'}: cannot be read as parquet")
 
+
+def test_a_parquet_file_without_the_column_and_an_all_null_id_column(tmp_path, counter):
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"body": ["a"], "n": [1]}), tmp_path / "a.parquet")
+    with pytest.raises(ConfigError) as e:
+        read_parquet(tmp_path / "a.parquet")
+    assert str(e.value) == (f"{tmp_path / 'a.parquet'}: has no column 'text' (columns: body, n): set data.text_column, "
+                            f"or write every file with the same columns")
+    pq.write_table(pa.table({"input_ids": pa.nulls(3)}), tmp_path / "t.parquet")  # Arrow's null type
+    assert read_parquet(tmp_path / "t.parquet", "input_ids", pretokenized=True, counter="c") == []
+    assert counter["skipped"] == [(str(tmp_path / "t.parquet"), {"empty": 3, "invalid_utf8": 0, "lone_surrogate": 0})]
 
 def test_a_null_token_id_is_a_bad_record_naming_its_row(tmp_path):
     import numpy as np
@@ -264,6 +317,10 @@ def test_a_file_is_decoded_in_chunks_as_it_would_be_whole(tmp_path):
         stream = io.BytesIO(raw[chunk:])
         assert "".join(_decoded(stream, raw[:chunk], "f", "replace", counts, chunk)) == raw.decode(errors="replace")
         assert counts["invalid_utf8"] == 1
+    stray = b"\x80" * 8 + b" end"  # continuation bytes alone, 2 or 4 to a read: no character to look back to
+    for chunk in (2, 4):
+        decoded = _decoded(io.BytesIO(stray[chunk:]), stray[:chunk], "f", "replace", collections.Counter(), chunk)
+        assert "".join(decoded) == stray.decode(errors="replace")
     f = tmp_path / "big.txt"
     f.write_bytes(b"word " * 400_000 + b"\xff")  # past the first 1 MiB read
     with pytest.raises(ConfigError, match=f"{f}: invalid UTF-8 at byte 2000000: fix the file"):
@@ -303,9 +360,11 @@ def test_a_json_array_is_parsed_a_record_at_a_time_as_json_loads_parses_it_whole
         assert parse(raw, chunk) == json.loads(raw)
     cases = {b'[{"a": 1} {"b": 2}]': "record 1: not valid JSON (',' or ']' expected after it, not '{')",
              b'[{"a": 1}, ': "record 2: not valid JSON (the file ends inside the array)",
+             b'[1, 2': "record 2: not valid JSON (the file ends inside the array)",
              b'[{"a": tru}]': "record 1: not valid JSON (Expecting value at character 7 of the record)",
              b'[{"a": "cut}]': "record 1: not valid JSON (Unterminated string starting at character 7 of the record)",
-             b'[1, 2] x': "f: holds more after its JSON array's closing ']'"}
+             b'[1, 2] x': "f: holds more after its JSON array's closing ']'",
+             b'[]x': "f: holds more after its JSON array's closing ']'"}
     for raw, message in cases.items():
         for chunk in (1, 3, 100):
             with pytest.raises(BadRecord, match=re.escape(message)):
@@ -352,6 +411,21 @@ def test_csv_rows_as_hugging_face_reads_them_and_bad_rows_are_bad_records(tmp_pa
                                           "CSV reader takes: split that document, or give JSON lines or parquet"):
         read(tmp_path / "long.csv", "csv")
 
+
+def test_csv_values_with_newlines_across_blocks_and_bad_rows_in_a_run(tmp_path, monkeypatch, counter):
+    from raytrain.data import readers
+
+    monkeypatch.setattr(readers, "_CSV_BLOCK", 1 << 12)  # 4 KiB blocks: many boundaries, some inside quotes
+    f = tmp_path / "a.csv"
+    f.write_text("id,text\n" + "".join(f'{i},"line {i}\nnext {i}"\n' for i in range(1000)))
+    assert read(f, "csv") == [f"line {i}\nnext {i}" for i in range(1000)]
+    f.write_bytes(b"id,text\n1,fine\n2,bad \xff\n3,also\n")
+    (tmp_path / "empty.csv").write_text("")
+    # in a run: the first bad record reported, nothing after it yielded, the empty file counted
+    docs = read(f, "csv", invalid_utf8="error", counter="c") + read(tmp_path / "empty.csv", "csv", counter="c")
+    assert docs == ["fine"]
+    assert [str(r).split(":")[0] for r in counter["bad"]] == [f"{f} line 3"]
+    assert [counts["empty"] for _, counts in counter["skipped"]] == [0, 1]
 
 def test_a_bad_csv_record_is_named_by_the_line_it_starts_on_as_an_editor_numbers_them(tmp_path):
     """raytrain said `row N` counting data records (the header, blank lines and the lines inside quoted values
