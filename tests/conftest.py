@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 # One OpenMP/MKL thread per process: the pytest processes and every process they start (DeepSpeed
 # ranks, command lines, Ray clusters, which pass it on to their workers; Ray gives its workers one
@@ -95,7 +96,10 @@ def pytest_collection_modifyitems(config, items):
 def ray_auth_token():
     """~/.ray/auth_token, made as a user makes it: `ray start --head` (here and in tests that start
     their own heads) refuses to start without a token, and a fresh machine has none yet. Idempotent:
-    an existing token is kept."""
+    an existing token is kept, and where its file is there no process starts (`ray get-auth-token` takes 2-10 s
+    to start: a mutation run, benchmarks/mutate.py, paid it per mutant)."""
+    if Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token").expanduser().is_file():
+        return
     subprocess.run([RAY_BIN, "get-auth-token", "--generate"], env={**os.environ, "RAY_AUTH_MODE": "token"},
                    check=True, capture_output=True)
 
