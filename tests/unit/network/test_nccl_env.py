@@ -16,6 +16,12 @@ INTERFACES = {"lo": ["127.0.0.1", "::1"], "docker0": ["172.17.0.1"], "eth0": [NO
 ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"
 
 
+def write(path: Path, text: str) -> None:
+    """A file of the node's filesystem (under tmp_path / "root" or the sysfs), with its directories."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
 def add_port(sysfs: Path, device: str, port: int = 1, state: str = "4: ACTIVE", link_layer: str = "InfiniBand",
              gids: list[tuple[str, str | None]] | None = None, rate: str = "400 Gb/sec (4X NDR)") -> None:
     """One port as the kernel lays it out; gids: (gid, type or None when the type file is unreadable)."""
@@ -177,10 +183,8 @@ def test_user_environment_is_kept_and_network_env_wins(tmp_path):
 
 def test_nccl_conf_files_are_kept(tmp_path):
     add_port(tmp_path / "sys", "mlx5_0")
-    (tmp_path / "root" / "etc").mkdir(parents=True)
-    (tmp_path / "root" / "etc" / "nccl.conf").write_text("# admin\nNCCL_IB_HCA==mlx5_0:1,mlx5_9:1\n")
-    (tmp_path / "root" / "home" / "u").mkdir(parents=True)
-    (tmp_path / "root" / "home" / "u" / ".nccl.conf").write_text("GLOO_SOCKET_IFNAME=ib0\n")
+    write(tmp_path / "root" / "etc" / "nccl.conf", "# admin\nNCCL_IB_HCA==mlx5_0:1,mlx5_9:1\n")
+    write(tmp_path / "root" / "home" / "u" / ".nccl.conf", "GLOO_SOCKET_IFNAME=ib0\n")
     plan = plan_for(tmp_path, user_env={"HOME": "/home/u"})
     # An environment variable would silently beat the files NCCL reads, so raytrain leaves these alone.
     assert "NCCL_IB_HCA" not in plan.env and "GLOO_SOCKET_IFNAME" not in plan.env
@@ -292,8 +296,7 @@ def test_efa_recognised_by_pci_ids_without_a_driver_link(tmp_path):
 
 def test_efa_settings_keep_the_precedence_rules(tmp_path):
     p5_node(tmp_path / "sys", num_devices=4)
-    (tmp_path / "root" / "etc").mkdir(parents=True)
-    (tmp_path / "root" / "etc" / "nccl.conf").write_text("NCCL_NET=OFI\n")
+    write(tmp_path / "root" / "etc" / "nccl.conf", "NCCL_NET=OFI\n")
     plan = plan_for(tmp_path, user_env={"FI_PROVIDER": "efa;ofi_rxd"}, forced={"FI_EFA_USE_HUGE_PAGE": "0"})
     assert "FI_PROVIDER" not in plan.env and "NCCL_NET" not in plan.env
     assert plan.env["FI_EFA_USE_HUGE_PAGE"] == "0"
@@ -367,11 +370,9 @@ def test_node_ip_on_two_usable_interfaces_takes_the_first_and_says_so(tmp_path):
 
 def test_several_azure_topology_files_leave_it_unset(tmp_path):
     ms = tmp_path / "root" / "opt" / "microsoft"
-    (ms / "ndv5").mkdir(parents=True)
-    (ms / "ndv5" / "topo.xml").write_text("<system/>")
+    write(ms / "ndv5" / "topo.xml", "<system/>")
     assert "NCCL_GRAPH_FILE" not in plan_for(tmp_path).env  # ND v5 ships no graph file
-    (ms / "ndv4").mkdir()
-    (ms / "ndv4" / "topo.xml").write_text("<system/>")
+    write(ms / "ndv4" / "topo.xml", "<system/>")
     plan = plan_for(tmp_path)
     assert "NCCL_TOPO_FILE" not in plan.env
     assert "several Azure topology files (ndv5, ndv4): NCCL_TOPO_FILE left unset" in plan.notes
@@ -413,8 +414,7 @@ def test_efa_driver_link_is_enough_for_a_new_pci_id(tmp_path):
 
 def test_nccl_conf_lines_without_a_value_are_not_settings(tmp_path):
     add_port(tmp_path / "sys", "mlx5_0")
-    (tmp_path / "root" / "etc").mkdir(parents=True)
-    (tmp_path / "root" / "etc" / "nccl.conf").write_text("NCCL_IB_HCA\n#NCCL_SOCKET_IFNAME==ib0\n")
+    write(tmp_path / "root" / "etc" / "nccl.conf", "NCCL_IB_HCA\n#NCCL_SOCKET_IFNAME==ib0\n")
     assert plan_for(tmp_path).env["NCCL_IB_HCA"] == "=mlx5_0:1"
 
 
@@ -426,10 +426,8 @@ def test_node_ip_on_no_interface_is_said_so(tmp_path):
 
 def test_nccl_conf_file_replaces_the_home_one(tmp_path):
     add_port(tmp_path / "sys", "mlx5_0")
-    (tmp_path / "root" / "cfg").mkdir(parents=True)
-    (tmp_path / "root" / "cfg" / "nccl.conf").write_text("NCCL_IB_HCA==mlx5_0:1\n")
-    (tmp_path / "root" / "home" / "u").mkdir(parents=True)
-    (tmp_path / "root" / "home" / "u" / ".nccl.conf").write_text("GLOO_SOCKET_IFNAME=ib0\n")
+    write(tmp_path / "root" / "cfg" / "nccl.conf", "NCCL_IB_HCA==mlx5_0:1\n")
+    write(tmp_path / "root" / "home" / "u" / ".nccl.conf", "GLOO_SOCKET_IFNAME=ib0\n")
     plan = plan_for(tmp_path, user_env={"HOME": "/home/u", "NCCL_CONF_FILE": "/cfg/nccl.conf"})
     assert "NCCL_IB_HCA" not in plan.env and plan.env["GLOO_SOCKET_IFNAME"] == "eth0"  # as NCCL: one or the other
     assert any(n.startswith("kept NCCL_IB_HCA==mlx5_0:1 from /cfg/nccl.conf") for n in plan.notes)
