@@ -72,6 +72,7 @@ def test_a_missing_relative_path_names_the_directory_it_was_looked_for_in(tmp_pa
         load_config(str(tmp_path / "nope.yaml"))
     assert str(e.value) == f"config file {tmp_path / 'nope.yaml'} does not exist: check the path"
 
+
 def test_deepspeed_override_applies_inside_a_json_file(tmp_path):
     ds = tmp_path / "ds.json"
     ds.write_text(json.dumps({"train_batch_size": 512, "zero_optimization": {"stage": 3}}))
@@ -171,6 +172,7 @@ def test_a_library_errors_first_line_or_its_class_is_what_a_one_line_error_quote
 
     assert (first_line(ValueError(" bad header\n  at byte 9")), first_line(EOFError())) == ("bad header", "EOFError")
 
+
 def test_overrides_keep_network_env_values_and_what_is_not_yaml_as_typed():
     from raytrain.config_files import parse_override, parse_yaml, yaml_11_number
 
@@ -183,6 +185,7 @@ def test_overrides_keep_network_env_values_and_what_is_not_yaml_as_typed():
     assert parse_override("checkpoint.name=a: b: c") == ("checkpoint.name", "a: b: c")  # not YAML: as written
     assert parse_override('tracking.tags=[a, "b #2"]') == ("tracking.tags", ["a", "b #2"])  # '#' quoted: no comment
     assert (yaml_11_number("022"), yaml_11_number("2024-06-01")) == (18, None)  # a date is no number
+
 
 def test_a_deepspeed_json_and_a_run_config_given_in_each_others_place_are_named(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)  # the shipped pair: configs/seed-8gpu.yaml names configs/seed-ds.json

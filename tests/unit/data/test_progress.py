@@ -126,6 +126,7 @@ def test_a_compressed_file_reported_as_it_is_read_counts_its_own_bytes_not_the_d
                                text_column="text", text_document="file", invalid_utf8="replace", progress="counter"))
     assert len(docs) == 1000 and sum(c["bytes"] for _, c in reports) == f.stat().st_size
 
+
 def test_read_documents_reports_an_arrow_files_bytes(tmp_path, reports):
     import datasets
 

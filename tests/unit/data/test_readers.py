@@ -44,6 +44,7 @@ def test_a_last_line_or_character_cut_by_the_files_end_is_kept_and_a_clean_file_
     with pytest.raises(ConfigError, match=f"^{f} line 3: data.text_column='text' holds a int"):
         read(f, "json")
 
+
 def test_invalid_utf8_is_replaced_and_counted_or_an_error_naming_the_line(tmp_path, caplog):
     f = tmp_path / "a.txt"
     f.write_bytes(b"fine\nbad \xff\xfe here\nalso \xc3 bad\n")
@@ -189,6 +190,7 @@ def test_an_arrow_files_rows_are_its_documents_and_a_non_string_is_a_bad_record_
                                                 f"not a string: set data.text_column to the text field"]
     assert counter["more"] == [1]
 
+
 def read_parquet(path, column="text", pretokenized=False, **kwargs):
     from raytrain.data.readers import read_parquet_rows
 
@@ -225,6 +227,7 @@ def test_a_parquet_file_without_the_column_and_an_all_null_id_column(tmp_path, c
     pq.write_table(pa.table({"input_ids": pa.nulls(3)}), tmp_path / "t.parquet")  # Arrow's null type
     assert read_parquet(tmp_path / "t.parquet", "input_ids", pretokenized=True, counter="c") == []
     assert counter["skipped"] == [(str(tmp_path / "t.parquet"), {"empty": 3, "invalid_utf8": 0, "lone_surrogate": 0})]
+
 
 def test_a_null_token_id_is_a_bad_record_naming_its_row(tmp_path):
     import numpy as np
@@ -426,6 +429,7 @@ def test_csv_values_with_newlines_across_blocks_and_bad_rows_in_a_run(tmp_path, 
     assert docs == ["fine"]
     assert [str(r).split(":")[0] for r in counter["bad"]] == [f"{f} line 3"]
     assert [counts["empty"] for _, counts in counter["skipped"]] == [0, 1]
+
 
 def test_a_bad_csv_record_is_named_by_the_line_it_starts_on_as_an_editor_numbers_them(tmp_path):
     """raytrain said `row N` counting data records (the header, blank lines and the lines inside quoted values

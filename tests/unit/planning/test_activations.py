@@ -189,7 +189,6 @@ def test_dropout_on_a_gpu_keeps_bool_masks_and_nothing_in_fused_attention():
         plain, 2, 512, 2, checkpointing=False)
 
 
-
 def test_unread_dropout_names_the_nonzero_dropouts_a_family_not_listed_applies():
     """Planned as Llama's, a family drops only attention probabilities in the plan: every other nonzero *dropout or
     *pdrop number its config sets is named (model_caveat), but a classifier's or summary head's, flags and zeros."""
@@ -198,6 +197,7 @@ def test_unread_dropout_names_the_nonzero_dropouts_a_family_not_listed_applies()
                                layer_dropout=1)
     assert unread_dropout(cfg) == {"hidden_dropout": 0.1, "resid_pdrop": 0.2, "layer_dropout": 1.0}
     assert unread_dropout(config("gpt2", 0.1)) == {}  # a listed family's are read (DROPOUT_KEYS)
+
 
 VOCAB = 16384  # 64 MiB of fp32 logits at 256 tokens against ~1 MiB of activations: the logits term dominates
 LOGITS_MODEL = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 2,

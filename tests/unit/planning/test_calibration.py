@@ -185,7 +185,6 @@ def test_prediction_without_offload_by_hand():
                                             rel=1e-12)
 
 
-
 def test_checkpointing_fused_layers_and_fp8_by_hand():
     """Checkpointing reruns the decoder layers' forward (2 N_layers + 4 L H S flops, at RECOMPUTE_COST a flop) and
     the host's hooks (HOST_CKPT_FACTOR); FP8 speeds up the projections' share g of the flops, recompute included."""
@@ -202,6 +201,7 @@ def test_checkpointing_fused_layers_and_fp8_by_hand():
     t_host = 22 * throughput.HOST_S_PER_LAYER[True] * throughput.HOST_CKPT_FACTOR[True]
     assert p.compute_s == pytest.approx(2 * (t_gpu**8 + t_host**8) ** (1 / 8), rel=1e-12)
     assert p.mfu == pytest.approx(p.tokens_per_s * fpt / 989e12, rel=1e-12)  # model flops: no recompute
+
 
 def test_optimizer_offload_by_hand():
     """The gradients' round trip (2N + 4N (GA - 1) bytes, K_VISIBLE of it visible), CPU Adam on the host's

@@ -181,7 +181,6 @@ def test_the_plan_tool_checks_every_size_of_the_range_too(capsys):
     assert plan_main([*GOOD, "--host-memory-gib", "8"]) == 0
 
 
-
 def resolve_on_cpus(cpus_total, *overrides):
     """resolve_run on a CPU cluster of `cpus_total` CPUs, as Ray's cluster_resources() reports it (no Ray started)."""
     from raytrain.config import load_config

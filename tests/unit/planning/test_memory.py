@@ -110,8 +110,6 @@ def test_activation_formula_by_hand():
             - activation_bytes(cfg, 2, 16, 4, checkpointing=False)) == 32 * 2 * 4 * 16 * 4
 
 
-
-
 def test_moe_and_gpt2_activation_formulas_by_hand():
     base = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=100)
     moe = SimpleNamespace(**base, num_key_value_heads=2, head_dim=16, intermediate_size=128, num_experts=4,
@@ -143,6 +141,7 @@ def test_moe_and_gpt2_activation_formulas_by_hand():
     assert activation_bytes(cpu, 2, 16, 4, checkpointing=False, on_gpu=False) == 32 * (
         2 * (2 * 520 + attention + 5 * 4 * 256) + 520 + 1200)
 
+
 def test_config_defaults_where_a_family_leaves_a_width_out():
     """No head count: 64-wide heads, at least one; no head_dim: hidden / heads; no MLP width: 4 x hidden; no
     key/value heads: as many as query heads."""
@@ -162,6 +161,7 @@ def test_config_defaults_where_a_family_leaves_a_width_out():
     deepseek = SimpleNamespace(hidden_size=64, num_hidden_layers=4, n_routed_experts=8, num_experts_per_tok=2,
                                moe_intermediate_size=32, n_shared_experts=2, first_k_dense_replace=1)
     assert moe_dims(deepseek) == (8, 2, 32, 64, False, 3)
+
 
 def test_refusal_names_optimizer_offload_when_that_fits(llama7b_stats):
     # 7B on one 80 GB GPU: ~100 GiB of model states; offloading the optimizer leaves ~13 GiB of bf16 params.
