@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import re
 import sys
 import time
@@ -57,7 +58,7 @@ def flag_number(kind: type, *, minimum: float | None = None, above: float | None
         if value in (float("inf"), float("-inf")) and "inf" not in text.lower():  # 1e400: past a float's range
             raise argparse.ArgumentTypeError(f"must be a finite number, got {text} (too large for a float)")
         out_of_range = (minimum is not None and value < minimum) or (above is not None and value <= above)
-        finite = value == value and value not in (float("inf"), float("-inf"))
+        finite = math.isfinite(value)
         if not finite or out_of_range:
             bound = f">= {minimum:g}" if minimum is not None else f"> {above:g}"
             # "must be > 0, got inf" would read as a contradiction: say what inf and nan are not
