@@ -11,6 +11,7 @@ import pytest
 
 from raytrain.config import ConfigError, DataConfig, RunConfig
 from raytrain.data.sources import inspect_source
+from raytrain.run_spec import DataFacts
 
 
 def resolve_format(data, path=None):
@@ -42,12 +43,19 @@ def test_parquet_with_input_ids_is_pretokenized(tmp_path):
     source = inspect_source(DataConfig(), str(tmp_path))
     assert (source.format, source.column) == ("tokenized", "input_ids")
     pq.write_table(pa.table({"input_ids": ["not ids"]}), tmp_path / "t.parquet")
-    with pytest.raises(ConfigError, match="needs an input_ids column of integer lists"):
+    with pytest.raises(ConfigError, match=re.escape(f"needs an input_ids column of integer lists in "
+                                                    f"{tmp_path / 't.parquet'} (its input_ids is string): write token "
+                                                    f"ids there, or set data.format=parquet") + "$"):
+        inspect_source(DataConfig(format="tokenized"), str(tmp_path))
+    pq.write_table(pa.table({"text": ["x"]}), tmp_path / "t.parquet")  # no input_ids at all: its columns are named
+    with pytest.raises(ConfigError, match="needs an input_ids column of integer lists in .*t.parquet "
+                                          "\\(columns: text\\)"):
         inspect_source(DataConfig(format="tokenized"), str(tmp_path))
 
 
 @pytest.mark.parametrize("make, key, message", [
-    (lambda p: None, "missing", "data.path: .*missing does not exist"),
+    (lambda p: None, "missing", "data.path: .*missing does not exist; give an existing file or directory \\(local, "
+                                "s3://, gs://, ...\\)$"),
     (lambda p: (p / "d").mkdir(), "d", "directory .*d has no .* files"),
     (lambda p: (p / "e.txt").write_text(""), "e.txt", "every file of .*e.txt is empty"),
     (lambda p: (p / "f.jsonl").write_text('{"body": "x"}\n'), "f.jsonl",
@@ -144,6 +152,9 @@ def test_every_local_parquet_schema_is_checked_and_a_named_text_column_is_not_ig
         inspect_source(DataConfig(text_column="body"), str(tmp_path))
     pq.write_table(pa.table({"text": pa.array(["x", "y", "x"]).dictionary_encode()}), tmp_path / "b.parquet")
     assert inspect_source(DataConfig(), str(tmp_path)).format == "parquet"  # categorical strings are text
+    (tmp_path / "c.parquet").write_bytes(b"not parquet")
+    with pytest.raises(ConfigError, match="^data.path: .*c.parquet is not a readable parquet file \\(.+\\)$"):
+        inspect_source(DataConfig(), str(tmp_path))
     pq.write_table(pa.table({"text": ["z"]}), tmp_path / "c.parquet")  # strings beside categorical ones: both read
     assert len(inspect_source(DataConfig(), str(tmp_path)).files) == 2  # as Python strings (read_parquet_rows)
     pq.write_table(pa.table({"text": [b"z"]}), tmp_path / "c.parquet")
@@ -267,6 +278,15 @@ def test_a_file_read_twice_is_refused_naming_both_paths(tmp_path):
     os.link(d / "a.jsonl", d / "b.jsonl")
     with pytest.raises(ConfigError, match="b.jsonl and .*a.jsonl are the same file \\(hard links\\)"):
         inspect_source(DataConfig(), str(d))
+    (d / "b.jsonl").unlink()
+    # data.path itself a link to d, and in d a link to a file: both files pass through the first link, so the second
+    # one is what reads the file twice
+    os.symlink(d / "a.jsonl", d / "latest.jsonl")
+    os.symlink(d, tmp_path / "current")
+    current = tmp_path / "current"
+    with pytest.raises(ConfigError, match=f"{current / 'latest.jsonl'} and {current / 'a.jsonl'} are the same file, "
+                                          f"through the symbolic link {current / 'latest.jsonl'}: read each file once"):
+        inspect_source(DataConfig(), str(current))
 
 
 def test_eval_files_that_are_training_files_are_refused(tmp_path):
@@ -293,7 +313,8 @@ def test_a_csv_files_header_must_name_the_text_column(tmp_path):
         inspect_source(DataConfig(), str(tmp_path / "a.csv"))
     assert inspect_source(DataConfig(text_column="body"), str(tmp_path / "a.csv")).format == "csv"
     (tmp_path / "b.tsv").write_text("id,text\n")  # commas in a .tsv: one column named "id,text"
-    with pytest.raises(ConfigError, match="b.tsv \\(tab-separated: the file's name ends in .tsv\\) \\(its header: 'id,text'\\)"):
+    with pytest.raises(ConfigError, match="b.tsv \\(tab-separated: the file's name ends in .tsv\\) "
+                                          "\\(its header: 'id,text'\\)"):
         inspect_source(DataConfig(), str(tmp_path / "b.tsv"))
     # headers pyarrow reads: \r alone (Excel for Mac), a quoted newline in a name, a blank line first
     for i, raw in enumerate((b"id,text\r1,hello\r", b'"a\nb",text\n1,x\n', b"\nid,text\n1,x\n")):
@@ -304,8 +325,21 @@ def test_a_csv_files_header_must_name_the_text_column(tmp_path):
     (tmp_path / "many.csv").write_text(",".join(f"c{i}" for i in range(30)) + "\n")
     with pytest.raises(ConfigError, match="'c18', 'c19' and 10 more\\): set data.text_column$"):
         inspect_source(DataConfig(), str(tmp_path / "many.csv"))
+    for n, tail in ((20, "'c18', 'c19'"), (21, "'c18', 'c19' and 1 more")):  # at most 20 names, then a count
+        (tmp_path / "many.csv").write_text(",".join(f"c{i}" for i in range(n)) + "\n")
+        with pytest.raises(ConfigError, match=re.escape("(its header: 'c0', 'c1', ") + ".*"
+                           + re.escape(f"{tail}): set data.text_column") + "$"):
+            inspect_source(DataConfig(), str(tmp_path / "many.csv"))
+    (tmp_path / "huge.csv").write_text("x" * 200_000 + ",text\n")  # a name over Python csv's 131072-byte field limit
+    with pytest.raises(ConfigError, match=re.escape(f"data.path: the header of {tmp_path / 'huge.csv'} is not valid "
+                                                    f"CSV (field larger than field limit (131072)): fix it") + "$"):
+        inspect_source(DataConfig(), str(tmp_path / "huge.csv"))
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.csv").write_text("text\nx\n")
+    (tmp_path / "d" / "b.csv").write_text("body\nx\n")  # the second file's header: checked too
+    with pytest.raises(ConfigError, match="is not a column of .*b.csv \\(its header: 'body'\\)"):
+        inspect_source(DataConfig(), str(tmp_path / "d"))
     assert [csv_delimiter(p) for p in ("a.csv", "a.TSV", "a.tsv.zst", "a.txt")] == [",", "\t", "\t", ","]
-
 
 
 def test_a_tab_separated_file_named_csv_is_told_to_be_named_tsv(tmp_path):
@@ -321,6 +355,7 @@ def test_a_tab_separated_file_named_csv_is_told_to_be_named_tsv(tmp_path):
     (tmp_path / "c.csv").write_text("id,body\tnote\n")  # commas too: a CSV whose column names hold a tab
     with pytest.raises(ConfigError, match="\\(its header: 'id', 'body\\\\tnote'\\): set data.text_column$"):
         inspect_source(DataConfig(), str(tmp_path / "c.csv"))
+
 
 def test_an_eval_fraction_of_one_text_file_read_as_one_document_is_refused(tmp_path):
     """One document is all trained on or all held out: the run stopped only once it was tokenized."""
@@ -378,10 +413,28 @@ def test_a_raytrain_checkpoint_among_the_data_is_refused_naming_it(tmp_path):
                 f"checkpoint.storage_path must be outside the data)") + "$"):
             inspect_sources(DataConfig(path=str(tmp_path), format=fmt))
     with pytest.raises(ConfigError, match=re.escape(f"data.eval_path: {checkpoint} holds a raytrain checkpoint "
-                                                   f"({checkpoint})")):
+                                                    f"({checkpoint})")):
         inspect_sources(DataConfig(path=str(tmp_path / "a.txt"), eval_path=str(checkpoint), format="text"))
     (tmp_path / "runs").rename(tmp_path / "_runs")  # names starting with "_" are not read: the run is not data
     assert inspect_sources(DataConfig(path=str(tmp_path), format="text")).train.files == [str(tmp_path / "a.txt")]
+    (tmp_path / "checkpoint_step_1.txt").write_text("a file, not a checkpoint directory\n")
+    assert len(inspect_sources(DataConfig(path=str(tmp_path), format="text")).train.files) == 2
+    cut = tmp_path / "old" / "checkpoint_step_00000007"  # no raytrain.json: the save stopped part way
+    cut.mkdir(parents=True)
+    (cut / "latest").write_text("step_00000007")
+    refused = re.escape(f"data.path: {tmp_path} holds a raytrain checkpoint ({cut}), which would be read as data")
+    with pytest.raises(ConfigError, match=refused):
+        inspect_sources(DataConfig(path=str(tmp_path), format="text"))
+    (cut / "latest").unlink()
+    (cut / "step_00000007").mkdir()
+    (cut / "step_00000007" / "mp_rank_00_model_states.pt").write_bytes(b"\x80\x02")  # named by cut, not its subdir
+    with pytest.raises(ConfigError, match=refused):
+        inspect_sources(DataConfig(path=str(tmp_path), format="text"))
+    (tmp_path / "old").rename(tmp_path / "_old")
+    (tmp_path / "run" / "s2").mkdir(parents=True)
+    (tmp_path / "run" / "s2" / "raytrain.json").write_text("{}")  # a run's own record, no checkpoint directory
+    with pytest.raises(ConfigError, match=re.escape(f"holds a raytrain checkpoint ({tmp_path / 'run' / 's2'}), ")):
+        inspect_sources(DataConfig(path=str(tmp_path), format="text"))
 
 
 def test_eval_files_without_the_training_column_are_told_to_use_it(tmp_path):
@@ -410,6 +463,7 @@ def test_a_dangling_link_in_a_directory_is_refused_naming_it(tmp_path):
     """pyarrow's listing leaves links to nothing out (an unfetched git-annex or DVC file)."""
     (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
     (tmp_path / "notes.bak").symlink_to(tmp_path / "gone")  # not data under data.format=auto: not read
+    (tmp_path / "_old.jsonl").symlink_to(tmp_path / "gone")  # names starting with "_" or "." are not read either
     assert inspect_source(DataConfig(), str(tmp_path)).files == [str(tmp_path / "a.jsonl")]
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "b.jsonl").symlink_to("../.git/annex/objects/b")
@@ -440,6 +494,8 @@ def test_utf16_and_utf32_files_are_refused_on_the_driver(tmp_path, encoding, nam
                                           f"mark\\), not UTF-8: re-encode it as UTF-8 \\(iconv -f "
                                           f"{name.split()[0]} -t UTF-8\\)"):
         inspect_source(DataConfig(), str(tmp_path))
+    with pytest.raises(ConfigError, match=f"b.txt is {name} text"):  # the first (here only) text file: read as well
+        inspect_source(DataConfig(), str(tmp_path / "b.txt"))
     (tmp_path / "c.jsonl").write_bytes((bom + '{"text": "x"}\n').encode(encoding))
     with pytest.raises(ConfigError, match=f"c.jsonl is {name} text"):
         inspect_source(DataConfig(), str(tmp_path / "c.jsonl"))
@@ -457,18 +513,30 @@ def test_a_directory_of_hub_named_shards_reads_only_data_hf_split(tmp_path):
     assert sources.notes == (f"data.path: reading the 'train' split of {tmp_path} (1 file: data.hf_split); left "
                              f"out the splits test (1 file), validation (1 file)",)
     with pytest.raises(ConfigError, match="^data.hf_split='dev' is not a split of data.path=.*: its files are named "
-                                          "for the splits test \\(1 file\\), train \\(1 file\\), validation \\(1 file\\)"
-                                          ": set data.hf_split$"):
+                                          "for the splits test \\(1 file\\), train \\(1 file\\), "
+                                          "validation \\(1 file\\): set data.hf_split$"):
         inspect_sources(DataConfig(path=str(tmp_path), hf_split="dev"))
     # the same directory as eval_path: its validation split (data.eval_hf_split), never the training files
     both = inspect_sources(DataConfig(path=str(tmp_path), eval_path=str(tmp_path)))
     assert both.eval.files == [str(tmp_path / "validation-00000-of-00001.jsonl")]
     with pytest.raises(ConfigError, match="is also in data.path \\(the split 'train' of both: set data.eval_hf_split"):
         inspect_sources(DataConfig(path=str(tmp_path), eval_path=str(tmp_path), eval_hf_split="train"))
+    with pytest.raises(ConfigError, match="^data.eval_hf_split='dev' is not a split of data.eval_path=.*: set "
+                                          "data.eval_hf_split$"):
+        inspect_sources(DataConfig(path=str(tmp_path / "train-00000-of-00001.jsonl"), eval_path=str(tmp_path),
+                                   eval_hf_split="dev"))
     (tmp_path / "beam").mkdir()  # one shard prefix that names no split: a job's output, read whole
     for i in range(2):
         (tmp_path / "beam" / f"output-{i:05d}-of-00002.jsonl").write_text('{"text": "x"}\n')
-    assert len(inspect_sources(DataConfig(path=str(tmp_path / "beam"))).train.files) == 2
+    beam = inspect_sources(DataConfig(path=str(tmp_path / "beam"))).train
+    assert len(beam.files) == 2 and beam.split is None  # no split read: data.hf_split is not what chose them
+    (tmp_path / "only").mkdir()  # the split asked for, alone: read, and said to be that split
+    (tmp_path / "only" / "train-00000-of-00001.jsonl").write_text('{"text": "x"}\n')
+    assert inspect_sources(DataConfig(path=str(tmp_path / "only"))).train.split == "train"
+    (tmp_path / "only" / "train-00000-of-00001.jsonl").rename(tmp_path / "only" / "test-00000-of-00001.jsonl")
+    with pytest.raises(ConfigError, match="^data.hf_split='train' is not a split of data.path=.*only: its files are "
+                                          "named for the splits test \\(1 file\\): set data.hf_split$"):
+        inspect_sources(DataConfig(path=str(tmp_path / "only")))  # one split word alone: not read as the training set
 
 
 def test_a_hub_datasets_eval_split_is_its_own_and_its_training_split_is_refused():
@@ -495,7 +563,8 @@ def test_files_left_out_of_a_directory_and_settings_without_effect_get_a_note(tm
     pq.write_table(pa.table({"input_ids": [[1, 2]], "labels": [[-100, 2]]}), tmp_path / "t.parquet")
     notes = inspect_sources(DataConfig(path=str(tmp_path / "t.parquet"), hf_split="test", text_document="line")).notes
     assert [n.split(" has no effect")[0].split(" is not read")[0] for n in notes] == [
-        f"data.path: the labels column of {tmp_path / 't.parquet'}", "data.hf_split='test'", "data.text_document='line'"]
+        f"data.path: the labels column of {tmp_path / 't.parquet'}", "data.hf_split='test'",
+        "data.text_document='line'"]
     notes = inspect_sources(DataConfig(path=str(tmp_path / "a.jsonl"), eval_hf_split="test")).notes
     assert notes == ("data.eval_hf_split='test' has no effect: there is no data.eval_path",)
     assert capsys.readouterr().err == ""  # the caller prints them, once every check has passed (test_main.py)
@@ -523,3 +592,266 @@ def test_a_pre_tokenized_save_to_disk_directory_is_refused_in_one_line_with_the_
         with pytest.raises(ConfigError, match=f"^data.path: {tmp_path / 'tok'} is a datasets save_to_disk directory "
                                               f"of token ids .*: export it with datasets.load_from_disk"):
             inspect_source(data, str(tmp_path / "tok"))
+
+
+def test_the_built_in_corpus_an_empty_path_list_and_what_each_source_says_it_read(tmp_path):
+    from raytrain.data.sources import data_facts, inspect_sources
+
+    builtin = inspect_sources(DataConfig())
+    assert (builtin.train.format, builtin.eval, builtin.notes) == ("builtin", None, ())
+    # DataConfig's default num_builtin_documents is 4000
+    assert data_facts(DataConfig(), builtin) == DataFacts(source="built-in corpus (4000 documents)", format="builtin")
+    for key, tail in (("data.path", " (or null for the built-in corpus)"), ("data.eval_path", "")):
+        with pytest.raises(ConfigError, match=re.escape(f"{key} is an empty list: give at least one file or "
+                                                        f"directory{tail}") + "$"):
+            inspect_source(DataConfig(), [], key)
+    (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
+    (tmp_path / "b.jsonl").write_text('{"text": "y"}\n')
+    a, b = str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")
+    assert inspect_sources(DataConfig(path=a)).eval is None  # no eval_path, no eval_fraction: nothing held out
+    data = DataConfig(path=a, eval_fraction=0.1)
+    assert data_facts(data, inspect_sources(data)) == DataFacts(
+        source=a, format="json", eval_source=f"0.1 of the documents of {a} (by content hash)", eval_format="json")
+    data = DataConfig(path=a, eval_path=b)
+    assert data_facts(data, inspect_sources(data)) == DataFacts(source=a, format="json", eval_source=b,
+                                                                eval_format="json")
+    shards = tmp_path / "_shards"
+    shards.mkdir()
+    for split in ("train", "validation"):
+        (shards / f"{split}-00000-of-00001.jsonl").write_text('{"text": "x"}\n')
+    data = DataConfig(path=str(shards), eval_path=str(shards))
+    assert data_facts(data, inspect_sources(data)) == DataFacts(
+        source=f"{shards} (split train)", format="json", eval_source=f"{shards} (split validation)", eval_format="json")
+
+
+def test_uris_pyarrow_opens_and_a_path_list_on_two_filesystems(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
+    assert inspect_source(DataConfig(), f"file://{tmp_path / 'a.jsonl'}").files == [str(tmp_path / "a.jsonl")]
+    with pytest.raises(ConfigError, match=re.escape("data.path: cannot open nosuch://bucket/x (Unrecognized filesystem "
+                                                    "type in URI: nosuch://bucket/x): check the URI")):
+        inspect_source(DataConfig(), "nosuch://bucket/x")
+    # pyarrow's in-memory "mock" filesystem: another filesystem than the local one, offline
+    with pytest.raises(ConfigError, match=re.escape("data.path mixes filesystems (local and mock): read from one "
+                                                    "filesystem per path list") + "$"):
+        inspect_source(DataConfig(), [str(tmp_path / "a.jsonl"), "mock:///bucket/b.jsonl"])
+
+
+def test_remote_sources_compare_by_path_and_read_parquet_footers_until_one_has_rows(tmp_path):
+    """A remote filesystem (here pyarrow's in-memory mock one): no stat, and each footer is a request."""
+    import pyarrow.fs as pafs
+
+    from raytrain.data.sources import Source, _check_parquet, _refuse_eval_in_train
+
+    fs = pafs.FileSystem.from_uri("mock:///")[0]
+    fs.create_dir("bucket")
+    train = Source("json", filesystem=fs, files=["bucket/a.jsonl"])
+    _refuse_eval_in_train(train, Source("json", filesystem=fs, files=["bucket/b.jsonl"]))
+    with pytest.raises(ConfigError, match="^data.eval_path: bucket/a.jsonl is also in data.path: evaluate on"):
+        _refuse_eval_in_train(train, Source("json", filesystem=fs, files=["bucket/a.jsonl"]))
+    pq.write_table(pa.table({"text": ["x"]}), "bucket/a.parquet", filesystem=fs)
+    pq.write_table(pa.table({"body": ["y"]}), "bucket/b.parquet", filesystem=fs)  # a local source refuses it
+    source = Source("parquet", filesystem=fs, files=["bucket/a.parquet", "bucket/b.parquet"])
+    assert _check_parquet(source, DataConfig(), "data.path", [], None) is source  # b's footer is not fetched
+
+
+def test_the_hf_format_needs_one_existing_save_to_disk_directory_of_strings(tmp_path, monkeypatch):
+    import datasets
+
+    hf = DataConfig(format="hf")
+    monkeypatch.chdir(tmp_path)
+    for path in ("x/y/z", "./gone"):  # relative, and no hub id (org/name): not looked up on the hub
+        with pytest.raises(ConfigError, match="^" + re.escape(f"data.path: {path} does not exist; give a save_to_disk "
+                                                              f"directory or a hub id (org/name)") + "$"):
+            inspect_source(hf, path)
+    (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
+    (tmp_path / "empty").mkdir()
+    for path, message in [
+            ([str(tmp_path / "empty")] * 2, "data.format=hf reads one dataset; give one directory or hub id"),
+            (str(tmp_path / "gone"), f"{tmp_path / 'gone'} does not exist; give a save_to_disk directory or a hub id "
+                                     f"(org/name)"),
+            (str(tmp_path / "a.jsonl"), f"{tmp_path / 'a.jsonl'} is a file; data.format=hf needs a save_to_disk "
+                                        f"directory"),
+            (str(tmp_path / "empty"), f"{tmp_path / 'empty'} has no state.json: give a directory written by datasets' "
+                                      f"save_to_disk")]:
+        with pytest.raises(ConfigError, match="^" + re.escape(f"data.path: {message}") + "$"):
+            inspect_source(hf, path)
+    (tmp_path / "empty" / "state.json").write_text('{"_data_files": [{"path": "x.arrow"}]}')
+    with pytest.raises(ConfigError, match=re.escape(f"data.path: {tmp_path / 'empty'}/state.json has no list of "
+                                                    f"_data_files with a filename each")):
+        inspect_source(hf, str(tmp_path / "empty"))
+    datasets.Dataset.from_dict({"text": [1, 2]}).save_to_disk(str(tmp_path / "ints"))
+    with pytest.raises(ConfigError, match=re.escape(f"data.text_column='text' in {tmp_path / 'ints'} holds int64, not "
+                                                    f"strings: set data.text_column to the text column") + "$"):
+        inspect_source(DataConfig(), str(tmp_path / "ints"))
+    shard = tmp_path / "ints" / "data-00000-of-00001.arrow"
+    shard.write_bytes(b"not arrow")
+    with pytest.raises(ConfigError, match=re.escape(f"data.path: {shard} is not a readable Arrow stream (")
+                       + ".*" + re.escape("): copy the save_to_disk directory again") + "$"):
+        inspect_source(DataConfig(), str(tmp_path / "ints"))
+
+
+def test_a_json_files_first_record_is_checked_wherever_it_starts(tmp_path):
+    from raytrain.data.sources import _check_json_column
+
+    def refused(raw, message, name="a.jsonl"):
+        (tmp_path / name).write_bytes(raw)
+        with pytest.raises(ConfigError, match=message):
+            inspect_source(DataConfig(), str(tmp_path / name))
+        (tmp_path / name).unlink()
+
+    refused(b'[{"body": "x"}, {"text": "y"}]', "data.text_column='text' is not a key of the records in .*a.json "
+                                               "\\(keys: body\\)", "a.json")  # an array: its first record
+    refused(b'[{"text": }]', "data.path: .*a.json is not a valid JSON array \\(Expecting value in its first record\\)",
+            "a.json")
+    refused(b'["x"]', "data.path: .*a.json \\(its first record\\) is a str, not a JSON object", "a.json")
+    refused(b'"just text"\n', "data.path: .*a.jsonl line 1 is a str, not a JSON object: give JSON lines")
+    refused(b'{"text": 5}\n', "data.text_column='text' holds int values in .*a.jsonl line 1, not text: set "
+                              "data.text_column to the text key$")
+    # the line a record is on counts the blank lines before it (line 3 here), as an editor does
+    refused(b'\n\n{"text": oops}\n', "data.path: .*a.jsonl line 3 is not valid JSON \\(Expecting value\\)")
+    refused(b'{"body": "x"}', "is not a key of the records in .*a.jsonl")  # no newline at the end: read all the same
+    # a first line longer than one 64 KiB read: read on to its end (up to 1 MiB)
+    (tmp_path / "long.jsonl").write_text('{"text": "' + "x" * 100_000 + '"}\n{"text": "y"}\n')
+    source = inspect_source(DataConfig(), str(tmp_path / "long.jsonl"))
+    assert source.format == "json"
+    # whether a file held a record: on a remote filesystem the check stops at the first file that does
+    for raw, held in ((b"\n\n", False), (b" [ ] ", False), (b'{"text": "x"}\n', True), (b'[{"text": "x"}]', True)):
+        (tmp_path / "b.json").write_bytes(raw)
+        assert _check_json_column(source, str(tmp_path / "b.json"), DataConfig(), "data.path", None) is held, raw
+
+
+def test_invalid_utf8_in_a_head_and_first_records_longer_than_the_head(tmp_path):
+    """data.invalid_utf8=error: the driver decodes what it reads (the first MiB at most), and a character cut by
+    that MiB's end is not an error: the rest of the record is beyond it, left to the reader."""
+    from raytrain.data.sources import _check_json_column
+
+    error = DataConfig(invalid_utf8="error")
+    fix = ": fix the file, or set data.invalid_utf8=replace to read such bytes as U+FFFD"
+    (tmp_path / "a.txt").write_bytes(b"ok \xff\n")  # byte 3 of line 1 (the file's byte 3 too)
+    with pytest.raises(ConfigError, match=re.escape(f"{tmp_path / 'a.txt'} line 1: invalid UTF-8 at byte 3{fix}")):
+        inspect_source(DataConfig(invalid_utf8="error", text_document="line"), str(tmp_path / "a.txt"))
+    assert inspect_source(DataConfig(), str(tmp_path / "a.txt")).format == "text"  # replace: read as U+FFFD
+    (tmp_path / "a.txt").write_bytes(b"ok\nok \xff\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{tmp_path / 'a.txt'} line 2: invalid UTF-8 at byte ")):
+        inspect_source(DataConfig(invalid_utf8="error", text_document="line"), str(tmp_path / "a.txt"))
+    (tmp_path / "a.txt").unlink()
+    (tmp_path / "b.jsonl").write_bytes(b'{"text": "caf\xe9"}\n')  # Latin-1: the 14th byte (byte 13) of line 1
+    with pytest.raises(ConfigError, match=re.escape(f"{tmp_path / 'b.jsonl'} line 1: invalid UTF-8 at byte 13{fix}")):
+        inspect_source(error, str(tmp_path / "b.jsonl"))
+    assert inspect_source(DataConfig(), str(tmp_path / "b.jsonl")).format == "json"
+    (tmp_path / "b.jsonl").write_bytes(b'{"text": "caf\xc3')  # a file cut inside a character, as a failed download
+    with pytest.raises(ConfigError, match=re.escape(f"{tmp_path / 'b.jsonl'} line 1: invalid UTF-8 at byte 13{fix}")):
+        inspect_source(error, str(tmp_path / "b.jsonl"))
+    (tmp_path / "b.jsonl").unlink()
+    (tmp_path / "c.json").write_bytes(b'[{"text": "caf\xe9"}]')
+    with pytest.raises(ConfigError, match=re.escape(f"{tmp_path / 'c.json'} line 1: invalid UTF-8 at byte")):
+        inspect_source(error, str(tmp_path / "c.json"))
+    # ~2.2 MB each, "é" two bytes: a 1 MiB head ends inside an "é" in the text file ("a" first: 1 + 2k bytes) and the
+    # array ('[{"text": "' is 11 bytes); the JSON line's 1 MiB holds no newline
+    (tmp_path / "c.json").unlink()
+    big = "é" * 1_100_000
+    for name, text in (("d.txt", "a" + big), ("e.jsonl", '{"text": "' + big + '"}\n'),
+                       ("f.json", '[{"text": "' + big + '"}]')):
+        (tmp_path / name).write_text(text, encoding="utf-8")
+        source = inspect_source(error, str(tmp_path / name))
+        assert source.files == [str(tmp_path / name)]
+        if source.format == "json":  # a record, though not read whole: a remote source's check stops at this file
+            assert _check_json_column(source, str(tmp_path / name), error, "data.path", None) is True
+        (tmp_path / name).unlink()
+
+
+def test_compressed_text_is_read_through_and_a_file_that_cannot_be_read_gets_a_fix_by_its_name(tmp_path):
+    import lzma
+
+    import pyarrow.fs as pafs
+
+    from raytrain.data.sources import open_text, unreadable_fix
+
+    # truncated: its first bytes decompress, its end does not; a compressed text file is read on (up to 1 MiB)
+    (tmp_path / "a.txt.gz").write_bytes(gzip.compress(b"x" * 200_000)[:-20])
+    with pytest.raises(ConfigError, match=re.escape(f"data.path: cannot read {tmp_path / 'a.txt.gz'} (Truncated "
+                                                    f"compressed stream): its name says gzip-compressed")):
+        inspect_source(DataConfig(), str(tmp_path / "a.txt.gz"))
+    assert unreadable_fix("a.txt") == "check that it is readable, or leave it out of the data"
+    assert unreadable_fix("a.JSONL.ZST") == ("its name says zstd-compressed: re-compress it whole (or fix its name), "
+                                             "or leave it out of the data")
+    (tmp_path / "b.txt.xz").write_bytes(lzma.compress(b"all of it"))
+    with open_text(pafs.LocalFileSystem(), str(tmp_path / "b.txt.xz")) as f:
+        assert f.read() == b"all of it" and not f.closed  # read() with no size: to the end, as a file's
+    assert f.closed  # pyarrow's PythonFile (the CSV reader's stream) asks
+    (tmp_path / "b.txt.xz").write_bytes(b"not xz at all")  # lzma's own error, made the OSError of any other codec
+    with pytest.raises(ConfigError, match=re.escape(f"cannot read {tmp_path / 'b.txt.xz'} (xz: Input format not "
+                                                    f"supported by decoder): its name says xz-compressed")):
+        inspect_source(DataConfig(), str(tmp_path / "b.txt.xz"))
+    (tmp_path / "c.parquet.gz").write_bytes(gzip.compress(b"x"))  # parquet compresses inside: not a format's name
+    with pytest.raises(ConfigError, match="cannot tell the format of .*c.parquet.gz: set data.format to one of"):
+        inspect_source(DataConfig(), str(tmp_path / "c.parquet.gz"))
+
+
+def test_mixed_formats_point_at_the_subdirectory_holding_one_format_only(tmp_path):
+    """The message's advice: the directory that holds one format's files and none of the others'."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "README.md").write_text("# card\n")
+    for part, shard in (("a", "train-00000-of-00002.parquet"), ("b", "train-00001-of-00002.parquet")):
+        (tmp_path / "data" / part).mkdir(parents=True)  # two subdirectories: pointed at their common parent
+        pq.write_table(pa.table({"text": ["x"]}), tmp_path / "data" / part / shard)
+    read = " (of its hub-named shards, those of the split 'train': data.hf_split)"
+    with pytest.raises(ConfigError, match=re.escape(f"point data.path at {tmp_path / 'data'}, which holds the parquet "
+                                                    f"files only{read}") + "$"):
+        inspect_source(DataConfig(), str(tmp_path))  # the most files first: not docs/, which holds the text ones
+    (tmp_path / "data" / "b" / "train-00001-of-00002.parquet").unlink()
+    # one file each: on the tie the text file's directory comes last (.md and .txt beside data are usually its docs)
+    with pytest.raises(ConfigError, match=re.escape(f"point data.path at {tmp_path / 'data' / 'a'}, which holds")):
+        inspect_source(DataConfig(), str(tmp_path))
+    (tmp_path / "data" / "a" / "notes.md").write_text("how it was made\n")  # text there too: no directory to name
+    with pytest.raises(ConfigError, match="mixes formats: .*: give one format per path list"):
+        inspect_source(DataConfig(), str(tmp_path))
+    # counts tie: formats by name, json before text, whatever the files are called
+    (tmp_path / "_two").mkdir()
+    (tmp_path / "_two" / "a.txt").write_text("x")
+    (tmp_path / "_two" / "z.jsonl").write_text('{"text": "x"}\n')
+    with pytest.raises(ConfigError, match="mixes formats: 1 json file \\(.*z.jsonl\\) and 1 text file \\(.*a.txt\\)"):
+        inspect_source(DataConfig(), str(tmp_path / "_two"))
+
+
+def test_notes_say_what_a_source_leaves_unread_or_a_setting_changes_nothing(tmp_path, capsys):
+    from raytrain.data.sources import inspect_sources
+
+    (tmp_path / "a.txt").write_text("a document\n")
+    (tmp_path / "README.md").write_text("# about this corpus\n")
+    readme = (f"data.path: {tmp_path / 'README.md'} is read as a training document, like the text files beside it: "
+              f"move it out, or list the files to read in data.path")
+    assert inspect_sources(DataConfig(path=str(tmp_path))).notes == (readme,)
+    inspect_sources(DataConfig(path=str(tmp_path))).say_notes()
+    assert capsys.readouterr() == ("", f"raytrain: note: {readme}\n")  # diagnostics: on stderr
+    assert inspect_sources(DataConfig(path=str(tmp_path / "README.md"))).notes == ()  # named alone: meant
+    (tmp_path / "README.md").unlink()
+    plain = inspect_sources(DataConfig(path=str(tmp_path)))
+    assert (plain.notes, plain.train.split) == ((), None)
+    assert inspect_sources(DataConfig(path=str(tmp_path), text_column="body")).notes == (
+        "data.text_column='body' has no effect: text files have no columns (a file or a line is a document)",)
+    (tmp_path / "sub").mkdir()  # a subdirectory is listed through, not a file "with another extension"
+    (tmp_path / "sub" / "b.txt").write_text("another\n")
+    assert inspect_sources(DataConfig(path=str(tmp_path))).notes == ()
+    # a crawler's state.json beside text files: under data.format=text a file like any other (only data.format=
+    # tokenized refuses a save_to_disk directory up front)
+    (tmp_path / "state.json").write_text('{"page": 3}\n')
+    assert len(inspect_sources(DataConfig(path=str(tmp_path), format="text")).train.files) == 3
+    (tmp_path / "state.json").unlink()
+    (tmp_path / "e.jsonl").write_text('{"body": "held out"}\n')
+    # data.text_column names the eval records' key: not idle while one source has columns
+    assert inspect_sources(DataConfig(path=str(tmp_path / "a.txt"), eval_path=str(tmp_path / "e.jsonl"),
+                                      text_column="body")).notes == ()
+    assert inspect_sources(DataConfig(path=str(tmp_path / "a.txt"), eval_path=str(tmp_path / "sub" / "b.txt"),
+                                      eval_hf_split="test")).notes == (
+        "data.eval_hf_split='test' has no effect: data.eval_path has no splits",)
+    pq.write_table(pa.table({"input_ids": [[1, 2]]}), tmp_path / "t.parquet")
+    assert inspect_sources(DataConfig(path=str(tmp_path / "t.parquet"))).notes == ()  # no labels column: no note
+    assert inspect_sources(DataConfig(path=str(tmp_path / "t.parquet"), format="tokenized",
+                                      text_column="body")).notes == (
+        "data.text_column='body' has no effect: pre-tokenized data is read from its input_ids column",)
+    pq.write_table(pa.table({"body": ["x"], "labels": ["y"]}), tmp_path / "p.parquet")  # labels of text: not a note
+    parquet = inspect_sources(DataConfig(path=str(tmp_path / "p.parquet"), text_column="body"))
+    assert (parquet.notes, parquet.train.column) == ((), "body")
+    json_body = inspect_source(DataConfig(text_column="body"), str(tmp_path / "e.jsonl"))
+    assert json_body.column == "text"  # the JSON reader yields its documents as "text", whatever the key
