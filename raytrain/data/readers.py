@@ -20,8 +20,8 @@ from raytrain.config_files import first_line
 from raytrain.data import pieces
 from raytrain.data.bad_records import BadRecord, BadRecords
 from raytrain.data.progress import FileReads, skipped
-from raytrain.data.sources import (BOM, READ_ERRORS, compression_of, csv_delimiter, open_text, unreadable_fix,
-                                   wide_encoding, wide_encoding_fix)
+from raytrain.data.sources import (BOM, INVALID_UTF8_FIX, READ_ERRORS, compression_of, csv_delimiter, open_text,
+                                   unreadable_fix, wide_encoding, wide_encoding_fix)
 
 logger = logging.getLogger("raytrain.data")
 
@@ -267,7 +267,7 @@ def _decoded(f, head: bytes, where: str, invalid_utf8: str, counts: collections.
         except UnicodeDecodeError as e:
             if invalid_utf8 == "error":
                 of = " of the decompressed text" if compression_of(where) is not None else ""
-                raise BadRecord(where, f"invalid UTF-8 at byte {offset + e.start}{of}", _INVALID_UTF8_FIX) from None
+                raise BadRecord(where, f"invalid UTF-8 at byte {offset + e.start}{of}", INVALID_UTF8_FIX) from None
             replaced = True
             text = raw.decode("utf-8", errors="replace")
         offset += len(raw)
@@ -403,16 +403,12 @@ def _lines(f, head: bytes = b"", chunk_bytes: int = 1 << 24) -> Iterator[tuple[i
         yield lineno + 1, rest
 
 
-_INVALID_UTF8_FIX = ("fix the file, or set data.invalid_utf8=replace to decode such bytes as U+FFFD "
-                     "(counted and reported)")
-
-
 def _decode(raw: bytes, invalid_utf8: str, where: str, counts: collections.Counter) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         if invalid_utf8 == "error":
-            raise BadRecord(where, f"invalid UTF-8 at byte {e.start}", _INVALID_UTF8_FIX) from None
+            raise BadRecord(where, f"invalid UTF-8 at byte {e.start}", INVALID_UTF8_FIX) from None
         counts["invalid_utf8"] += 1
         return raw.decode("utf-8", errors="replace")
 

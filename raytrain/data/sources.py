@@ -725,7 +725,9 @@ def _check_json_column(source: Source, path: str, data: DataConfig, key: str, fi
     if not body:
         return False  # blank lines only: no record to check here
     if body.startswith(b"["):  # one JSON array of records
-        where, text = f"{path} (its first record)", _utf8(body[1:], data, path, 1, cut=len(head) == 1 << 20)
+        # the readers' error for an array names the byte's offset in the file (a byte order mark counted)
+        text = _utf8(body[1:], data, path, offset=len(head) - len(body) + 1, cut=len(head) == 1 << 20)
+        where = f"{path} (its first record)"
         if text.lstrip().startswith("]"):
             return False  # an empty array
         try:
@@ -736,13 +738,17 @@ def _check_json_column(source: Source, path: str, data: DataConfig, key: str, fi
             raise ConfigError(f"{key}: {path} is not a valid JSON array ({e.msg} in its first record): "
                               f"give JSON lines or an array of objects") from None
     else:
-        line, newline, _ = body.partition(b"\n")
+        text = head.removeprefix(BOM)
+        # the first record's line from the line's start, not from its first non-blank byte: the readers
+        # count an error's byte within the line
+        start = len(text) - len(body)
+        line, newline, _ = text[text.rfind(b"\n", 0, start) + 1:].partition(b"\n")
         if not newline and len(head) == 1 << 20:
             return True  # a huge first line: the reader checks each record
-        lineno = head.removeprefix(BOM)[:len(head.removeprefix(BOM)) - len(body)].count(b"\n") + 1
+        lineno = text[:start].count(b"\n") + 1
         where = f"{path} line {lineno}"
         try:
-            record = json.loads(_utf8(line, data, path, lineno))
+            record = json.loads(_utf8(line, data, path, first_line=lineno))
         except json.JSONDecodeError as e:
             raise ConfigError(f"{key}: {where} is not valid JSON ({e.msg}): "
                               f"give JSON lines (one object per line)") from None
@@ -802,7 +808,11 @@ def _check_text_head(source: Source, path: str, data: DataConfig, key: str) -> N
         return
     head = _read_head(source, path, key)
     _refuse_wide_encoding(head, path, key)
-    _utf8(head.removeprefix(BOM), data, path, 1, cut=len(head) == 1 << 20)
+    text, cut = head.removeprefix(BOM), len(head) == 1 << 20
+    if data.text_document == "file":
+        _utf8(text, data, path, offset=len(head) - len(text), cut=cut)
+    else:
+        _utf8(text, data, path, first_line=1, cut=cut)
 
 
 _HEAD_CHUNK = 1 << 16
@@ -863,18 +873,31 @@ def unreadable_fix(path: str) -> str:
     return "check that it is readable, or leave it out of the data"
 
 
-def _utf8(raw: bytes, data: DataConfig, path: str, first_line: int, cut: bool = False) -> str:
-    """`raw` decoded; invalid UTF-8 under data.invalid_utf8=error is the readers' one-line error,
-    found here first. `cut`: raw ends mid-file, so a character split at its end is not an error."""
+INVALID_UTF8_FIX = ("fix the file, or set data.invalid_utf8=replace to decode such bytes as U+FFFD "
+                    "(counted and reported)")
+
+
+def _utf8(raw: bytes, data: DataConfig, path: str, *, offset: int = 0, first_line: int | None = None,
+          cut: bool = False) -> str:
+    """`raw` decoded; invalid UTF-8 under data.invalid_utf8=error is the readers' one-line error, found here
+    first, naming the byte as they do: for a record a line (`first_line`: raw's first line's number, raw
+    starting at a line's start) its line and its byte within the line; for a whole file or a JSON array the
+    byte's offset in the file (`offset`: raw's, a byte order mark counted; a compressed file's counts its
+    decompressed text). `cut`: raw ends mid-file, so a character split at its end is not an error."""
     import codecs
 
     decoder = codecs.getincrementaldecoder("utf-8")("strict" if data.invalid_utf8 == "error" else "replace")
     try:
         return decoder.decode(raw, final=not cut)
     except UnicodeDecodeError as e:
-        line = first_line + raw[:e.start].count(b"\n")
-        raise ConfigError(f"{path} line {line}: invalid UTF-8 at byte {e.start}: fix the file, or set "
-                          f"data.invalid_utf8=replace to read such bytes as U+FFFD") from None
+        if first_line is None:
+            of = " of the decompressed text" if compression_of(path) is not None else ""
+            where, byte = path, f"{offset + e.start}{of}"
+        else:
+            line = first_line + raw.count(b"\n", 0, e.start)
+            where = f"{path} line {line}"
+            byte = e.start - raw.rfind(b"\n", 0, e.start) - 1
+        raise ConfigError(f"{where}: invalid UTF-8 at byte {byte}: {INVALID_UTF8_FIX}") from None
 
 
 def _looks_like_hf(path: str) -> bool:

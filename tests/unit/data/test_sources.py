@@ -726,13 +726,13 @@ def test_invalid_utf8_in_a_head_and_first_records_longer_than_the_head(tmp_path)
     from raytrain.data.sources import _check_json_column
 
     error = DataConfig(invalid_utf8="error")
-    fix = ": fix the file, or set data.invalid_utf8=replace to read such bytes as U+FFFD"
+    fix = ": fix the file, or set data.invalid_utf8=replace to decode such bytes as U+FFFD (counted and reported)"
     (tmp_path / "a.txt").write_bytes(b"ok \xff\n")  # byte 3 of line 1 (the file's byte 3 too)
     with pytest.raises(ConfigError, match=re.escape(f"{tmp_path / 'a.txt'} line 1: invalid UTF-8 at byte 3{fix}")):
         inspect_source(DataConfig(invalid_utf8="error", text_document="line"), str(tmp_path / "a.txt"))
     assert inspect_source(DataConfig(), str(tmp_path / "a.txt")).format == "text"  # replace: read as U+FFFD
     (tmp_path / "a.txt").write_bytes(b"ok\nok \xff\n")
-    with pytest.raises(ConfigError, match=re.escape(f"{tmp_path / 'a.txt'} line 2: invalid UTF-8 at byte ")):
+    with pytest.raises(ConfigError, match=re.escape(f"{tmp_path / 'a.txt'} line 2: invalid UTF-8 at byte 3{fix}")):
         inspect_source(DataConfig(invalid_utf8="error", text_document="line"), str(tmp_path / "a.txt"))
     (tmp_path / "a.txt").unlink()
     (tmp_path / "b.jsonl").write_bytes(b'{"text": "caf\xe9"}\n')  # Latin-1: the 14th byte (byte 13) of line 1
@@ -743,8 +743,8 @@ def test_invalid_utf8_in_a_head_and_first_records_longer_than_the_head(tmp_path)
     with pytest.raises(ConfigError, match=re.escape(f"{tmp_path / 'b.jsonl'} line 1: invalid UTF-8 at byte 13{fix}")):
         inspect_source(error, str(tmp_path / "b.jsonl"))
     (tmp_path / "b.jsonl").unlink()
-    (tmp_path / "c.json").write_bytes(b'[{"text": "caf\xe9"}]')
-    with pytest.raises(ConfigError, match=re.escape(f"{tmp_path / 'c.json'} line 1: invalid UTF-8 at byte")):
+    (tmp_path / "c.json").write_bytes(b'[{"text": "caf\xe9"}]')  # an array: the file's byte 14 ('[' is byte 0)
+    with pytest.raises(ConfigError, match=re.escape(f"{tmp_path / 'c.json'}: invalid UTF-8 at byte 14{fix}")):
         inspect_source(error, str(tmp_path / "c.json"))
     # ~2.2 MB each, "é" two bytes: a 1 MiB head ends inside an "é" in the text file ("a" first: 1 + 2k bytes) and the
     # array ('[{"text": "' is 11 bytes); the JSON line's 1 MiB holds no newline
@@ -758,6 +758,37 @@ def test_invalid_utf8_in_a_head_and_first_records_longer_than_the_head(tmp_path)
         if source.format == "json":  # a record, though not read whole: a remote source's check stops at this file
             assert _check_json_column(source, str(tmp_path / name), error, "data.path", None) is True
         (tmp_path / name).unlink()
+
+
+@pytest.mark.parametrize("name, raw, text_document, where", [
+    # a document a line: the line, and the byte within it (not the file's byte 9)
+    ("a.txt", b"fine\nbad \xff here\n", "line", "line 2: invalid UTF-8 at byte 4"),
+    # a file a document: the file's byte, its byte order mark counted (the driver had dropped it: byte 9)
+    ("b.txt", b"\xef\xbb\xbffine\nbad \xff\n", "file", ": invalid UTF-8 at byte 12"),
+    ("c.txt.gz", gzip.compress(b"fine\nbad \xff\n"), "file", ": invalid UTF-8 at byte 9 of the decompressed text"),
+    # an array: the file's byte, after the blank line and "[" (the driver had said line 1, byte 13)
+    ("d.json", b'\n[{"text": "caf\xe9"}]', "file", ": invalid UTF-8 at byte 15"),
+    # a JSON line: its byte from the line's start, leading blanks counted (the driver had said 13)
+    ("e.jsonl", b'\n  {"text": "caf\xe9"}\n', "file", "line 2: invalid UTF-8 at byte 15"),
+], ids=["text-line", "text-file-bom", "text-file-gz", "json-array", "json-lines"])  # not gzip's bytes: xdist
+def test_the_driver_names_the_invalid_byte_where_the_reader_does(tmp_path, name, raw, text_document, where):
+    """data.invalid_utf8=error: the driver's check of the first MiB is "the readers' one-line error, found here
+    first", so it names the line and byte the reader names for the same file (they differed in session 52)."""
+    import pyarrow.fs as pafs
+
+    from raytrain.data.readers import read_documents
+
+    path = tmp_path / name
+    path.write_bytes(raw)
+    config = DataConfig(invalid_utf8="error", text_document=text_document)
+    with pytest.raises(ConfigError) as driver:
+        inspect_source(config, str(path))
+    fmt = "json" if ".json" in name else "text"
+    with pytest.raises(ConfigError) as reader:
+        list(read_documents({"path": str(path)}, format=fmt, filesystem=pafs.LocalFileSystem(), text_column="text",
+                            text_document=text_document, invalid_utf8="error"))
+    assert str(driver.value) == str(reader.value)
+    assert str(driver.value).startswith(f"{path}{' ' if where.startswith('line') else ''}{where}: fix the file")
 
 
 def test_compressed_text_is_read_through_and_a_file_that_cannot_be_read_gets_a_fix_by_its_name(tmp_path):
