@@ -22,11 +22,21 @@ def test_the_mirrored_deepspeed_code_is_unchanged():
     assert "if i >= int((1 - self.partial_offload) * sub_group_size):" in split
 
 
+def test_the_default_sub_group_size_is_deepspeeds_and_the_first_the_planner_tries():
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    assert zero_layout.DEFAULT_SUB_GROUP_SIZE == DeepSpeedZeroConfig().sub_group_size == 1_000_000_000
+    assert zero_layout.SUB_GROUP_SIZES[0] == zero_layout.DEFAULT_SUB_GROUP_SIZE
+
+
 def test_sub_groups_close_after_the_parameter_that_crosses_the_size():
     assert zero_layout.sub_groups([[4, 4, 4, 4, 3]], world_size=1, sub_group_size=7) == [8, 8, 3]
     assert zero_layout.sub_groups([[4, 4, 4, 4, 3]], world_size=1, sub_group_size=19) == [19]  # fits: one group
     # numbered across param groups; each parameter's partition is ceil(numel / world)
     assert zero_layout.sub_groups([[9, 9], [3]], world_size=2, sub_group_size=5) == [5, 5, 2]
+    # a group no larger than the size is one sub-group before any cutting: a trailing empty parameter (the running
+    # size reaching sub_group_size at the one before it) opens no second, empty sub-group
+    assert zero_layout.sub_groups([[4, 3, 0]], world_size=1, sub_group_size=7) == [7]
 
 
 def test_split_is_deepspeeds_expression_with_its_float_rounding():
@@ -40,6 +50,10 @@ def test_split_is_deepspeeds_expression_with_its_float_rounding():
             assert zero_layout.num_on_gpu(num, ratio) == k and round(ratio, 4) == ratio
     with pytest.raises(ValueError):
         zero_layout.ratio_for(3, 3)
+    # 1 of 30,000 sub-groups on the GPU needs a ratio in (1 - 2/30000, 1 - 1/30000] = (0.99993, 0.99997]: no
+    # 4-decimal number lies there (0.9999 keeps 2 in float, 1.0 none)
+    with pytest.raises(ValueError, match="no 4-decimal ratio keeps 1 of 30000"):
+        zero_layout.ratio_for(30_000, 1)
 
 
 @pytest.mark.parametrize("shape, two_groups, one_group", [
