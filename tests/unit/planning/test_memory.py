@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -13,7 +14,8 @@ from raytrain.config import ConfigError, load_config
 from raytrain.hardware import Target
 from raytrain.model import load_model_config, param_stats
 from raytrain.planning.activations import activation_bytes, decoder_dims, moe_dims
-from raytrain.planning.memory import GIB, check_fits, estimate_memory
+from raytrain.planning.memory import (GIB, check_fits, estimate_memory, fits, gib, have_text, need_text, verdict,
+                                      workers_per_node)
 from raytrain.planning.table import format_plan
 from raytrain.planning.resolve import resolve_run
 from raytrain.run_spec import ClusterShape
@@ -95,7 +97,8 @@ def test_activation_formula_by_hand():
     # checkpointing: each layer keeps its input (2*64) and one layer is recomputed: 2*128 + 2576 + 512 + 1200
     assert activation_bytes(cfg, 2, 16, 2, checkpointing=True) == 32 * 4544
     # eager attention adds the fp32 probabilities and their bf16 cast: heads x seq_len x (4 + 2) per token and layer
-    assert activation_bytes(cfg, 2, 16, 2, checkpointing=False, attn_implementation="eager") == 32 * (6864 + 2 * 4 * 16 * 6)
+    assert activation_bytes(cfg, 2, 16, 2, checkpointing=False, attn_implementation="eager") == 32 * (
+        6864 + 2 * 4 * 16 * 6)
     # Liger: no logits; RMSNorm keeps its input and output (2*2*64), the MLP gate, up, product (3*2*128)
     assert activation_bytes(cfg, 2, 16, 2, checkpointing=False, liger_kernel="loss") == 32 * (6864 - 1200)
     assert activation_bytes(cfg, 2, 16, 2, checkpointing=False, liger_kernel="all") == 32 * (
@@ -221,6 +224,129 @@ def test_cpu_runs_plan_against_host_ram():
     with pytest.raises(ConfigError, match=r"host RAM per node \(2 workers x"):
         check_fits(estimate_memory(resolved, Target(host_memory_bytes=GIB)))
     assert "no offload" in format_plan(plan) and "offload optimizer" not in format_plan(plan)
+
+
+def test_options_are_the_offloads_deepspeed_makes_at_each_stage_and_the_configured_one(llama7b_stats):
+    def rows(plan):
+        return [(o.offload, o.gradient_checkpointing) for o in plan.options]
+
+    each = [False, True]  # every offload without, then with gradient checkpointing
+    assert rows(plan_7b(llama7b_stats, zero={"stage": 0})) == [("none", c) for c in each]
+    # optimizer offload from stage 1, parameter offload only at stage 3
+    assert rows(plan_7b(llama7b_stats, zero={"stage": 1})) == [(o, c) for o in ("none", "optimizer") for c in each]
+    assert rows(plan_7b(llama7b_stats)) == [(o, c) for o in ("none", "optimizer", "param+optimizer") for c in each]
+    # an optimizer offload written at stage 0 still gets its row (the configured one); DeepSpeed ignores it there
+    # (no ZeRO optimizer), so the row needs what no offload needs
+    plan = plan_7b(llama7b_stats, zero={"stage": 0, "offload_optimizer": {"device": "cpu"}})
+    assert rows(plan) == [(o, c) for o in ("none", "optimizer") for c in each]
+    assert plan.configured.offload == "optimizer" and not plan.configured.gradient_checkpointing
+    assert plan.configured.worker_bytes == plan.options[0].worker_bytes
+
+
+def test_option_settings_are_the_overrides_that_select_it(llama7b_stats):
+    opt, param = "deepspeed.zero_optimization.offload_optimizer.", "deepspeed.zero_optimization.offload_param."
+    by_option = {(o.offload, o.gradient_checkpointing): o.settings for o in plan_7b(
+        llama7b_stats, zero={"offload_optimizer": {"device": "cpu", "ratio": 0.25}}).options}
+    assert by_option["none", False] == [] and by_option["none", True] == ["model.gradient_checkpointing=true"]
+    # the configured ratio goes with every optimizer offload; parameter offload after it
+    assert by_option["optimizer", False] == [f"{opt}device=cpu", f"{opt}ratio=0.25"]
+    assert by_option["param+optimizer", True] == [f"{opt}device=cpu", f"{opt}ratio=0.25", f"{param}device=cpu",
+                                                  "model.gradient_checkpointing=true"]
+    # ratio 1.0 (DeepSpeed's default: the whole optimizer) is not written
+    whole = plan_7b(llama7b_stats, zero={"offload_optimizer": {"device": "cpu", "ratio": 1.0}}).configured
+    assert whole.settings == [f"{opt}device=cpu"]
+
+
+def test_workers_per_node_are_the_targets_else_the_clusters_else_assumed():
+    def per_node(target, **cluster):
+        return workers_per_node(target, SimpleNamespace(cluster=ClusterShape(**cluster)))
+
+    # the target's node size wins over the cluster's, and a node holds at most the world
+    assert per_node(Target(gpus_per_node=4), num_workers=16, use_gpu=True, gpus_per_node=8) == (4, False)
+    assert per_node(Target(), num_workers=16, use_gpu=True, gpus_per_node=2) == (2, False)
+    assert per_node(Target(gpus_per_node=8), num_workers=2, use_gpu=True) == (2, False)
+    # unknown: full nodes of 8 GPUs, or every CPU worker on one node
+    assert per_node(Target(), num_workers=16, use_gpu=True) == (8, True)
+    assert per_node(Target(), num_workers=3, use_gpu=True) == (3, True)
+    assert per_node(Target(), num_workers=12, use_gpu=False) == (12, True)
+
+
+def test_num_nodes_rounds_up(llama7b_stats):
+    plan = plan_7b(llama7b_stats, world=12)  # 8 GPUs a node: one full node and one of 4
+    assert (plan.workers_per_node, plan.num_nodes) == (8, 2)
+
+
+def test_fits_at_exactly_the_usable_memory_and_not_a_byte_more(llama7b_stats):
+    # 10 GiB less the 10% reserve: 9 GiB usable, of the GPU and of the node
+    option = replace(plan_7b(llama7b_stats).configured, worker_bytes=9 * GIB, host_bytes_per_node=9 * GIB)
+    assert fits(option, 10 * GIB, 10 * GIB, use_gpu=True) is True
+    assert fits(replace(option, worker_bytes=9 * GIB + 1), 10 * GIB, 10 * GIB, use_gpu=True) is False
+    assert fits(replace(option, host_bytes_per_node=9 * GIB + 1), 10 * GIB, 10 * GIB, use_gpu=True) is False
+    # a CPU run has no GPU limit; an unknown limit is not checked
+    assert fits(replace(option, worker_bytes=9 * GIB + 1), 10 * GIB, 10 * GIB, use_gpu=False) is True
+    assert fits(replace(option, worker_bytes=10**15, host_bytes_per_node=10**15), None, None, use_gpu=True) is True
+
+
+def test_refusal_tries_checkpointing_then_optimizer_offload_before_parameter_offload(llama7b_stats):
+    # 7B on one GPU, micro-batch 2, 32 GiB (28.8 usable): parameter offload without checkpointing (25.1 GiB) fits,
+    # but optimizer offload with checkpointing (16.4) is tried first: CPU Adam costs less than moving every layer
+    plan = plan_7b(llama7b_stats, world=1, overrides=["training.micro_batch_size_per_gpu=2"], gpu_gib=32,
+                   host_gib=2000)
+    by_option = {(o.offload, o.gradient_checkpointing): o for o in plan.options}
+    assert by_option["param+optimizer", False].worker_bytes < 28.8 * GIB < by_option["optimizer", False].worker_bytes
+    with pytest.raises(ConfigError) as e:
+        check_fits(plan)
+    suggested = need_text(True, 1, by_option["optimizer", True])
+    assert (" with deepspeed.zero_optimization.offload_optimizer.device=cpu model.gradient_checkpointing=true: "
+            f"{suggested} ") in str(e.value)
+    # configured with optimizer offload (8 GPUs, micro-batch 8, 80 GiB): checkpointing with the offload kept, never
+    # the settings it has turned off (no offload with checkpointing would fit too, at 26.4 GiB)
+    plan = plan_7b(llama7b_stats, zero={"offload_optimizer": {"device": "cpu"}}, gpu_gib=80, host_gib=2000,
+                   overrides=["training.micro_batch_size_per_gpu=8"])
+    by_option = {(o.offload, o.gradient_checkpointing): o for o in plan.options}
+    assert by_option["none", True].worker_bytes < 72 * GIB < plan.configured.worker_bytes
+    with pytest.raises(ConfigError) as e:
+        check_fits(plan)
+    assert f"; with model.gradient_checkpointing=true: {need_text(True, 8, by_option['optimizer', True])} " in str(
+        e.value)
+
+
+def test_on_cpu_the_refusal_names_only_checkpointing_and_then_gpus(llama7b_stats):
+    # 8 CPU workers: 276.6 GiB a node without checkpointing, 237.4 with; offload does nothing on a CPU, so its rows
+    # (the same bytes) are never suggested
+    plan = plan_7b(llama7b_stats, use_gpu=False, host_gib=290)  # 261 usable
+    with pytest.raises(ConfigError, match=r"; with model\.gradient_checkpointing=true: \d+\.\d GiB host RAM") as e:
+        check_fits(plan)
+    assert "offload" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"no offload or checkpointing setting makes it fit: .* or train on GPUs "
+                                          r"\(scaling\.use_gpu=true\)$"):
+        check_fits(plan_7b(llama7b_stats, use_gpu=False, host_gib=200))
+
+
+def test_verdict_names_what_was_checked_and_what_is_unknown(llama7b_stats):
+    def need(plan):
+        return need_text(plan.use_gpu, plan.workers_per_node, plan.configured)
+
+    # usable: 141 GiB x 0.9 = 126.9 of a GPU, 2000 GiB x 0.9 = 1800 of a node
+    gpus, nodes = "the GPUs have 141.0 GiB, 126.9 GiB usable", "the nodes have 2000.0 GiB RAM, 1800.0 GiB usable"
+    plan = plan_7b(llama7b_stats, gpu_gib=141, host_gib=2000)
+    assert verdict(plan) == f"memory: fits: this run needs {need(plan)} ({gpus}; {nodes})"
+    plan = plan_7b(llama7b_stats, gpu_gib=141)
+    assert verdict(plan) == f"memory: fits: this run needs {need(plan)} ({gpus}; host RAM unknown, not checked)"
+    plan = plan_7b(llama7b_stats, host_gib=2000)
+    assert verdict(plan) == f"memory: fits: this run needs {need(plan)} ({nodes}; GPU memory unknown, not checked)"
+    plan = plan_7b(llama7b_stats)
+    assert verdict(plan) == ("memory: not checked, the target's GPU memory and host RAM unknown; this run needs "
+                             f"{need(plan)}")
+    # on CPUs the GPU memory is not a limit, known or not
+    plan = plan_7b(llama7b_stats, use_gpu=False, gpu_gib=141, host_gib=2000)
+    assert verdict(plan) == f"memory: fits: this run needs {need(plan)} ({nodes})"
+    assert have_text(False, 141 * GIB, None) == ""
+
+
+def test_gib_switches_to_mib_below_one_gib():
+    sizes = [GIB, 1.5 * GIB, GIB - 2**20, 512 * 2**20]
+    assert [gib(n) for n in sizes] == ["1.0 GiB", "1.5 GiB", "1023 MiB", "512 MiB"]
 
 
 def run_plan(*args):
