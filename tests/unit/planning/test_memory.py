@@ -3,6 +3,7 @@ refusals, the command line."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -349,6 +350,105 @@ def test_gib_switches_to_mib_below_one_gib():
     assert [gib(n) for n in sizes] == ["1.0 GiB", "1.5 GiB", "1023 MiB", "512 MiB"]
 
 
+def cells(line):
+    """A table line's cells: its columns are two or more spaces apart."""
+    return re.split(r" {2,}", line.strip())
+
+
+def test_the_table_of_a_gpu_plan_with_a_ratio_and_a_capped_gpu(llama7b_stats):
+    plan = plan_7b(llama7b_stats, world=1, zero={"offload_optimizer": {"device": "cpu", "ratio": 0.5}}, gpu_gib=80,
+                   host_gib=512, overrides=["scaling.gpu_memory_fraction=0.95"])
+    lines = format_plan(plan).splitlines()
+    # 80 GiB x 0.95 = 76 GiB planned, 68.4 usable; 512 x 0.9 = 460.8 GiB of host RAM usable
+    assert lines[:6] == [
+        "model       Llama, 6,738,415,616 parameters (largest layer 131,072,000), bf16, ZeRO-3, fp32 master weights "
+        "and Adam moments",
+        "cluster     1 GPU workers = 1 node(s) x 1",
+        "batch       train_batch_size 1 = micro-batch 1 x gradient_accumulation_steps 1 x world size 1; seq_len 2048 "
+        "(2,048 tokens per step)",
+        "target      76.0 GiB per GPU, scaling.gpu_memory_fraction=0.95 (68.4 GiB usable), 512.0 GiB host RAM per node "
+        "(460.8 GiB usable)",
+        "",
+        "model states per GPU (ZeRO-3 over 1)   on GPU      in host RAM per node"]
+    states = plan.model_states
+    assert [cells(line) for line in lines[6:9]] == [
+        [label, gib(states[offload][0]), gib(states[offload][1])] for label, offload in (
+            ("no offload", "none"), ("offload optimizer to cpu", "optimizer"),
+            ("offload param+optimizer to cpu", "param+optimizer"))]
+    assert lines[9] == "activations per GPU (micro-batch 1 x seq_len 2048)"
+    assert [cells(line) for line in lines[10:12]] == [["no checkpointing", gib(plan.activations[False])],
+                                                      ["gradient checkpointing", gib(plan.activations[True])]]
+    assert lines[12] == ""
+    assert lines[13] == ("peak (states + working set + activations)       per GPU     host per node  fits   (ratio: "
+                         "the offloaded fraction of sub-groups; in brackets, the parameters whose states are on the "
+                         "host)")
+    # the decayed weights cut at 1e9 elements (closing after the parameter that crosses it) make 7 sub-groups, the
+    # norms an 8th; ratio 0.5 keeps int(0.5 x 8) = 4 on the GPU and puts the last 4 on the host: two of 1,011,875,840,
+    # the last layers' and lm_head's 671,088,640 and the norms' 266,240: 2.70B parameters
+    ratio = "offload optimizer, ratio 0.50 (2.70B)"
+    labels = ["no offload", "no offload, checkpointing", ratio, f"{ratio}, checkpointing", "offload param+optimizer",
+              "offload param+optimizer, checkpointing"]
+    fit = ["yes" if o.worker_bytes <= 68.4 * GIB and o.host_bytes_per_node <= 460.8 * GIB else "no"
+           for o in plan.options]
+    assert "yes" in fit and "no" in fit  # parameter offload with checkpointing alone fits the capped GPU
+    assert [cells(line) for line in lines[14:]] == [
+        [label, gib(o.worker_bytes), gib(o.host_bytes_per_node), f] + (["<- configured"] if o.configured else [])
+        for label, o, f in zip(labels, plan.options, fit)]
+
+
+def test_the_table_of_a_cpu_plan_without_a_target(llama7b_stats):
+    plan = plan_7b(llama7b_stats, use_gpu=False)
+    lines = format_plan(plan).splitlines()
+    assert lines[1] == "cluster     8 CPU workers = 1 node(s) x 8"
+    assert lines[3] == "target      host RAM unknown (pass --host-memory-gib)"
+    # on CPUs only the rows without offload (offload does nothing there), the states all in host RAM
+    assert [lines[5], cells(lines[6]), lines[7]] == ["model states per worker (ZeRO-3 over 8)   in host RAM",
+                                                     ["no offload", gib(sum(plan.model_states["none"]))],
+                                                     "activations per worker (micro-batch 1 x seq_len 2048)"]
+    assert lines[11] == "peak (states + working set + activations)       per worker  host per node  fits"
+    # nothing known, nothing judged
+    none, ckpt = plan.options[:2]
+    assert [cells(line) for line in lines[12:]] == [
+        ["no offload", gib(none.worker_bytes), gib(none.host_bytes_per_node), "?", "<- configured"],
+        ["no offload, checkpointing", gib(ckpt.worker_bytes), gib(ckpt.host_bytes_per_node), "?"]]
+
+
+def test_the_table_names_the_offload_devices_an_assumed_node_size_and_judges_the_known_limit(llama7b_stats):
+    # 16 GPUs, 8 a node; parameters to the CPU and the optimizer to NVMe; only the host RAM known (1800 GiB usable)
+    plan = plan_7b(llama7b_stats, world=16, host_gib=2000, zero={
+        "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme"}})
+    lines = format_plan(plan).splitlines()
+    assert lines[1] == "cluster     16 GPU workers = 2 node(s) x 8"
+    assert lines[3] == ("target      GPU memory unknown (pass --gpu-memory-gib), 2000.0 GiB host RAM per node "
+                        "(1800.0 GiB usable)")
+    # the host column of the model states is per node: 8 workers' host-side states
+    assert [cells(line) for line in lines[6:9]] == [
+        [label, gib(plan.model_states[offload][0]), gib(8 * plan.model_states[offload][1])] for label, offload in (
+            ("no offload", "none"), ("offload optimizer to nvme", "optimizer"),
+            ("offload param+optimizer to cpu (param), nvme (optimizer)", "param+optimizer"))]
+    assert lines[13].endswith("host per node  fits")  # no ratio below 1: no ratio note
+    fit = ["yes" if o.host_bytes_per_node <= 1800 * GIB else "no" for o in plan.options]
+    assert [cells(line)[0] for line in lines[14:]] == [
+        "no offload", "no offload, checkpointing", "offload optimizer", "offload optimizer, checkpointing",
+        "offload param+optimizer", "offload param+optimizer, checkpointing"]
+    assert [cells(line)[3] for line in lines[14:]] == fit == ["yes"] * 6
+    # a node size assumed (none given): said where it makes more than one node
+    assumed = format_plan(replace(plan, workers_per_node_assumed=True)).splitlines()[1]
+    assert assumed == "cluster     16 GPU workers = 2 node(s) x 8 (assumed: pass --gpus-per-node)"
+    one_node = replace(plan_7b(llama7b_stats), workers_per_node_assumed=True)
+    assert format_plan(one_node).splitlines()[1] == "cluster     8 GPU workers = 1 node(s) x 8"
+
+
+@pytest.mark.parametrize("overrides, states", [
+    ([], "fp32 master weights and Adam moments"),
+    (["deepspeed.bf16.bf16_master_weights_and_grads=true"], "bf16 master weights, fp32 Adam moments"),
+    (["deepspeed.bf16.bf16_master_weights_and_grads=true", "deepspeed.bf16.bf16_optimizer_states=true"],
+     "bf16 master weights and optimizer states")])
+def test_the_table_names_the_dtype_of_the_optimizer_states(llama7b_stats, overrides, states):
+    plan = plan_7b(llama7b_stats, zero={"offload_optimizer": {"device": "cpu"}}, overrides=overrides)
+    assert format_plan(plan).splitlines()[0].endswith(f", bf16, ZeRO-3, {states}")
+
+
 def run_plan(*args):
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)  # the flags describe the target; no Ray cluster is consulted
@@ -404,7 +504,7 @@ def test_nvme_offload_holds_swap_buffers_in_host_ram_not_the_states(llama7b_stat
     assert nvme.model_states["optimizer"][1] == 2**31 + 2**34 + 4 * 842_268_672
     # parameters on NVMe with max_in_cpu 0: only the 5 x 1e8 bf16 swap buffers (1 GB -> a 1 GiB block)
     assert nvme.model_states["param+optimizer"][1] == nvme.model_states["optimizer"][1] + 2**30
-    assert "offload optimizer to nvme" in format_plan(nvme)
+    assert "offload optimizer to nvme" in format_plan(nvme) and "offload param+optimizer to nvme " in format_plan(nvme)
 
 
 def test_zero_1_and_2_partition_only_what_their_stage_partitions(llama7b_stats):
