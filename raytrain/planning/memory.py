@@ -185,14 +185,20 @@ def check_fits(plan: MemoryPlan) -> None:
     need = need_text(plan.use_gpu, plan.workers_per_node, current)
     have = have_text(plan.use_gpu, gpu_mem_bytes, host_mem_bytes)
     rank = {"none": 0, "optimizer": 1, "param+optimizer": 2}
-    candidates = sorted(
-        (o for o in plan.options
-         if rank[o.offload] >= rank[current.offload] and o.gradient_checkpointing >= current.gradient_checkpointing
-         and o is not current and (plan.use_gpu or o.offload == current.offload)),
-        key=lambda o: (rank[o.offload], o.gradient_checkpointing))
+    others = [o for o in plan.options if o.gradient_checkpointing >= current.gradient_checkpointing
+              and o is not current and (plan.use_gpu or o.offload == current.offload)]
+    # More offload or checkpointing frees GPU memory, the cheapest first. Where none fits, less offload:
+    # the host RAM may be the limit (pinned optimizer states at 12-16 bytes a parameter), the nearest first.
+    candidates = (sorted((o for o in others if rank[o.offload] >= rank[current.offload]),
+                         key=lambda o: (rank[o.offload], o.gradient_checkpointing))
+                  + sorted((o for o in others if rank[o.offload] < rank[current.offload]),
+                           key=lambda o: (-rank[o.offload], o.gradient_checkpointing)))
     for option in candidates:
         if fits(option, gpu_mem_bytes, host_mem_bytes, plan.use_gpu):
-            changes = [s for s in option.settings if s not in current.settings]
+            changes = [s for s in option.settings if s not in current.settings] + [
+                f"deepspeed.zero_optimization.{which}.device=none" for which, was, now in (
+                    ("offload_optimizer", current.setting.offload_optimizer, option.setting.offload_optimizer),
+                    ("offload_param", current.setting.offload_param, option.setting.offload_param)) if was and not now]
             raise DoesNotFit(f"this run needs {need} ({have}); with {' '.join(changes)}: "
                              f"{need_text(plan.use_gpu, plan.workers_per_node, option)} "
                              f"(python -m raytrain.tools.plan shows every option)", plan)
