@@ -300,7 +300,7 @@ CLASSES: dict[str, list[tuple[list[str], str]]] = {
         (["data.path=FILES/body.jsonl"], "data.text_column='text' is not a key of the records in FILES/body.jsonl"),
         (["data.path=FILES/number.jsonl"], "data.text_column='text' holds int values in FILES/number.jsonl line 1"),
         (["data.path=FILES/array.json"], "data.text_column='text' is not a key of the records in FILES/array.json"),
-        (["data.path=FILES/bad_utf8.txt", "data.invalid_utf8=error"], "FILES/bad_utf8.txt line 2: invalid UTF-8"),
+        (["data.path=FILES/bad_utf8.txt", "data.invalid_utf8=error"], "FILES/bad_utf8.txt: invalid UTF-8 at byte 9"),
     ],
 }
 
