@@ -19,6 +19,40 @@ def test_defaults_build_a_complete_tree():
     assert RunConfig.from_dict(cfg.to_dict()) == cfg  # what workers rebuild is what the driver had
 
 
+def test_the_defaults_are_the_documented_ones():
+    """What a run gets from no config at all, against where each default is stated."""
+    cfg = load_config()
+    expected = {
+        # configs/default-cpu.yaml: "The embedded default, written out" (test_configs.py ties the two together)
+        "model.gradient_checkpointing": False, "data.tokenize_batch_size": 256, "data.num_builtin_documents": 4000,
+        "training.max_steps": 80, "training.min_lr_ratio": 0.1, "training.weight_decay": 0.1,
+        "training.gradient_clipping": 1.0, "training.seed": 1234, "training.log_every_n_steps": 5,
+        "scaling.cpus_per_worker": 1.0, "checkpoint.every_n_steps": 0, "checkpoint.num_to_keep": 2,
+        "checkpoint.max_failures": 3,
+        # README: "data.progress_every_s seconds (default 30; 0: off)", "tracking.tensorboard (default true)";
+        # docs/benchmarks.md: "data.prefetch_batches (default 4)", model.compile "is off by default"
+        "data.progress_every_s": 30.0, "tracking.tensorboard": True, "data.prefetch_batches": 4, "model.compile": False,
+        # the two values README's elastic example writes out
+        "scaling.replacement_timeout_s": 120.0, "scaling.resize_interval_s": 300.0,
+        # opt-ins that README and the docstrings turn on with =true: loading weights, running the hub's code
+        # (only for repos you trust), FP8 (rounds more than bf16), a hash per row, a second local copy, a
+        # preflight before training; NCCL's environment is derived per node unless turned off
+        "model.pretrained": False, "model.trust_remote_code": False, "model.fp8": False, "data.sample_log": False,
+        "checkpoint.upload_async": False, "network.preflight": False, "network.auto_configure": True,
+        # "0: no shuffle" and "0: only after the last one" in their docstrings
+        "data.shuffle_buffer_size": 0, "data.eval_every_n_steps": 0,
+        # the docstring: "Dense bf16 peak of one GPU, for MFU (989 for H100/H200 SXM)"; the betas are the Llama
+        # pretraining recipe's, eps torch's AdamW default; eval_max_batches is stated nowhere else (pinned: a
+        # change is a decision)
+        "training.peak_tflops_per_gpu": 989.0, "training.adam_betas": [0.9, 0.95], "training.adam_epsilon": 1e-8,
+        "data.eval_max_batches": 8}
+    assert {key: functools.reduce(getattr, key.split("."), cfg) for key in expected} == expected
+    # default-cpu.yaml's deepspeed section: contiguous gradient buckets, no DeepSpeed timers (they add syncs),
+    # DeepSpeed's own progress print every 10^9 steps, never ("raytrain prints its own progress line")
+    assert cfg.deepspeed["zero_optimization"]["contiguous_gradients"] is True
+    assert (cfg.deepspeed["wall_clock_breakdown"], cfg.deepspeed["steps_per_print"]) == (False, 1_000_000_000)
+
+
 def test_command_line_beats_file_beats_defaults(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("training:\n  max_steps: 7\n  learning_rate: 0.01\nscaling:\n  num_workers: 4\n")
@@ -95,6 +129,19 @@ def test_deepspeed_key_override_edits_the_default_config():
     assert cfg.deepspeed == {**load_config().deepspeed, "gradient_clipping": 0.5}
     cfg = load_config(None, ['deepspeed.zero_optimization={"stage": 2}'])  # a section of it given whole
     assert cfg.deepspeed["zero_optimization"] == {"stage": 2} and cfg.deepspeed["train_batch_size"] == "auto"
+
+
+def test_a_network_env_name_outside_nccls_families_gets_a_suggestion_only_where_one_is_close():
+    for name, suggestion in [("FOO", ""), ("NCLL_DEBUG", "; did you mean NCCL_DEBUG?")]:  # a typo of NCCL's name
+        with pytest.raises(ConfigError) as e:
+            load_config(None, [f"network.env.{name}=1"])
+        assert str(e.value) == (f"network.env.{name}: only NCCL_*, GLOO_*, FI_* variables belong here; set others "
+                                f"through Ray's runtime_env{suggestion}")
+    with pytest.raises(ConfigError, match=r"^network.env.NCCL_IB_HCAA: NCCL reads no such variable \(it would be "
+                                          r"ignored\); did you mean NCCL_IB_HCA\? \(raytrain knows NCCL's variables"):
+        load_config(None, ["network.env.NCCL_IB_HCAA=mlx5_0"])
+    # an NCCL_ name close to none that NCCL reads is let through: a newer NCCL's (the workers' lines note it)
+    assert load_config(None, ["network.env.NCCL_SOMETHING_NEW=1"]).network.env == {"NCCL_SOMETHING_NEW": "1"}
 
 
 def test_an_override_inside_a_value_is_refused():
@@ -259,6 +306,38 @@ def test_every_section_refuses_bad_values_when_built_directly():
     assert ClusterConfig(address="[::1]:6379").address == "[::1]:6379"
 
 
+def test_each_range_takes_its_ends_and_refuses_just_past_them():
+    # the lowest (or highest) value each declared range allows, with its meaning in config.py's docstrings: 0 is
+    # "read on the training thread", "never", "shrink at once"; a min_lr_ratio of 1 keeps the peak; one path in a list
+    ends = {"data.tokenize_batch_size": 1, "data.tokenize_concurrency": 1, "data.num_shards": 1,
+            "data.prefetch_batches": 0, "data.num_builtin_documents": 1, "data.eval_max_batches": 1,
+            "data.progress_every_s": 0.0, "data.path": ["a.txt"], "data.eval_path": ["b.txt"],
+            "training.micro_batch_size_per_gpu": 1, "training.gradient_accumulation_steps": 1,
+            "training.min_lr_ratio": 1.0, "training.adam_betas": [0.0, 0.999], "training.seed": 0,
+            "training.log_every_n_steps": 1, "training.peak_tflops_per_gpu": 0.5, "scaling.num_workers": 1,
+            "scaling.replacement_timeout_s": 0.0, "scaling.resize_interval_s": 0.0, "scaling.gpu_memory_fraction": 1.0,
+            "checkpoint.num_to_keep": 1, "cluster.num_cpus": 1}
+    cfg = load_config(None, values=ends)
+    assert {key: functools.reduce(getattr, key.split("."), cfg) for key in ends} == ends
+    for key, value, message in [
+            ("data.tokenize_batch_size", 0, "an integer >= 1"), ("data.num_builtin_documents", 0, "an integer >= 1"),
+            ("data.prefetch_batches", -1, "an integer >= 0"), ("data.progress_every_s", -1.0, "a number >= 0"),
+            ("data.eval_fraction", 1.0, "a number in [0, 1)"),  # 1 would hold out every document
+            ("training.min_lr_ratio", 1.5, "a number in [0, 1]"), ("training.seed", -1, "an integer >= 0"),
+            ("training.adam_betas", [0.9], "a list of 2 numbers in [0, 1)"),
+            ("training.adam_betas", [0.9, 0.95, 0.99], "a list of 2 numbers in [0, 1)"),
+            ("training.peak_tflops_per_gpu", 0.0, "a number > 0"),
+            ("scaling.gpu_memory_fraction", 0.0, "a number in (0, 1] or null"),
+            ("scaling.gpu_memory_fraction", 1.5, "a number in (0, 1] or null"),
+            ("checkpoint.num_to_keep", 0, "an integer >= 1")]:
+        with pytest.raises(ConfigError) as e:
+            load_config(None, values={key: value})
+        assert str(e.value).startswith(f"{key} must be {message}, got ") and str(e.value).endswith(repr(value)), \
+            str(e.value)
+    with pytest.raises(ConfigError, match=r"^training.adam_betas\[0\] must be a number in \[0, 1\), got 1.0$"):
+        load_config(None, values={"training.adam_betas": [1.0, 0.95]})
+
+
 def test_workers_rebuild_the_config_from_plain_data():
     cfg = load_config(None, ["training.max_steps=7", "network.env.NCCL_DEBUG=INFO", "data.path=[a, b]"])
     data = json.loads(json.dumps(cfg.to_dict()))  # as Ray ships it
@@ -266,6 +345,10 @@ def test_workers_rebuild_the_config_from_plain_data():
     assert again == cfg and again.data.path == ["a", "b"] and again.network.env == {"NCCL_DEBUG": "INFO"}
     with pytest.raises(ConfigError, match="training.max_steps must be an integer >= 1, got str '7'"):
         RunConfig.from_dict({**data, "training": {**data["training"], "max_steps": "7"}})
+    with pytest.raises(ConfigError, match=r"^data.eval_path and data.eval_fraction are both set: "):
+        RunConfig.from_dict({**data, "data": {**data["data"], "eval_fraction": 0.1, "eval_path": "held_out.txt"}})
+    with pytest.raises(ConfigError, match=r"^the run config must be a mapping of sections, got list$"):
+        RunConfig.from_dict([data])  # unchecked, pydantic's error names no field and one_line raised IndexError
 
 
 @pytest.mark.parametrize("key", ["model.name_or_path", "model.tokenizer", "data.path", "data.eval_path", "data.hf_split",
@@ -292,6 +375,16 @@ def test_a_key_given_twice_on_the_command_line_is_refused():
         load_config(None, ["checkpoint.resume_from=a"], values={"checkpoint.resume_from": "b"}, command_line=True)
     # lists composed in code (a benchmark's base plus its --set) refine: the later one wins
     assert load_config(None, ["training.max_steps=20", "training.max_steps=30"]).training.max_steps == 30
+
+
+def test_with_overrides_and_with_deepspeed_make_new_configs():
+    cfg = load_config(None, ["training.max_steps=7"])
+    again = cfg.with_overrides(["scaling.use_gpu=true", "training.max_steps=9", "training.max_steps=11"])
+    # a list composed in code (raytrain.driver.checks adds scaling.use_gpu=true): the later value wins
+    assert (again.scaling.use_gpu, again.training.max_steps, again.training.warmup_steps) == (True, 11, 10)
+    assert (cfg.scaling.use_gpu, cfg.training.max_steps) == (None, 7)  # "this one is unchanged"
+    resolved = cfg.with_deepspeed({"train_batch_size": 8})  # what raytrain.planning.resolve hands on
+    assert resolved.deepspeed == {"train_batch_size": 8} and resolved.training == cfg.training
 
 
 def test_a_section_given_whole_is_applied_before_its_dotted_keys(tmp_path):
@@ -587,6 +680,9 @@ def test_wrong_argument_kinds_in_the_python_api_are_a_type_error_naming_the_argu
                                                      "raytrain.load_config), got dict; for a mapping of sections: "
                                                      "raytrain.RunConfig.from_dict(mapping)"),
             (lambda: raytrain.fit("run.yaml"), "got str; for a YAML file: raytrain.load_config(path)"),
+            (lambda: raytrain.fit(type("RunConfig", (), {})()),  # named like Ray Train's own (not imported: ~7 s)
+             "RunConfig; raytrain's comes from raytrain.load_config (Ray's name, storage_path, failure and "
+             "checkpoint settings are its checkpoint section)"),
             (lambda: raytrain.fit(load_config(), fresh="yes"), "raytrain.fit: fresh must be True or False, got str")]:
         with pytest.raises(TypeError) as e:
             call()
