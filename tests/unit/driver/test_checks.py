@@ -15,8 +15,11 @@ from raytrain import hardware
 from raytrain.checkpoint import layout
 from raytrain.config import ConfigError, DataConfig, load_config
 from raytrain.data.sources import inspect_sources
-from raytrain.driver.checks import (check_placement, check_storage_outside_data, check_writable_dir, dry_run_target,
-                                    idle_settings, resolve_before_ray)
+from raytrain.driver.checks import (_dir_bytes, _local_gpus, check_before_ray, check_dry_run_placement,
+                                    check_local_placement, check_memory, check_placement, check_ray_address,
+                                    check_storage_outside_data, check_writable_dir, dry_run_target, idle_settings,
+                                    local_cluster_cpus, plans_local_cluster, resolve_before_ray, tightest,
+                                    worker_bundle, zero_stage_note)
 from raytrain.driver.cluster import (_plain_worker_prefixes, check_storage_shared, probe_node, runs_workers, sees_file,
                                      storage_marker, with_addable_nodes)
 from raytrain.main import main
@@ -31,6 +34,15 @@ def test_a_storage_path_is_checked_without_being_created(tmp_path):
         check_writable_dir(str(tmp_path / "f"), "checkpoint.storage_path")
     with pytest.raises(ConfigError, match=r"checkpoint.storage_path=.*f/runs: .*f, on its path, is a file"):
         check_writable_dir(str(tmp_path / "f" / "runs"), "checkpoint.storage_path")
+    with pytest.raises(ConfigError, match=r"^checkpoint.storage_path=s3:/bucket/runs: a URI takes two slashes after "
+                                          r"its scheme: write s3://bucket/runs \(or ./s3:/bucket/runs for a local"):
+        check_writable_dir("s3:/bucket/runs", "checkpoint.storage_path")
+    # /proc/1 refuses writes even to root (a chmod 555 directory would not: root writes anywhere)
+    assert not os.access("/proc/1", os.W_OK)
+    with pytest.raises(ConfigError, match=r"^k=/proc/1: it is not writable: choose a writable directory or a cloud"):
+        check_writable_dir("/proc/1", "k")
+    with pytest.raises(ConfigError, match=r"^k=/proc/1/runs: it cannot be created \(/proc/1 is not writable\): "):
+        check_writable_dir("/proc/1/runs", "k")
 
 
 def test_an_azure_scheme_pyarrow_cannot_open_is_refused_naming_abfs():
@@ -46,6 +58,9 @@ def test_an_azure_scheme_pyarrow_cannot_open_is_refused_naming_abfs():
     with pytest.raises(ConfigError, match=r"^checkpoint.storage_path=abfs://raytrain@acct.dfs.core.windows.net/runs: "
                                           r"cannot reach it \("):  # a scheme pyarrow knows: probed, not refused
         check_writable_dir("abfs://raytrain@acct.dfs.core.windows.net/runs", "checkpoint.storage_path")
+    # local:// is pyarrow's too, though not in raytrain's list: its own complaint (a host name) is quoted
+    with pytest.raises(ConfigError, match=r"^k=local://x: cannot reach it \(Unsupported hostname in non-Windows"):
+        check_writable_dir("local://x", "k")
 
 
 @pytest.fixture
@@ -112,7 +127,8 @@ def test_storage_inside_data_is_compared_resolved_and_by_uri(tmp_path, monkeypat
     refused = [("s3://bucket/data/runs", None, DataConfig(path="s3://bucket/data/")),
                ("gcs://bucket/data/runs", None, DataConfig(path=["gs://bucket/data"])),
                ("./data/../data", None, DataConfig(path="link")),  # the same directory, through a link
-               ("data/runs", "r1", DataConfig(path="data/runs/r1"))]  # the run's own directory
+               ("data/runs", "r1", DataConfig(path="data/runs/r1")),  # the run's own directory
+               (f"file://{tmp_path}/data/runs", None, DataConfig(path="data"))]  # file:// is a local path
     for storage, name, data in refused:
         with pytest.raises(ConfigError, match="^checkpoint.storage_path=.*: the run's checkpoints, logs and summaries "
                                               "would be read as (training|eval) data: move checkpoint.storage_path "
@@ -122,6 +138,13 @@ def test_storage_inside_data_is_compared_resolved_and_by_uri(tmp_path, monkeypat
                                           f"checkpoint.name='r1' puts the run's directory at data.path=data/runs/r1 "
                                           f"\\({tmp_path / 'data' / 'runs' / 'r1'}\\): "):
         check_storage_outside_data("data/runs", "r1", DataConfig(path="data/runs/r1"))
+    with pytest.raises(ConfigError) as e:  # a URI is named as written, not as its normalized key
+        check_storage_outside_data("s3://bucket/data/runs", None, DataConfig(path="s3://bucket/data/"))
+    assert str(e.value).startswith("checkpoint.storage_path=s3://bucket/data/runs is inside data.path=s3://bucket/"
+                                   "data/: "), str(e.value)
+    data = os.path.realpath(tmp_path / "data")  # a path given resolved is not repeated in parentheses
+    with pytest.raises(ConfigError, match=f"^checkpoint.storage_path={data}/runs is inside data.path={data}: "):
+        check_storage_outside_data(f"{data}/runs", None, DataConfig(path=data))
     elsewhere = os.path.realpath(os.path.expanduser("~/elsewhere"))
     with pytest.raises(ConfigError, match=f"^checkpoint.storage_path={elsewhere} is inside data.eval_path=.*: .* read "
                                           f"as eval data"):
@@ -137,13 +160,32 @@ def test_storage_inside_data_is_compared_resolved_and_by_uri(tmp_path, monkeypat
 
 def test_the_config_is_resolved_before_ray_unless_only_the_cluster_knows_the_shape(monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    cfg = load_config(None, ["training.max_steps=3"])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # the local cluster's GPUs, as Ray counts them
+    cfg = load_config(None, ["training.max_steps=3", "scaling.use_gpu=false"])
     resolved = resolve_before_ray(cfg, inspect_sources(cfg.data))
     assert resolved is not None and resolved.cluster.num_workers == 2  # a local cluster: this machine's shape
-    joining = load_config(None, ["cluster.address=10.0.0.1:6379"])
-    assert resolve_before_ray(joining, inspect_sources(joining.data)) is None  # its GPUs are the cluster's to tell
-    stated = load_config(None, ["cluster.address=10.0.0.1:6379", "scaling.num_workers=16", "scaling.use_gpu=true"])
-    assert resolve_before_ray(stated, inspect_sources(stated.data)).cluster.num_workers == 16
+    # the local cluster's CPUs: 2 workers x 1 CPU + 2 for Ray Data, or this machine's where it has more
+    assert resolved.cluster.cpus_total == max(os.cpu_count(), 4) and resolved.cluster.gpus_per_node == 2
+    on_gpus = load_config(None, ["scaling.use_gpu=true"])  # a worker per visible GPU
+    assert resolve_before_ray(on_gpus, inspect_sources(on_gpus.data)).cluster.num_workers == 2
+    for unstated in ([], ["scaling.num_workers=16"], ["scaling.use_gpu=true"]):
+        joining = load_config(None, ["cluster.address=10.0.0.1:6379", *unstated])
+        assert resolve_before_ray(joining, inspect_sources(joining.data)) is None  # the cluster's GPUs tell
+    stated = ["cluster.address=10.0.0.1:6379", "scaling.num_workers=16", "scaling.use_gpu=true"]
+    joined = resolve_before_ray(load_config(None, stated), inspect_sources(load_config(None, stated).data)).cluster
+    # the nodes it joins are unknown here: not this machine's GPUs or CPUs
+    assert (joined.num_workers, joined.gpus_per_node, joined.cpus_total) == (16, None, None)
+    auto = load_config(None, [*stated, "training.micro_batch_size_per_gpu=auto"])
+    assert resolve_before_ray(auto, inspect_sources(auto.data)) is None  # chosen for the cluster's memory
+    # a local run's "auto" is chosen for this machine's RAM: a 70B-shaped model fits no micro-batch on CPU
+    # (~1.7 TB a node for 2 workers; chosen for no target, it took micro-batch 128)
+    big = load_config(None, ["training.micro_batch_size_per_gpu=auto", "scaling.use_gpu=false",
+                             "model.config.hidden_size=8192", "model.config.num_hidden_layers=80",
+                             "model.config.intermediate_size=28672", "model.config.num_attention_heads=64",
+                             "model.config.num_key_value_heads=8"])
+    with pytest.raises(ConfigError, match=r"^no setting of training.micro_batch_size_per_gpu fits: the closest, "
+                                          r"micro-batch 1, .* host RAM per node"):
+        resolve_before_ray(big, inspect_sources(big.data))
 
 
 def test_a_dry_run_prints_the_planners_verdict_and_writes_nothing(tmp_path, capsys, monkeypatch):
@@ -216,8 +258,11 @@ def test_a_placement_the_cluster_can_never_make_is_refused_naming_the_setting():
     # an elastic range must place its minimum only: Ray Train starts it with as many as it can
     check_placement(load_config(None, ["scaling.num_workers=[2, 8]"]).scaling, False, [three], "the cluster",
                     more_cpus="", more_nodes="")
-    assert refused(["scaling.num_workers=[4, 8]"], [three]).startswith(
-        "the elastic range's minimum of 4 workers (scaling.num_workers=[4, 8]) x scaling.cpus_per_worker=1 need 4 CPUs")
+    no_cpus = {"memory": 8e9}  # a head started with --num-cpus=0: Ray lists no CPU key
+    assert refused(["scaling.num_workers=[4, 8]"], [three, no_cpus]) == (
+        "the elastic range's minimum of 4 workers (scaling.num_workers=[4, 8]) x scaling.cpus_per_worker=1 need 4 "
+        "CPUs, and the cluster has 3: lower scaling.cpus_per_worker (fractions work) or scaling.num_workers, or add "
+        "CPUs")
 
 
 def test_a_cluster_whose_autoscaler_says_its_node_types_is_judged_with_the_nodes_it_can_add():
@@ -443,3 +488,244 @@ def test_a_storage_path_without_room_for_the_checkpoints_the_run_keeps_gets_a_no
     assert checkpoint_space_note(big) is None
     tiny, _ = dry_run(load_config(None, [f"checkpoint.storage_path={tmp_path}"]))
     assert checkpoint_space_note(tiny) is None  # 820,352 parameters: room
+
+
+def test_the_paths_and_the_environments_address_are_checked_before_ray(tmp_path, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    storage = f"checkpoint.storage_path={tmp_path / 'runs'}"
+    with pytest.raises(ConfigError, match=r"^checkpoint.resume_from=.*missing is not a raytrain checkpoint"):
+        check_before_ray(load_config(None, [storage, f"checkpoint.resume_from={tmp_path / 'missing'}"]))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "model.safetensors").write_text("x")
+    with pytest.raises(ConfigError, match=r"^checkpoint.export_dir .*out exists and is not empty"):
+        check_before_ray(load_config(None, [storage, f"checkpoint.export_dir={tmp_path / 'out'}"]))
+    # the dashboard's address in RAY_ADDRESS is refused where cluster.address does not override it
+    monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:8265")
+    with pytest.raises(ConfigError, match=r"^the environment's RAY_ADDRESS='http://127.0.0.1:8265' is the dashboard's"):
+        check_ray_address(None)
+    check_ray_address("10.0.0.1:6379")
+
+
+def test_the_local_clusters_cpus_and_gpus(monkeypatch):
+    # this machine as 3 CPUs, so that each rule's own count shows
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5")
+
+    def cpus(*overrides):
+        cfg = load_config(None, list(overrides))
+        return local_cluster_cpus(cfg.cluster, cfg.scaling)
+
+    assert cpus("cluster.num_cpus=5", "scaling.num_workers=8") == 5  # the user's number, as given
+    assert cpus("scaling.num_workers=[2, 8]") == 10  # an elastic range's maximum, 8, + 2 for Ray Data
+    assert cpus("scaling.num_workers=6", "scaling.cpus_per_worker=2") == 14  # 6 x 2 + 2
+    assert cpus() == 8  # a worker per visible GPU: 6 + 2
+    assert cpus("scaling.use_gpu=false") == 4  # 2 CPU workers + 2
+    assert cpus("scaling.num_workers=1", "scaling.cpus_per_worker=0.5") == 3  # int(0.5) + 2 < this machine's 3
+    assert _local_gpus() == 6
+    for visible, count in (("0,2", 2), ("-1", 0), ("", 0)):  # Ray counts CUDA_VISIBLE_DEVICES, "-1" is none
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        assert _local_gpus() == count, visible
+
+
+def test_the_local_placement_counts_this_machines_visible_gpus(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    # scaling.use_gpu unset: a GPU run, as there is a GPU here (Ray's local cluster gets 1)
+    with pytest.raises(ConfigError, match=r"^2 workers need a GPU each, and the local Ray cluster this run starts "
+                                          r"\(one node: 4 CPUs, 1 GPUs\) has 1: "):
+        check_local_placement(load_config(None, ["scaling.num_workers=2"]))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(ConfigError, match=r"^2 workers x scaling.cpus_per_worker=1 need 2 CPUs, and the local Ray "
+                                          r"cluster this run starts \(one node: cluster.num_cpus=1, no GPU\) has 1: "):
+        check_local_placement(load_config(None, ["scaling.num_workers=2", "cluster.num_cpus=1"]))
+    # the local node's accelerator type is the one Ray reads from this machine's GPU (pynvml; None without one),
+    # and only where Ray's local cluster gets a GPU
+    kind = hardware.ray_accelerator_type()
+    for visible, has in (("0", f" (its nodes have {kind})" if kind else ", nor any other"), ("", ", nor any other")):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        with pytest.raises(ConfigError) as e:
+            check_local_placement(load_config(None, ["scaling.num_workers=1", "scaling.use_gpu=true",
+                                                     "scaling.accelerator_type=TPU-V4"]))
+        assert str(e.value).startswith(f"scaling.accelerator_type='TPU-V4': no node of the local Ray cluster this run "
+                                       f"starts (one node: 3 CPUs, {'1 GPUs' if visible else 'no GPU'}) has that "
+                                       f"accelerator type{has}"), (visible, str(e.value))
+
+
+def test_a_dry_run_checks_the_local_placement_only_where_the_config_says_the_run_is_local(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+    def local(*overrides):
+        return plans_local_cluster(load_config(None, list(overrides)).cluster)
+
+    assert local("cluster.address=local") and local("cluster.num_cpus=4")
+    assert not local() and not local("cluster.address=10.0.0.1:6379", "cluster.num_cpus=4")
+    cramped = load_config(None, ["cluster.num_cpus=1", "scaling.num_workers=2", "scaling.use_gpu=false"])
+    with pytest.raises(ConfigError, match=r"^2 workers x scaling.cpus_per_worker=1 need 2 CPUs"):
+        check_dry_run_placement(cramped, None, None, None)
+    check_dry_run_placement(cramped, 64, None, None)  # sizes stated: another cluster's nodes
+
+
+def test_a_dry_runs_target_is_the_stated_sizes_else_this_machine(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    cfg = load_config(None, ["scaling.num_workers=2"])
+    with pytest.raises(ConfigError, match=r"^--host-memory-gib must be positive, got 0$"):
+        dry_run_target(cfg, gpu_memory_gib=None, host_memory_gib=0, gpus_per_node=None)
+    # RAM alone plans CPU workers (use_gpu stays unset)
+    planned, shape, target = dry_run_target(cfg, gpu_memory_gib=None, host_memory_gib=0.5, gpus_per_node=None)
+    assert planned.scaling.use_gpu is None and not shape.use_gpu and target == hardware.Target(None, 2**29, None)
+    planned, shape, target = dry_run_target(cfg, gpu_memory_gib=80, host_memory_gib=None, gpus_per_node=None)
+    assert planned.scaling.use_gpu is True and target == hardware.Target(80 * 2**30, None, None)
+    with pytest.raises(ConfigError, match=r"^--gpu-memory-gib plans a GPU cluster but scaling.use_gpu=false"):
+        dry_run_target(load_config(None, ["scaling.use_gpu=false"]), gpu_memory_gib=80, host_memory_gib=None,
+                       gpus_per_node=None)
+    # no sizes: this machine, whose RAM is a CPU run's target and whose node runs the local cluster's workers
+    here = hardware.this_machine()
+    _, shape, target = dry_run_target(load_config(None, ["scaling.use_gpu=false"]), gpu_memory_gib=None,
+                                      host_memory_gib=None, gpus_per_node=None)
+    assert target == hardware.Target(None, here.host_memory_bytes, None) and shape.driver_on_worker_node
+    assert shape.cpus_total is None and shape.gpus_per_node == here.gpus_per_node  # no local cluster stated
+    _, shape, _ = dry_run_target(load_config(None, ["scaling.use_gpu=false", "cluster.num_cpus=6"]),
+                                 gpu_memory_gib=None, host_memory_gib=None, gpus_per_node=None)
+    assert shape.cpus_total == 6
+    _, shape, _ = dry_run_target(load_config(None, ["scaling.use_gpu=false", "cluster.address=10.0.0.1:6379"]),
+                                 gpu_memory_gib=None, host_memory_gib=None, gpus_per_node=None)
+    assert not shape.driver_on_worker_node  # a cluster elsewhere
+    # a GPU run planned here: this machine's GPUs, or nothing to plan against without one
+    _, _, target = dry_run_target(load_config(None, ["scaling.use_gpu=true", "scaling.num_workers=2"]),
+                                  gpu_memory_gib=None, host_memory_gib=None, gpus_per_node=None)
+    assert target == (here if here.gpu_memory_bytes else None)
+
+
+def test_placements_at_the_edges_of_each_rule():
+    two = {"CPU": 2.0}
+    # STRICT_PACK: all on one node; 5 workers on nodes of 2 and 3 CPUs fit anywhere (5), on one node 3
+    assert refused(["scaling.num_workers=5", "scaling.placement_strategy=STRICT_PACK"], [two, {"CPU": 3.0}]) == (
+        "scaling.placement_strategy=STRICT_PACK puts all of 5 workers on one node, and a node of the cluster holds at "
+        "most 3: use PACK or SPREAD, or fewer workers")
+    assert refused(["scaling.num_workers=1", "scaling.placement_strategy=STRICT_PACK"], []).startswith(
+        "1 workers x scaling.cpus_per_worker=1 need 1 CPUs, and the cluster has 0")  # no node: none holds one
+    check_placement(load_config(None, ["scaling.num_workers=2", "scaling.placement_strategy=STRICT_PACK"]).scaling,
+                    False, [two, two], "the cluster", more_cpus="", more_nodes="")
+    assert refused(["scaling.num_workers=4", "scaling.placement_strategy=STRICT_SPREAD"], [two, two]).startswith(
+        "scaling.placement_strategy=STRICT_SPREAD puts each of 4 workers on a node of its own, and the cluster has 2 "
+        "node(s) that can hold one")
+    one = {"CPU": 1.0}  # STRICT_SPREAD: a node that holds exactly one worker counts
+    check_placement(load_config(None, ["scaling.num_workers=2", "scaling.placement_strategy=STRICT_SPREAD"]).scaling,
+                    False, [one, one], "the cluster", more_cpus="", more_nodes="")
+    check_placement(load_config(None, ["scaling.num_workers=1"]).scaling, False, [one], "the cluster", more_cpus="",
+                    more_nodes="")
+    # all CPUs on one node, but too few: no note about splitting (3 < 2 x 2)
+    assert refused(["scaling.num_workers=2", "scaling.cpus_per_worker=2"], [{"CPU": 3.0}]) == (
+        "2 workers x scaling.cpus_per_worker=2 need 4 CPUs, and the cluster has 3: lower scaling.cpus_per_worker "
+        "(fractions work) or scaling.num_workers, or add CPUs")
+    # scaling.num_workers unset: 2 CPU workers, or one per GPU (3 here, one node having no GPU key)
+    assert refused([], [one]).startswith("2 workers x scaling.cpus_per_worker=1 need 2 CPUs, and the cluster has 1")
+    gpus = [{"CPU": 2.0, "GPU": 3.0}, {"CPU": 8.0}]
+    # every resource is there (3 GPUs, 10 CPUs), but a GPU node holds 2 workers' CPUs
+    assert refused([], gpus, use_gpu=True) == (
+        "3 workers need CPU 1, GPU 1 each, and the cluster can place 2: lower scaling.num_workers or "
+        "scaling.cpus_per_worker, or add nodes")
+    # the accelerator type's node holds one worker; 2 GPUs and 2 CPUs, exactly enough, are on two nodes
+    h200 = {"CPU": 1.0, "GPU": 1.0, "accelerator_type:H200": 1.0}
+    assert refused(["scaling.num_workers=2", "scaling.accelerator_type=H200"], [h200, {"CPU": 1.0, "GPU": 1.0}],
+                   use_gpu=True) == (
+        "2 workers need CPU 1, GPU 1, accelerator_type:H200 0.001 each, and the cluster can place 1: lower "
+        "scaling.num_workers or scaling.cpus_per_worker, or add nodes")
+    # an accelerator type no node has: the types they have (0 of one: none), or none at all
+    assert refused(["scaling.accelerator_type=L4"], [h200, {"CPU": 4.0, "accelerator_type:A100": 0.0}],
+                   use_gpu=True) == (
+        "scaling.accelerator_type='L4': no node of the cluster has that accelerator type (its nodes have H200): set "
+        "it to one they have, or unset it (null)")
+    assert refused(["scaling.accelerator_type=L4"], [two]).startswith(
+        "scaling.accelerator_type='L4': no node of the cluster has that accelerator type, nor any other (Ray gives")
+    # Ray Train's share of the accelerator resource per worker (ray/air/config.py, ray 2.60.0)
+    scaling = load_config(None, ["scaling.accelerator_type=H200"]).scaling
+    assert worker_bundle(scaling, True) == {"CPU": 1.0, "GPU": 1.0, "accelerator_type:H200": 0.001}
+
+
+def test_the_memory_verdict_of_an_elastic_range_is_its_tightest_size():
+    """GPU bytes per worker are largest at the fewest workers (ZeRO-3), host RAM per node at the most (a worker
+    process's own: ~4 GiB with a GPU, ~1 GiB on CPU, for this tiny model): the verdict is the size closest to
+    either limit. The sizes quoted are the planner's for each world size."""
+    from raytrain.hardware import Target
+    from raytrain.planning.memory import DoesNotFit
+    from raytrain.planning.resolve import resolve_run, shape_from_config
+
+    def elastic(use_gpu):
+        cfg = load_config(None, ["scaling.num_workers=[2, 4]", f"scaling.use_gpu={use_gpu}", "data.num_shards=12",
+                                 "deepspeed.train_batch_size=24", "training.micro_batch_size_per_gpu=2"])
+        return resolve_run(cfg, shape_from_config(cfg))
+
+    gpu, cpu = elastic("true"), elastic("false")
+    assert tightest(gpu).cluster.num_workers == 2
+    gib = 2**30
+    # 64 MiB GPUs: 13 MiB a GPU at 2 workers is the tightest (20%); the host's 8 GiB of 500 are far
+    assert check_memory(gpu, Target(64 * 2**20, 500 * gib, 8)).startswith(
+        "memory: fits: this run needs 13 MiB per GPU and 8.0 GiB host RAM per node")
+    # 64 GiB nodes: 4 workers' 16 GiB is the tightest (25%), the GPUs' 80 GiB far; so too with the GPUs unknown
+    for target in (Target(80 * gib, 64 * gib, 8), Target(None, 64 * gib, 8)):
+        assert "needs 10 MiB per GPU and 16.0 GiB host RAM per node" in check_memory(gpu, target), target
+    # RAM unknown: the GPU's share decides (2 workers)
+    assert "13 MiB per GPU and 8.0 GiB" in check_memory(gpu, Target(80 * gib, None, 8))
+    # CPU workers: host RAM alone, also where the target has GPUs (4 workers: 4.1 GiB, 26% of 16)
+    for target in (Target(None, 16 * gib, None), Target(64 * 2**20, 16 * gib, None)):
+        assert check_memory(cpu, target).startswith("memory: fits: this run needs 4.1 GiB host RAM per node (4 "
+                                                    "workers x 16 MiB)"), target
+    with pytest.raises(DoesNotFit, match=r"^scaling.num_workers=\[2, 4\], at world size 2: this run needs 13 MiB per "
+                                         r"GPU and 8.0 GiB host RAM per node"):
+        check_memory(gpu, Target(80 * gib, 8 * gib, 8))
+    fixed = load_config(None, ["scaling.num_workers=2", "scaling.use_gpu=true"])
+    with pytest.raises(DoesNotFit, match=r"^this run needs "):
+        check_memory(resolve_run(fixed, shape_from_config(fixed)), Target(80 * gib, 1 * gib, 8))
+
+
+def test_idle_settings_name_the_source_and_pass_what_they_cannot_read(monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert idle_settings(load_config(None, ["cluster.num_cpus=8", "scaling.num_workers=2"]), use_gpu=False) == [
+        "cluster.num_cpus=8 has no effect: it sizes the local cluster raytrain starts, and this run joins the "
+        "environment's RAY_ADDRESS=10.0.0.1:6379, whose nodes have the CPUs they were started with"]
+    monkeypatch.delenv("RAY_ADDRESS")
+    sched = '"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 100}}'
+    # an inline section: no file to name
+    assert idle_settings(load_config(None, [f'deepspeed={{"optimizer": {{"type": "AdamW", "params": {{"lr": 1e-4}}}}, '
+                                            f'{sched}}}']), use_gpu=False) == [
+        "deepspeed.optimizer.params.lr=0.0001 has no effect on the peak learning rate: deepspeed.scheduler "
+        "(WarmupDecayLR) has no params.warmup_max_lr, so DeepSpeed warms up to its own 0.001; write "
+        "\"warmup_max_lr\": 0.0001 there"]
+    # no lr to compare, no scheduler, an offload ratio of 1 (DeepSpeed's default), a malformed ZeRO section
+    for section in (f'deepspeed={{"optimizer": {{"type": "AdamW"}}, {sched}}}',
+                    'deepspeed={"optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}',
+                    "deepspeed.zero_optimization.offload_optimizer={device: none, ratio: 1}"):
+        assert idle_settings(load_config(None, [section]), use_gpu=False) == [], section
+    assert zero_stage_note(load_config(None, ["deepspeed.zero_optimization=3"]), 8) is None
+
+
+def test_the_checkpoints_a_run_keeps_are_counted_by_their_bytes(tmp_path):
+    import dataclasses
+    import shutil
+
+    from raytrain.driver.checks import checkpoint_space_note
+    from raytrain.driver.run import dry_run
+
+    def note(*overrides):
+        big, _ = dry_run(load_config("configs/llama-70b-ib.yaml", [
+            f"checkpoint.storage_path={tmp_path / 'runs'}", "checkpoint.name=big", *overrides]), gpu_memory_gib=80,
+            host_memory_gib=1500, gpus_per_node=8)
+        return big, checkpoint_space_note(big)
+
+    assert shutil.disk_usage(tmp_path).free < 788 * 2**30  # this machine's disk: less than either note asks
+    # bf16 master weights and moments: 2 + 4 bytes a parameter, 70,553,706,496 x 6 = 394.2 GiB
+    _, six = note("deepspeed.bf16.bf16_master_weights_and_grads=true", "deepspeed.bf16.bf16_optimizer_states=true")
+    assert "keeps up to 3 checkpoints of about 394.2 GiB there at once (6 bytes a parameter: " in six
+    big, final = note("checkpoint.every_n_steps=0")  # the final checkpoint only
+    assert "keeps up to 1 checkpoints of about 788.5 GiB" in final
+    remote = big.config.with_overrides(["checkpoint.storage_path=s3://bucket/runs"])
+    assert checkpoint_space_note(dataclasses.replace(big, config=remote)) is None  # no free space to ask
+    # a run's own checkpoints: the files of its checkpoint_* directories, not a link's or another directory's
+    for name, size in (("checkpoint_step_00000010", 10), ("checkpoint_step_00000020/sub", 5), ("other", 100)):
+        (tmp_path / "run" / name).mkdir(parents=True)
+        (tmp_path / "run" / name / "shard").write_bytes(b"x" * size)
+    (tmp_path / "run" / "checkpoint_link").symlink_to(tmp_path / "run" / "other")
+    (tmp_path / "run" / "checkpoint_file").write_bytes(b"x" * 1000)
+    assert _dir_bytes(str(tmp_path / "run"), "checkpoint_") == 15
