@@ -150,6 +150,10 @@ def check_reachable(uri: str, key: str) -> None:
         fs.get_file_info(path)
     except (OSError, ValueError, pyarrow.lib.ArrowException) as e:  # ArrowInvalid is a ValueError; Azure's an
         raise unreachable(f"{key}={uri}", uri, e) from None          # ArrowException (measured, pyarrow 26)
+    except Exception as e:  # noqa: BLE001: a scheme pyarrow reaches through an fsspec handler raises that
+        # library's own errors (hf://: huggingface_hub's, an httpx ConnectError without a network): a 100-line
+        # traceback and exit 1 before; this is a probe, so whatever stops it is "cannot reach it"
+        raise unreachable(f"{key}={uri}", uri, e) from None
 
 
 def unreachable(shown: str, uri: str, error: BaseException) -> ConfigError:

@@ -100,6 +100,28 @@ def test_storage_the_driver_cannot_reach_is_one_line_before_ray_in_a_dry_run_too
     assert str(e.value).endswith(UNREACHABLE_FIX)  # Arrow's own retries end in ~6 s each here
 
 
+def test_a_storage_scheme_pyarrow_reaches_through_fsspec_is_one_line_when_unreachable(tmp_path):
+    """hf:// is not one of pyarrow's schemes, but pyarrow opens it through fsspec (huggingface_hub's filesystem),
+    whose probe raised huggingface_hub's own error (an httpx ConnectError): a 100-line traceback and exit 1, in a dry
+    run too (found by session 52's mutation run of checks.py). A process of its own: huggingface_hub reads
+    HF_ENDPOINT (here a closed local port: nothing leaves the machine) when it is first imported."""
+    import subprocess
+    import sys
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{port}", "RAY_ADDRESS": ""}
+    env.pop("HF_HUB_OFFLINE", None)  # offline, huggingface_hub raises an OSError subclass, which was caught before
+    proc = subprocess.run([sys.executable, "-m", "raytrain.main", "--dry-run", "--host-memory-gib", "64",
+                           "checkpoint.storage_path=hf://org/runs"], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1, (proc.returncode, err[-3:])
+    assert err[0].startswith("raytrain: error: checkpoint.storage_path=hf://org/runs: cannot reach it ("), err
+    assert err[0].endswith(", and this machine's network"), err
+
+
 @pytest.mark.usefixtures("no_ray_driver")
 def test_a_storage_path_inside_the_data_is_refused_before_ray(tmp_path, capsys, monkeypatch):
     # was: data.format=text trained on the run's own checkpoint shards, PNGs and events once a run had written
