@@ -312,28 +312,28 @@ def test_refusal_tries_checkpointing_then_optimizer_offload_before_parameter_off
         e.value)
 
 
-def test_a_host_bound_offload_is_told_the_setting_with_less_offload_that_fits(llama7b_stats):
-    """Offload frees GPU memory but costs host RAM; where the host is the limit, the refusal names the setting
-    with less offload that fits (it said that nothing fits, found by session 52's mutation run)."""
+OFFLOADED = {"offload_optimizer": {"device": "cpu"}}
+
+
+@pytest.mark.parametrize("zero, host_gib, usable, nearest, turned_off", [
     # 7B on 8 x 80 GiB, 100 GiB of host RAM (90 usable): the optimizer offloaded needs 155.3 GiB a node; without
     # the offload 25.3 GiB per GPU (72 usable) and 33.7 GiB a node
-    plan = plan_7b(llama7b_stats, zero={"offload_optimizer": {"device": "cpu"}}, gpu_gib=80, host_gib=100)
-    none = next(o for o in plan.options if o.offload == "none" and not o.gradient_checkpointing)
-    assert plan.configured.host_bytes_per_node > 90 * GIB > none.host_bytes_per_node
-    with pytest.raises(ConfigError) as e:
-        check_fits(plan)
-    assert f"; with deepspeed.zero_optimization.offload_optimizer.device=none: {need_text(True, 8, none)} " in str(
-        e.value)
+    (OFFLOADED, 100, 90, "none", "offload_optimizer"),
     # both offloaded (187.8 GiB a node) on 190 GiB (171 usable): the nearest setting that fits is the optimizer
     # alone (155.3 GiB; no offload would fit too)
-    plan = plan_7b(llama7b_stats, zero={"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}},
-                   gpu_gib=80, host_gib=190)
-    optimizer = next(o for o in plan.options if o.offload == "optimizer" and not o.gradient_checkpointing)
-    assert plan.configured.host_bytes_per_node > 171 * GIB > optimizer.host_bytes_per_node
+    ({**OFFLOADED, "offload_param": {"device": "cpu"}}, 190, 171, "optimizer", "offload_param"),
+])
+def test_a_host_bound_offload_is_told_the_setting_with_less_offload_that_fits(
+        llama7b_stats, zero, host_gib, usable, nearest, turned_off):
+    """Offload frees GPU memory but costs host RAM; where the host is the limit, the refusal names the setting
+    with less offload that fits (it said that nothing fits, found by session 52's mutation run)."""
+    plan = plan_7b(llama7b_stats, zero=zero, gpu_gib=80, host_gib=host_gib)
+    option = next(o for o in plan.options if o.offload == nearest and not o.gradient_checkpointing)
+    assert plan.configured.host_bytes_per_node > usable * GIB > option.host_bytes_per_node
     with pytest.raises(ConfigError) as e:
         check_fits(plan)
-    assert f"; with deepspeed.zero_optimization.offload_param.device=none: {need_text(True, 8, optimizer)} " in str(
-        e.value)
+    assert (f"; with deepspeed.zero_optimization.{turned_off}.device=none: {need_text(True, 8, option)} "
+            in str(e.value)), str(e.value)
 
 
 def test_on_cpu_the_refusal_names_only_checkpointing_and_then_gpus(llama7b_stats):
