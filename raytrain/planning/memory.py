@@ -20,7 +20,7 @@ from raytrain.planning.activations import activation_bytes
 from raytrain.planning.estimate import (  # noqa: F401  (GIB and the reserves: this module's API, as before)
     CPU_HEAP_RETENTION, GIB, GPU_RESERVE_FRACTION, HOST_RESERVE_FRACTION, Estimate, MemoryFacts, activation_options,
     configured_setting, estimate, memory_facts, model_caveat)
-from raytrain.run_spec import ResolvedRun
+from raytrain.run_spec import ClusterShape, ResolvedRun
 
 
 class DoesNotFit(ConfigError):
@@ -108,11 +108,11 @@ def capped_gpu_memory(gpu_memory_bytes: int | None, fraction: float | None) -> i
     return int(gpu_memory_bytes * fraction)
 
 
-def workers_per_node(target: Target, resolved: ResolvedRun) -> tuple[int, bool]:
+def workers_per_node(target: Target, cluster: ClusterShape) -> tuple[int, bool]:
     """(workers per node, assumed): the target's GPUs per node, else the cluster's, else 8 GPUs
     (or, on CPU, all workers on one node)."""
-    world, use_gpu = resolved.cluster.num_workers, resolved.cluster.use_gpu
-    per_node = target.gpus_per_node or resolved.cluster.gpus_per_node
+    world, use_gpu = cluster.num_workers, cluster.use_gpu
+    per_node = target.gpus_per_node or cluster.gpus_per_node
     assumed = per_node is None
     if per_node is None:
         per_node = min(world, 8) if use_gpu else world
@@ -129,7 +129,7 @@ def estimate_memory(resolved: ResolvedRun, target: Target = Target(), stats: Par
     """
     run, facts = resolved.config, resolved.deepspeed
     hf_config = config_from_facts(resolved.model, run.model)
-    per_node, assumed = workers_per_node(target, resolved)
+    per_node, assumed = workers_per_node(target, resolved.cluster)
     stats = stats or param_stats(hf_config, run.model.trust_remote_code)
     mfacts = memory_facts(resolved.ds_config, run, use_gpu=resolved.cluster.use_gpu,
                           world_size=resolved.cluster.num_workers, workers_per_node=per_node, stats=stats,
@@ -195,10 +195,10 @@ def check_fits(plan: MemoryPlan) -> None:
                            key=lambda o: (-rank[o.offload], o.gradient_checkpointing)))
     for option in candidates:
         if fits(option, gpu_mem_bytes, host_mem_bytes, plan.use_gpu):
-            changes = [s for s in option.settings if s not in current.settings] + [
-                f"deepspeed.zero_optimization.{which}.device=none" for which, was, now in (
-                    ("offload_optimizer", current.setting.offload_optimizer, option.setting.offload_optimizer),
-                    ("offload_param", current.setting.offload_param, option.setting.offload_param)) if was and not now]
+            turned_off = [f"deepspeed.zero_optimization.{which}.device=none" for which in
+                          ("offload_optimizer", "offload_param")
+                          if getattr(current.setting, which) and not getattr(option.setting, which)]
+            changes = [s for s in option.settings if s not in current.settings] + turned_off
             raise DoesNotFit(f"this run needs {need} ({have}); with {' '.join(changes)}: "
                              f"{need_text(plan.use_gpu, plan.workers_per_node, option)} "
                              f"(python -m raytrain.tools.plan shows every option)", plan)

@@ -260,7 +260,7 @@ def test_option_settings_are_the_overrides_that_select_it(llama7b_stats):
 
 def test_workers_per_node_are_the_targets_else_the_clusters_else_assumed():
     def per_node(target, **cluster):
-        return workers_per_node(target, SimpleNamespace(cluster=ClusterShape(**cluster)))
+        return workers_per_node(target, ClusterShape(**cluster))
 
     # the target's node size wins over the cluster's, and a node holds at most the world
     assert per_node(Target(gpus_per_node=4), num_workers=16, use_gpu=True, gpus_per_node=8) == (4, False)
