@@ -140,19 +140,16 @@ def check_reachable(uri: str, key: str) -> None:
     the filesystem's retries (S3 ~6 s, GCS `_PROBE_RETRY_S`)."""
     import datetime
 
-    import pyarrow
-
     try:
         fs, path = filesystem(uri)
         if fs.type_name == "gcs":  # its pickling arguments are its constructor's: the same filesystem, bounded
             rebuild, (kwargs,) = fs.__reduce__()
             fs = rebuild({**kwargs, "retry_time_limit": datetime.timedelta(seconds=_PROBE_RETRY_S)})
         fs.get_file_info(path)
-    except (OSError, ValueError, pyarrow.lib.ArrowException) as e:  # ArrowInvalid is a ValueError; Azure's an
-        raise unreachable(f"{key}={uri}", uri, e) from None          # ArrowException (measured, pyarrow 26)
-    except Exception as e:  # noqa: BLE001: a scheme pyarrow reaches through an fsspec handler raises that
-        # library's own errors (hf://: huggingface_hub's, an httpx ConnectError without a network): a 100-line
-        # traceback and exit 1 before; this is a probe, so whatever stops it is "cannot reach it"
+    except Exception as e:  # noqa: BLE001: pyarrow's own are OSError, ValueError (ArrowInvalid) and, for Azure,
+        # ArrowException (measured, pyarrow 26); a scheme it reaches through an fsspec handler raises that library's
+        # (hf://: huggingface_hub's httpx ConnectError without a network, a 100-line traceback and exit 1 before).
+        # This is a probe: whatever stops it is "cannot reach it".
         raise unreachable(f"{key}={uri}", uri, e) from None
 
 
