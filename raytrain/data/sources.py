@@ -721,7 +721,8 @@ def _check_json_column(source: Source, path: str, data: DataConfig, key: str, fi
     column = data.text_column
     head = _read_head(source, path, key, enough=_has_first_line)
     _refuse_wide_encoding(head, path, key)
-    body = head.removeprefix(BOM).lstrip()
+    unmarked = head.removeprefix(BOM)
+    body = unmarked.lstrip()
     if not body:
         return False  # blank lines only: no record to check here
     if body.startswith(b"["):  # one JSON array of records
@@ -738,14 +739,13 @@ def _check_json_column(source: Source, path: str, data: DataConfig, key: str, fi
             raise ConfigError(f"{key}: {path} is not a valid JSON array ({e.msg} in its first record): "
                               f"give JSON lines or an array of objects") from None
     else:
-        text = head.removeprefix(BOM)
         # the first record's line from the line's start, not from its first non-blank byte: the readers
         # count an error's byte within the line
-        start = len(text) - len(body)
-        line, newline, _ = text[text.rfind(b"\n", 0, start) + 1:].partition(b"\n")
+        start = len(unmarked) - len(body)
+        line, newline, _ = unmarked[unmarked.rfind(b"\n", 0, start) + 1:].partition(b"\n")
         if not newline and len(head) == 1 << 20:
             return True  # a huge first line: the reader checks each record
-        lineno = text[:start].count(b"\n") + 1
+        lineno = unmarked[:start].count(b"\n") + 1
         where = f"{path} line {lineno}"
         try:
             record = json.loads(_utf8(line, data, path, first_line=lineno))
