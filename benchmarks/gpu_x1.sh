@@ -289,8 +289,9 @@ plan13b-twin)  # 13B at the planner's settings on both bench paths (the part pla
   variant 13b-raytrain 300 "${T13[@]}" --paths raytrain
   ;;
 twin1b)  # the shipped 1.1B setting on both bench paths (fused layers, "auto"), then plain DeepSpeed with
-  # transformers' layers: raytrain against plain DeepSpeed in one call (~4 min)
-  E=(--micro-batch 24 --grad-accum 4 --steps 4 --warmup-steps 2 --window 2 "${Z[@]}" --set scaling.cpus_per_worker=14 --no-profile)
+  # transformers' layers: raytrain against plain DeepSpeed in one call (~4 min); micro-batch 20 on an H100
+  cap20_here
+  E=(--micro-batch $refmb --grad-accum 4 --steps 4 --warmup-steps 2 --window 2 "${Z[@]}" --set scaling.cpus_per_worker=14 --no-profile)
   variant 1b-fused-both 170 --paths deepspeed,raytrain "${E[@]}"
   variant 1b-plain-layers 80 --paths deepspeed "${E[@]}" --set model.fused_layers=false
   ;;
