@@ -15,7 +15,7 @@ import threading
 import pytest
 
 from raytrain.config import ConfigError, TrackingConfig, load_config
-from raytrain.driver.tracking import check_tracking
+from raytrain.driver.tracking import check_tracking, end_mlflow_run, tracking_env
 from raytrain.worker.tracking import RECORD, Tracker
 
 
@@ -35,12 +35,47 @@ def test_mlflow_not_installed_names_the_extra(monkeypatch):
         check_tracking(config("http://127.0.0.1:5000"))
 
 
+def test_no_mlflow_tracking_uri_asks_nothing_of_mlflow(tmp_path, monkeypatch):
+    """Without tracking.mlflow_tracking_uri there is no MLflow to check, pass on or end, installed or not."""
+    monkeypatch.setitem(sys.modules, "mlflow", None)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    cfg = load_config(None, [f"checkpoint.storage_path={tmp_path}", "checkpoint.name=r"])
+    assert check_tracking(cfg) == [] and tracking_env(cfg) == {}
+    assert end_mlflow_run(cfg, str(tmp_path / "r"), "FAILED") is None
+
+
+@pytest.mark.parametrize("allow", ["true", "false", None])
+def test_the_drivers_file_store_opt_in_is_passed_on_to_the_workers_as_it_is(monkeypatch, allow):
+    """Workers inherit their cluster's environment: the opt-in the driver's check ran with goes with the run."""
+    if allow is None:
+        monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    else:
+        monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", allow)
+    passed_on = {} if allow is None else {"MLFLOW_ALLOW_FILE_STORE": allow}
+    assert tracking_env(config("http://127.0.0.1:5000")) == passed_on
+
+
 def test_a_file_store_without_mlflows_opt_in_gets_the_whole_fix(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
     with pytest.raises(ConfigError) as e:
         check_tracking(config(f"file://{tmp_path}/mlruns"))
     assert "MLflow 3 uses only where the environment sets MLFLOW_ALLOW_FILE_STORE=true" in str(e.value)
     assert "sqlite:///PATH/mlflow.db" in str(e.value) and not (tmp_path / "mlruns").exists()
+
+
+def test_an_existing_file_store_without_mlflows_opt_in_gets_the_whole_fix(store, monkeypatch):
+    """A store that exists is opened, and MLflow's own refusal (its hint at MLFLOW_ALLOW_FILE_STORE) is
+    the same one line as for a new store, not "MLflow cannot use it"."""
+    import mlflow
+
+    # the store exists (.trash and all), opened under another spelling: MLflow keeps a store it opened per URI
+    mlflow.MlflowClient(tracking_uri=store.removeprefix("file://")).create_experiment("raytrain")
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")
+    with pytest.raises(ConfigError) as e:
+        check_tracking(config(store))
+    assert str(e.value).startswith(f"tracking.mlflow_tracking_uri={store} is a file store, which MLflow 3 uses only "
+                                   f"where the environment sets MLFLOW_ALLOW_FILE_STORE=true: set it for the driver")
+    assert "\n" not in str(e.value) and "cannot use it" not in str(e.value)
 
 
 def test_a_new_file_store_is_checked_without_being_created(store, tmp_path):
@@ -160,6 +195,29 @@ def test_a_continued_run_needs_its_mlflow_run(store, tmp_path):
     assert f"run 'r' logged its earlier steps to MLflow run {run_id}" in note and "continues in a new MLflow run" in note
 
 
+@pytest.mark.parametrize("record, refusal", [
+    ({"mlflow": {"tracking_uri": None, "experiment": "raytrain", "run_id": "0" * 32}},
+     rf"run 'r' continues MLflow run {'0' * 32} \({RECORD} in its directory\), which file://.* does not hold: set "
+     rf"tracking.mlflow_tracking_uri to the store that holds it, or delete .*/r/{RECORD} to log the rest"),
+    ('{"mlflow": {"run_id": ', rf"/r/{RECORD}: cannot read it \(.*\): check the storage's credentials, or delete the "
+                               rf"file to log the rest of the run to a new MLflow run"),
+], ids=["a run the store lacks", "a record cut short"])
+def test_a_continued_run_whose_record_the_store_cannot_serve_is_refused(store, tmp_path, record, refusal):
+    """A store that exists (not only a new one) is asked for the recorded run; a record that is not JSON is
+    one line naming the file."""
+    import mlflow
+
+    mlflow.MlflowClient(tracking_uri=store).create_experiment("raytrain")
+    cfg = config(store, f"checkpoint.storage_path={tmp_path / 'runs'}", "checkpoint.name=r")
+    (tmp_path / "runs" / "r").mkdir(parents=True)
+    if isinstance(record, dict):
+        record["mlflow"]["tracking_uri"] = store
+    (tmp_path / "runs" / "r" / RECORD).write_text(record if isinstance(record, str) else json.dumps(record))
+    with pytest.raises(ConfigError, match=refusal):
+        check_tracking(cfg)
+    assert check_tracking(cfg, fresh=True) == []  # --fresh sets the record aside
+
+
 def test_a_server_that_is_down_is_tried_twice_not_eight_times(monkeypatch):
     """MLflow's defaults retry 7 times with exponential backoff and 120 s a request (4 min 14 s
     measured for a refused port); the check retries once, 5 s a request."""
@@ -244,7 +302,7 @@ def test_a_relative_store_is_the_one_the_driver_checks_and_rank_0_writes(store, 
     assert check_tracking(cfg) == []  # the continue finds its MLflow run
 
 
-def test_a_run_the_driver_stops_ends_its_mlflow_run_failed_or_killed(store, tmp_path):
+def test_a_run_the_driver_stops_ends_its_mlflow_run_failed_or_killed(store, tmp_path, capsys):
     """A bad record's stop and Ctrl-C kill the workers (Ray Train's abort), so rank 0 never ends its MLflow
     run: it showed RUNNING forever. The driver ends it from the record rank 0 wrote."""
     import mlflow
@@ -257,15 +315,16 @@ def test_a_run_the_driver_stops_ends_its_mlflow_run_failed_or_killed(store, tmp_
     experiment_id = client.create_experiment("raytrain")
     storage = tmp_path / "runs"
 
-    def stopped(name: str, error: BaseException | None, finished: bool = False) -> str:
+    def stopped(name: str, error: BaseException | None, finished: bool = False, record: str | None = "raytrain") -> str:
         cfg = config(store, f"checkpoint.storage_path={storage}", f"checkpoint.name={name}")
         run_uri = layout.run_uri(str(storage), name)
         run_id = client.create_run(experiment_id).info.run_id  # opened by rank 0, which was then killed
         if finished:  # rank 0 closed it
             client.set_terminated(run_id, status="FINISHED")
         os.makedirs(run_uri)
-        pathlib.Path(run_uri, RECORD).write_text(json.dumps({"mlflow": {
-            "tracking_uri": store, "experiment": "raytrain", "experiment_id": experiment_id, "run_id": run_id}}))
+        if record is not None:  # the experiment it names (the settings rank 0 logged under)
+            pathlib.Path(run_uri, RECORD).write_text(json.dumps({"mlflow": {
+                "tracking_uri": store, "experiment": record, "experiment_id": experiment_id, "run_id": run_id}}))
         with contextlib.suppress(type(error) if error else ()):
             with mlflow_run_outcome(cfg, run_uri):
                 if error is not None:
@@ -277,3 +336,32 @@ def test_a_run_the_driver_stops_ends_its_mlflow_run_failed_or_killed(store, tmp_
     assert stopped("ctrl_c", Interrupted(3, 10, None, "python -m raytrain.main")) == "KILLED"
     assert stopped("done", RuntimeError("after the last step"), finished=True) == "FINISHED"
     assert stopped("running", None) == "RUNNING"  # a run that trains on: rank 0 ends it
+    # a record of other settings names an MLflow run this session did not log to; none: rank 0 opened none
+    assert stopped("other_settings", ConfigError("bad record"), record="an earlier experiment") == "RUNNING"
+    assert stopped("no_record", ConfigError("bad record"), record=None) == "RUNNING"
+    assert capsys.readouterr().out == ""  # nothing to say where it went as it should
+
+
+def test_a_run_the_driver_cannot_end_is_a_note_and_its_own_error_goes_on(tmp_path, monkeypatch, capsys):
+    """The store cannot be reached when the run stops (a server gone): one note saying the MLflow run shows
+    RUNNING, tried as quickly as the check tries, and the run's own error is the one raised."""
+    from raytrain.checkpoint import layout
+    from raytrain.driver.tracking import mlflow_run_outcome
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0")
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        uri = f"http://127.0.0.1:{closed.getsockname()[1]}"  # nothing listens there once it is closed
+    storage, run_id = tmp_path / "runs", "0" * 32
+    cfg = config(uri, f"checkpoint.storage_path={storage}", "checkpoint.name=r")
+    run_uri = layout.run_uri(str(storage), "r")
+    os.makedirs(run_uri)
+    pathlib.Path(run_uri, RECORD).write_text(json.dumps({"mlflow": {
+        "tracking_uri": uri, "experiment": "raytrain", "run_id": run_id}}))
+    error = ConfigError("data/train.jsonl line 3: not JSON")
+    with pytest.raises(ConfigError) as raised:
+        with mlflow_run_outcome(cfg, run_uri):
+            raise error
+    assert raised.value is error
+    out = capsys.readouterr().out
+    assert out.startswith(f"raytrain: note: MLflow run {run_id} in {uri} could not be ended FAILED (")
+    assert out.endswith("): it shows RUNNING\n") and out.count("\n") == 1
