@@ -43,6 +43,12 @@ def test_counter_times_from_its_first_report():
                                 "elapsed_s": 4.0}
 
 
+def test_counter_before_any_report_is_all_zeros():
+    """The driver's thread reads the counter before the first task has reported."""
+    assert Counter(Clock()).counts() == {"documents": 0, "tokens": 0, "rows": 0, "bytes": 0, "rows_read": 0,
+                                         "elapsed_s": 0.0}
+
+
 def test_progress_line_names_the_pass_and_rates_the_last_interval():
     total = 4.8e9
     first = {"documents": 1.0e6, "tokens": 250e6, "rows": 1.0e6, "bytes": 1.2e9, "rows_read": 1.0e6, "elapsed_s": 60.0}
@@ -71,6 +77,9 @@ def test_progress_line_without_a_known_size_has_counts_and_rate_only():
     assert progress_line(now, None, "documents", None) == \
         "raytrain: data: 1.00k documents, 100 documents/s; tokenized 900 documents, 45.0k tokens"
     assert "pass 1: 1.00k documents of 4.00k documents (25%)" in progress_line(now, None, "documents", 4000)
+    # readings less than a second apart (data.progress_every_s=0.5) still rate their interval
+    later = {**now, "rows": 1100, "elapsed_s": 10.5}
+    assert progress_line(later, now, "documents", None).startswith("raytrain: data: 1.10k documents, 200 documents/s;")
 
 
 def test_input_total_by_source(tmp_path):
@@ -101,6 +110,23 @@ def test_file_reads_report_bytes_and_documents_at_most_once_a_second_and_at_the_
     reads.at(350)
     reads.close()
     assert reports == [("counter", {"bytes": 300, "rows_read": 3}), ("counter", {"bytes": 50, "rows_read": 0})]
+
+
+def test_file_reads_report_only_what_is_new(reports):
+    """Rows parsed from bytes already reported (a read buffer holds many) are reported without bytes; a file
+    whose reads were all reported sends nothing more when it ends."""
+    clock = Clock()
+    reads = FileReads("counter", clock)
+    documents = reads.count(iter(["a", "b", "c"]))
+    next(documents)
+    clock.now += 1.0
+    reads.at(300)
+    next(documents)
+    next(documents)
+    clock.now += 1.0
+    reads.at(300)
+    reads.close()
+    assert reports == [("counter", {"bytes": 300, "rows_read": 1}), ("counter", {"bytes": 0, "rows_read": 2})]
 
 
 def test_read_documents_reports_every_byte_of_plain_and_compressed_files(tmp_path, reports):
@@ -209,3 +235,18 @@ def test_a_files_skipped_documents_count_once_however_often_the_file_is_read():
         counter.skipped("b.jsonl", empty=1)
     counter.skipped(None, empty=5)  # a batch of a streamed hub dataset: no file to tell its reads apart
     assert counter.summary().skipped["empty"] == (8, "a.jsonl")
+    counter.skipped("a.jsonl", empty=1)  # fewer at a later read: the file's largest count stays
+    assert counter.summary().skipped["empty"] == (8, "a.jsonl")
+
+
+def test_each_other_bad_record_counts_once_and_the_first_stops_the_run():
+    from raytrain.data.bad_records import BadRecord
+
+    counter = Counter()
+    assert not counter.stopped()
+    first, second = (BadRecord(f"a.jsonl line {n}", "not valid JSON", "fix or remove it") for n in (3, 9))
+    counter.bad_record(first)
+    assert counter.stopped()
+    counter.bad_record(second)
+    assert str(counter.summary().bad_record) == \
+        "a.jsonl line 3: not valid JSON (and 1 more bad record): fix or remove it"
