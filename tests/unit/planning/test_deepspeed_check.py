@@ -41,10 +41,23 @@ def zero(**keys):
     {"optimizer": {"type": "AdamW", "params": {"fp32_optimizer_states": True, "bias_correction": True}},
      **zero(offload_optimizer={"device": "cpu"})},
     {"optimizer": {"type": "AdamW", "params": {"adam_w_mode": True, "set_grad_none": True}}},
+    # Adam with adam_w_mode=false and torch_adam: torch's Adam, which has decoupled_weight_decay (AdamW has not)
+    {"optimizer": {"type": "Adam", "params": {"torch_adam": True, "adam_w_mode": False,
+                                              "decoupled_weight_decay": True}}},
     {"optimizer": {"type": "Lion", "params": {"lr": 1e-4}}},  # ZeRO-tested
     {"optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "zero_allow_untested_optimizer": True},  # opted in
     {"optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "zero_optimization": {"stage": 0}},  # no ZeRO: no list
     {"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 100, "warmup_num_steps": 10}}},
+    {"optimizer": {"type": "Muon", "params": {"lr": 0.02}}},  # not in ZeRO's list: DeepSpeed adds it when it checks
+    {"gradient_clipping": 0},  # no clipping, as DeepSpeed reads it
+    {"optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "zero_optimization": {}},  # no stage: 0, no list
+    # a scheduler's other arguments: a string, and -1 for a fresh start
+    {"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10, "warmup_type": "linear",
+                                                  "last_batch_iteration": -1}}},
+    {"scheduler": {"type": "StepLR", "params": {"step_size": 10}}, "zero_optimization": {},
+     "bf16": {"enabled": False}},  # no ZeRO (no stage: 0), fp32: DeepSpeed builds it on torch's optimizer
+    {"optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0}}},  # 0 is no decay, not negative
+    {"optimizer": {"type": "Adagrad", "params": {"lr": 0.01, "lr_decay": 0.1}}},  # torch's Adagrad without offload
 ])
 def test_what_deepspeed_accepts_passes(extra):
     before = repr(extra)
@@ -56,57 +69,118 @@ def test_what_deepspeed_accepts_passes(extra):
     # unknown keys at every level, with DeepSpeed's own closest key
     ({"zero_optimisation": {"stage": 2}}, "deepspeed.zero_optimisation is not a key DeepSpeed reads .*did you mean "
                                           "deepspeed.zero_optimization"),
-    ({"steps_per_prnt": 10}, "did you mean deepspeed.steps_per_print"),
+    ({"steps_per_prnt": 10}, "did you mean deepspeed.steps_per_print\\? \\(see DeepSpeed's config documentation for "
+                             "the keys under deepspeed\\)$"),
     (zero(overlap_com=True), "deepspeed.zero_optimization.overlap_com .*did you mean deepspeed.zero_optimization.overlap_comm"),
     (zero(offload_optimizer={"device": "cpu", "pin_memry": True}), "offload_optimizer.pin_memry .*pin_memory"),
     ({"activation_checkpointing": {"partition_activationz": True}}, "activation_checkpointing.partition_activationz "
                                                                     ".*partition_activations"),
+    # nothing close enough to guess: the few keys there, without a guess
+    ({"activation_checkpointing": {"verbose": True}}, "^deepspeed.activation_checkpointing.verbose is not a key "
+                                                      "DeepSpeed reads \\(it would be ignored\\) \\(valid keys there: "
+                                                      "contiguous_memory_optimization, cpu_checkpointing, "),
     ({"fp16": {"enabled": False, "loss_scal": 0}}, "deepspeed.fp16.loss_scal .*deepspeed.fp16.loss_scale"),
     ({"tensorboard": {"enabled": False, "job_nme": "x"}}, "deepspeed.tensorboard.job_nme .*job_name"),
     # not a mapping where DeepSpeed reads a section
     ({"bf16": True}, "deepspeed.bf16 must be a mapping"),
     (zero(offload_optimizer="cpu"), "deepspeed.zero_optimization.offload_optimizer must be a mapping"),
+    ({"optimizer": "AdamW"}, '^deepspeed.optimizer must be a mapping \\(a JSON object\\), got str "AdamW"$'),
     # strings where DeepSpeed reads numbers or booleans
     (zero(zero_hpz_partition_size="2"), 'zero_hpz_partition_size is the string "2", but DeepSpeed reads a number '
                                         'there: write 2 without quotes'),
     (zero(stage="3"), 'deepspeed.zero_optimization.stage is the string "3"'),
-    ({"gradient_clipping": "1.0"}, 'deepspeed.gradient_clipping is the string "1.0"'),
+    ({"gradient_clipping": "1.0"}, 'deepspeed.gradient_clipping is the string "1.0", but DeepSpeed reads a number '
+                                   'there: write 1.0 without quotes'),
     ({"fp16": {"enabled": "yes"}}, 'deepspeed.fp16.enabled is the string "yes", but DeepSpeed reads a boolean there: '
                                    'write true'),
     ({"activation_checkpointing": {"partition_activations": "false"}}, "write false without quotes"),
-    ({"wall_clock_breakdown": "no"}, "deepspeed.wall_clock_breakdown is the string \"no\""),
+    # a string spelling neither: what to write instead
+    ({"gradient_clipping": "max"}, '^deepspeed.gradient_clipping is the string "max", but DeepSpeed reads a number '
+                                   'there: write a number \\(without quotes\\)$'),
+    ({"wall_clock_breakdown": "maybe"}, '^deepspeed.wall_clock_breakdown is the string "maybe", but DeepSpeed reads a '
+                                        'boolean there: write true or false \\(without quotes\\)$'),
+    ({"wall_clock_breakdown": "no"}, 'deepspeed.wall_clock_breakdown is the string "no", but DeepSpeed reads a boolean '
+                                     'there: write false without quotes'),
     # DeepSpeed's choices and ranges
     (zero(offload_param={"device": "gpu"}), "deepspeed.zero_optimization.offload_param.device must be 'none', 'cpu' "
                                             "or 'nvme' \\(DeepSpeed's rule\\), got str \"gpu\""),
     (zero(reduce_bucket_size=-5), "deepspeed.zero_optimization.reduce_bucket_size must be greater than 0"),
     (zero(stage3_prefetch_bucket_size=-1), "zero_optimization.stage3_prefetch_bucket_size must be greater than or equal"),
     (zero(offload_optimizer={"device": "cpu", "ratio": 2}), "offload_optimizer.ratio must be less than or equal to 1"),
-    (zero(stage=4), "deepspeed.zero_optimization.stage must be"),
+    (zero(stage=4), "^deepspeed.zero_optimization.stage must be 0, 1, 2 or 3 \\(DeepSpeed's rule\\), got int 4$"),
+    # a message of DeepSpeed's own validator, passed on as it is (it names the field itself)
+    ({"fp16": {"enabled": True, "loss_scale": -1}},
+     r"^deepspeed\.fp16\.loss_scale (fp16\.loss_scale )?must be >= 0 \(0 enables dynamic loss scaling\) "
+     r"\(DeepSpeed's rule\), got int -1$"),
+    # a validator across several keys of a section: the section is named
+    ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}},
+     r"^deepspeed\.zero_optimization: Partial offloading only supported for ZeRO Stage 3\. \(DeepSpeed's rule\): "
+     r"fix the values there$"),
     ({"nebula": {"enabled": True}}, "deepspeed.nebula: DeepSpeed refuses it \\(Nebula checkpointing has been removed"),
+    # DeepSpeed's own assert across keys: the last key it read, with its value
+    ({"fp16": {"enabled": True}, "bf16": {"enabled": True}},
+     r"^deepspeed\.bf16\.enabled=true: DeepSpeed refuses it \(bfloat16 and fp16 modes cannot be simultaneously "
+     r"enabled\): fix it there$"),
     # what DeepSpeed hands to a constructor, against its signature
     ({"optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betaz": [0.9, 0.9]}}},
      "deepspeed.optimizer.params.betaz is not a parameter of AdamW.*did you mean deepspeed.optimizer.params.betas"),
     ({"optimizer": {"type": "AdamWW", "params": {}}}, "deepspeed.optimizer.type='AdamWW' is neither .*did you mean AdamW"),
+    ({"optimizer": {"type": "Zzzqq", "params": {}}}, "^deepspeed.optimizer.type='Zzzqq' is neither DeepSpeed's nor "
+                                                     "torch's \\(DeepSpeed would fail inside the workers\\)$"),
+    ({"optimizer": {"type": "Adagrad", "params": {"lr": 0.01, "lr_decay": 0.1}},
+      **zero(offload_optimizer={"device": "cpu"})},
+     "^deepspeed.optimizer.params.lr_decay is not a parameter of Adagrad, which DeepSpeed builds as "
+     "DeepSpeedCPUAdagrad "),
     ({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_step": 10}}}, "scheduler.params.warmup_num_step .*"
                                                                              "warmup_num_steps"),
     ({"optimizer": {"type": "AdamW", "params": {"fused": False}}}, "deepspeed.optimizer.params.fused is not a parameter "
                                                                    "of AdamW, which DeepSpeed builds as FusedAdam here"),
     ({"optimizer": {"type": "AdamW", "params": {"foreach": True}}}, "params.foreach is not a parameter"),
+    # Adam with torch_adam is torch's AdamW (DeepSpeed's adam_w_mode defaults to true); AdamW stays AdamW
+    ({"optimizer": {"type": "Adam", "params": {"torch_adam": True, "decoupled_weight_decay": True}}},
+     "^deepspeed.optimizer.params.decoupled_weight_decay is not a parameter of Adam, which DeepSpeed builds as AdamW "
+     "here "),
+    ({"optimizer": {"type": "AdamW", "params": {"torch_adam": True, "adam_w_mode": False,
+                                                "decoupled_weight_decay": True}}},
+     "^deepspeed.optimizer.params.decoupled_weight_decay is not a parameter of AdamW "),
+    ({"optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentun": 0.9}}, "zero_optimization": {"stage": 0}},
+     "^deepspeed.optimizer.params.momentun is not a parameter of SGD \\(its constructor would refuse it in the "
+     "workers\\); did you mean deepspeed.optimizer.params.momentum\\?"),
     ({"optimizer": {"type": "AdamW", "params": {"adamw_mode": True}}, **zero(offload_optimizer={"device": "cpu"})},
      "params.adamw_mode is not a parameter of AdamW, which DeepSpeed builds as DeepSpeedCPUAdam"),  # passed by it
     ({"optimizer": {"type": "AdamW", "params": {"max_grad_norm": 1.0}}}, "max_grad_norm is not an optimizer parameter: "
                                                                          "clip with deepspeed.gradient_clipping"),
     ({"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 10}}},
      "deepspeed.scheduler.params.total_num_steps is missing: WarmupDecayLR needs it .*or \"auto\""),
+    ({"scheduler": {"type": "StepLR", "params": {}}, "zero_optimization": {}},  # raytrain fills no step_size
+     "^deepspeed.scheduler.params.step_size is missing: StepLR needs it \\(its constructor would refuse to start in "
+     "the workers\\): write a value there$"),
     # ZeRO asserts its optimizer is one it was tested with
     ({"optimizer": {"type": "SGD", "params": {"lr": 0.1}}}, "optimizer.type='SGD' is not an optimizer ZeRO \\(stage 3\\) "
                                                             "supports.*zero_allow_untested_optimizer=true"),
     ({"optimizer": {"type": "Lamb", "params": {"lr": 0.1}}}, "optimizer.type='Lamb' is not an optimizer ZeRO"),
     ({"optimizer": {"type": "RMSprop", "params": {}}}, "optimizer.type='RMSprop' is not an optimizer ZeRO"),
+    ({"optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "zero_optimization": {"stage": 1}},
+     "optimizer.type='SGD' is not an optimizer ZeRO \\(stage 1\\) supports"),
+    ({"optimizer": {"type": "MuAdam", "params": {}}}, "optimizer.type='MuAdam' is not an optimizer ZeRO"),  # mup's
+    # torch's schedulers under DeepSpeed's optimizer wrapper
+    ({"scheduler": {"type": "StepLR", "params": {"step_size": 10}}, "zero_optimization": {"stage": 1}},
+     "^deepspeed.scheduler.type='StepLR' is torch's, which DeepSpeed builds on its own optimizer wrapper under ZeRO "
+     "stage 1 and torch refuses"),
+    ({"scheduler": {"type": "StepLR", "params": {"step_size": 10}}, "zero_optimization": {"stage": 0},
+      "bf16": {"enabled": True}}, "^deepspeed.scheduler.type='StepLR' is torch's, which DeepSpeed builds on its own "
+                                  "optimizer wrapper under bf16/fp16 and torch refuses"),
     # raytrain's own rules
     ({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}}, "offload_param needs stage 3"),
+    ({"zero_optimization": {"offload_param": {"device": "cpu"}}}, "offload_param needs stage 3 \\(stage is 0\\)"),
     (zero(offload_optimizer={"device": "nvme"}), "nvme_path is missing"),
+    (zero(offload_param={"device": "nvme"}), "^deepspeed.zero_optimization.offload_param.device is nvme but "
+                                             "nvme_path is missing: set zero_optimization.offload_param.nvme_path"),
     (zero(zero_hpz_partition_size=3), "zero_hpz_partition_size=3 does not divide world size 4"),
+    (zero(stage=True), "^deepspeed.zero_optimization.stage is true, but it is a stage number: write 3 "),
+    (zero(stage=False), "^deepspeed.zero_optimization.stage is false, but it is a stage number: write 3 "),
+    ({"gradient_clipping": -1.0}, "^deepspeed.gradient_clipping=-1.0 is negative, which DeepSpeed reads as no "
+                                  "clipping: write the maximum gradient norm"),
 ])
 def test_mistakes_are_one_line_naming_the_key(extra, message):
     with pytest.raises(ConfigError, match=message) as e:
@@ -126,6 +200,44 @@ def test_a_micro_batch_beyond_int32_tokens_is_refused():
         check(big, world_size=4)
     check({"train_batch_size": 4 * 2**24, "train_micro_batch_size_per_gpu": 2**24, "gradient_accumulation_steps": 1},
           world_size=4, seq_len=64)  # 2^30 tokens: allowed
+
+
+@pytest.mark.parametrize("micro, seq_len, allowed", [
+    (1, 2**31 - 1, True),  # exactly int32's largest index
+    (2, 2**30 - 1, True),
+    (2, 2**30, False),
+    (2**30, 2, False),
+])
+def test_the_micro_batchs_token_count_is_bounded_at_int32(micro, seq_len, allowed):
+    batch = {"train_batch_size": 4 * micro, "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1}
+    if allowed:
+        check(batch, world_size=4, seq_len=seq_len)
+        return
+    with pytest.raises(ConfigError, match=f"^deepspeed.train_micro_batch_size_per_gpu={micro} x data.seq_len={seq_len} "
+                                          f"= 2,147,483,648 tokens per micro-batch, more than 2,147,483,647 "):
+        check(batch, world_size=4, seq_len=seq_len)
+
+
+@pytest.mark.parametrize("hpz, world_size, allowed", [(2, 4, True), (1, 3, True), (2, 3, False), (4, 2, False)])
+def test_the_hpz_partition_must_divide_the_world_size(hpz, world_size, allowed):
+    extra = {"train_batch_size": 4 * world_size, **zero(zero_hpz_partition_size=hpz)}
+    if allowed:
+        check(extra, world_size=world_size)
+        return
+    with pytest.raises(ConfigError, match=f"^deepspeed.zero_optimization.zero_hpz_partition_size={hpz} does not divide "
+                                          f"world size {world_size}: "):
+        check(extra, world_size=world_size)
+
+
+def test_a_quoted_number_is_named_where_deepspeed_wants_the_number():
+    """A numeric-looking string where DeepSpeed wants a string (a job name) stays; the quoted number after it is
+    the one refused."""
+    ds = {**BATCH, "tensorboard": {"enabled": False, "job_name": "2024"},
+          "zero_optimization": {"stage": 3, "zero_hpz_partition_size": "2"}}
+    with pytest.raises(ConfigError) as e:
+        check_deepspeed(ds, world_size=4, seq_len=128, use_gpu=True)
+    assert str(e.value) == ('deepspeed.zero_optimization.zero_hpz_partition_size is the string "2", but DeepSpeed '
+                            'reads a number there: write 2 without quotes')
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,7 +285,7 @@ def test_what_deepspeed_logs_while_it_parses_goes_to_stderr(capsys):
 # steps_per_print: DeepSpeed prints when (step + 1) % steps_per_print == 0, after every step.
 
 
-@pytest.mark.parametrize("value", [10, 1e9, None])  # 1e9 is a float in JSON; null: DeepSpeed never prints
+@pytest.mark.parametrize("value", [1, 10, 1e9, None])  # 1e9 is a float in JSON; null: DeepSpeed never prints
 def test_steps_per_print_positive_or_null_passes(value):
     check({"steps_per_print": value})
 
@@ -225,7 +337,8 @@ def test_one_setting_under_both_of_its_names_is_refused_naming_both(field, alias
     expected = (f"{Z}.{alias}={shown} and {Z}.{field}={shown} are one setting under two names (DeepSpeed reads "
                 f"either): keep one")
     for order in ((alias, field), (field, alias)):
-        with pytest.raises(ConfigError) as e:
-            check({"zero_optimization": {"stage": 3, **{k: value for k in order}}})
-        assert str(e.value) == expected
+        for others in ({"stage": 3}, {}):  # (the section holding the two names alone too)
+            with pytest.raises(ConfigError) as e:
+                check({"zero_optimization": {**others, **{k: value for k in order}}})
+            assert str(e.value) == expected
     check(zero(**{field: value}))  # either name alone: DeepSpeed reads both
