@@ -200,13 +200,14 @@ def _recorded(cfg: RunConfig, fresh: bool) -> tuple[str | None, dict | None]:
 
 
 def _get_run(client, run_id: str):
-    """The MLflow run, or None where the store does not hold it."""
+    """The MLflow run, or None where the store does not hold it (nor could: an id MLflow refuses, from a
+    record edited by hand; its own "Invalid value" line said to fix the URI)."""
     from mlflow.exceptions import MlflowException
 
     try:
         return client.get_run(run_id)
     except MlflowException as e:
-        if e.error_code == "RESOURCE_DOES_NOT_EXIST":
+        if e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
             return None
         raise
 

@@ -199,9 +199,12 @@ def test_a_continued_run_needs_its_mlflow_run(store, tmp_path):
     ({"mlflow": {"tracking_uri": None, "experiment": "raytrain", "run_id": "0" * 32}},
      rf"run 'r' continues MLflow run {'0' * 32} \({RECORD} in its directory\), which file://.* does not hold: set "
      rf"tracking.mlflow_tracking_uri to the store that holds it, or delete .*/r/{RECORD} to log the rest"),
+    ({"mlflow": {"tracking_uri": None, "experiment": "raytrain", "run_id": "../x"}},
+     rf"run 'r' continues MLflow run \.\./x \({RECORD} in its directory\), which file://.* does not hold: .*, or "
+     rf"delete .*/r/{RECORD} to log the rest"),
     ('{"mlflow": {"run_id": ', rf"/r/{RECORD}: cannot read it \(.*\): check the storage's credentials, or delete the "
                                rf"file to log the rest of the run to a new MLflow run"),
-], ids=["a run the store lacks", "a record cut short"])
+], ids=["a run the store lacks", "an id no store holds", "a record cut short"])
 def test_a_continued_run_whose_record_the_store_cannot_serve_is_refused(store, tmp_path, record, refusal):
     """A store that exists (not only a new one) is asked for the recorded run; a record that is not JSON is
     one line naming the file."""
