@@ -236,6 +236,8 @@ def _from_pydantic(error, ds: dict[str, Any], log: _Log) -> ConfigError:
         return ConfigError(f"{key or 'deepspeed'}: {message} (DeepSpeed's rule): fix the values there")
     if message.startswith("Input should be "):
         message = "must be " + _deduplicated(message.removeprefix("Input should be "))
+    # DeepSpeed's own field validators start with the key ("fp16.loss_scale must be >= 0"): said once
+    message = message.removeprefix(f"{'.'.join((*prefix, *loc))} ")
     return ConfigError(f"{key} {message} (DeepSpeed's rule), got {_shown(value)}")
 
 
