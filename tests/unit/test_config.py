@@ -5,9 +5,13 @@ import functools
 import json
 import pathlib
 
+from typing import Annotated
+
 import pytest
+from pydantic import Field
 
 from raytrain.config import ConfigError, RunConfig, load_config, read_json_file
+from raytrain.config_fields import Float, Int, describe
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -597,6 +601,25 @@ def test_messages_say_what_yaml_made_of_the_value(override, message):
     with pytest.raises(ConfigError) as e:
         load_config(None, [override])
     assert str(e.value).startswith(message), str(e.value)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("scaling.num_workers=[1, 2, 3]", "scaling.num_workers=[1, 2, 3] is neither a number of workers nor [min, max] (an "
+                                      "elastic range): write for example 4 or [2, 4]"),
+    ("checkpoint.name=runs/a", "checkpoint.name='runs/a' is not one directory name: write a name without '/'"),
+    ("checkpoint.name=..", "checkpoint.name='..' is not one directory name"),
+    ("training.max_steps=true", "training.max_steps must be an integer >= 1, got true"),  # not 1: strict
+])
+def test_a_value_its_type_alone_does_not_refuse_is_named_with_the_fix(override, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_range_with_only_an_upper_end_is_described_by_it():
+    # no field declares one today: the words a new `Field(le=...)` field's error would use
+    assert describe(Annotated[Int, Field(le=8)]) == "an integer <= 8"
+    assert describe(Annotated[Float, Field(lt=1)]) == "a number < 1"
 
 
 def test_a_hash_in_an_override_value_is_part_of_the_value():

@@ -57,11 +57,25 @@ def test_a_record_from_before_active_parameters_loads_with_every_parameter_activ
     assert model.num_active_parameters is None and model.active_parameters == spec.model.num_parameters
 
 
-def test_is_frozen(spec):
+def test_a_mixture_of_experts_counts_the_parameters_a_token_runs(spec):
+    # MFU's FLOPs per token: a mixture of experts runs fewer parameters than it holds, and the record keeps the count
+    active = spec.model.num_parameters // 4
+    moe = dataclasses.replace(spec, model=dataclasses.replace(spec.model, num_active_parameters=active))
+    model = RunSpec.from_dict(json.loads(json.dumps(moe.to_dict()))).model
+    assert model.active_parameters == active < model.num_parameters
+
+
+@pytest.mark.parametrize("part, name", [(None, "run_name"), ("deepspeed", "micro_batch_per_gpu"),
+                                        ("cluster", "num_workers"), ("model", "hidden_size"), ("data", "source"),
+                                        ("world_sizes", "world_size")])
+def test_is_frozen_all_the_way_down(part, name, elastic):
+    # every fact a worker reads, the elastic run's plan per size included, is the one the driver resolved
+    obj = elastic if part is None else getattr(elastic, part)
+    obj = obj[0] if part == "world_sizes" else obj
+    before = getattr(obj, name)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        spec.run_name = "other"
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        spec.deepspeed.micro_batch_per_gpu = 1
+        setattr(obj, name, 1)
+    assert getattr(obj, name) == before
 
 
 def test_a_fixed_run_is_its_own_plan_at_its_size(spec):
