@@ -3,7 +3,12 @@ change to the code pass. Preloads the heavy imports once, forks per mutant, patc
 its functions and classes wherever they were imported) and runs pytest.main in the child. Mutations: comparisons,
 arithmetic, constants +-1, and/or, `not`, `if` forced True/False, branch swaps, `raise` -> `pass`, early `return
 None`, min <-> max. A mutant on a line the tests never run is "uncovered" (not run with --skip-uncovered); a
-timeout counts as killed. Run from the repository root, one job at a time (a mutant of a planner module: 1-10 s):
+timeout counts as killed. Run from the repository root, one job at a time (a mutant of a planner module: 1-10 s).
+
+Not valid for a module that other modules use at import time (session 53, config_fields.py): re-running its source
+empties its registries (config_fields.SECTIONS: every mutant then "killed" by the lost "did you mean" hint), and
+functions that pydantic captured in another module's classes (field validators) are never mutated. Check such a
+module's baseline first: an unmutated re-run must pass the tests.
 
     python benchmarks/mutate.py raytrain/planning/choose.py --tests tests/unit/planning/test_choose.py \
         --skip-uncovered --out /tmp/choose.jsonl
