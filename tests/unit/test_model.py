@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from transformers import (BambaConfig, BertConfig, BertGenerationConfig, BloomConfig, FalconH1Config, Gemma2Config,
                           GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, LlamaConfig, LlamaForCausalLM, NemotronHConfig,
-                          T5Config)
+                          RoFormerConfig, T5Config, ViTConfig)
 
 import raytrain
 from raytrain.config import ConfigError, ModelConfig, RunConfig
-from raytrain.model import (byte_tokenizer, config_from_facts, flops_per_token, load_model_config, load_tokenizer,
-                            model_source, token_id_warning_held)
+from raytrain.model import (byte_tokenizer, causal_lm_class_name, config_from_facts, flops_per_token, load_model_config,
+                            load_tokenizer, model_source, token_id_warning_held, token_ids_outside_vocab)
 from raytrain.planning.resolve import advice, resolve_run, shape_from_config
 from raytrain.run_spec import ClusterShape
 from tests.helpers import forget_said_warnings, transformers_log
@@ -34,6 +34,12 @@ def test_the_model_line_says_weights_or_random_init_and_the_key_that_loads_weigh
     assert model_source(ModelConfig(name_or_path="/m")) == (
         "random init from /m's config (model.pretrained=true loads its weights)")
     assert model_source(ModelConfig()).startswith("random init of the built-in tiny Llama")
+    # a checkpoint the workers restore replaces whatever the model was built with
+    assert model_source(ModelConfig(name_or_path="/m", pretrained=True), "/runs/a/checkpoint_3") == (
+        "weights from checkpoint /runs/a/checkpoint_3 (the model built from /m's config, no weights read)")
+    assert model_source(ModelConfig(), "/runs/a/checkpoint_3") == (
+        "weights from checkpoint /runs/a/checkpoint_3 (the model built from the built-in tiny Llama's config, no "
+        "weights read)")
 
 
 def test_pretrained_needs_a_model_and_weights_in_its_directory(tmp_path):
@@ -107,6 +113,14 @@ def test_pretrained_weights_are_loaded_as_saved_or_the_override_is_refused(tmp_p
     with pytest.raises(ConfigError, match=r"^model.config.tie_word_embeddings=True .*\(drops lm_head.weight\)"):
         load(tie_word_embeddings=True)
     assert load(attention_dropout=0.1, max_position_embeddings=4096).max_position_embeddings == 4096  # no weight
+    path = _pretrained(tmp_path / "tied", tie_word_embeddings=True)
+    with pytest.raises(ConfigError, match=r"^model.config.tie_word_embeddings=False .*\(adds lm_head.weight, randomly "
+                                          r"initialised\)"):
+        load(tie_word_embeddings=False)
+    path = _pretrained(tmp_path / "two", num_hidden_layers=2)
+    with pytest.raises(ConfigError, match=r"^model.config.num_hidden_layers=1 .*\(drops "
+                                          r"model.layers.1.self_attn.q_proj.weight and 8 more\)"):
+        load(num_hidden_layers=1)
     # random init builds whatever the config says
     assert load_model_config(ModelConfig(name_or_path=path, config={"num_hidden_layers": 2})).num_hidden_layers == 2
 
@@ -128,20 +142,28 @@ def test_a_tokenizer_bigger_than_a_pretrained_vocabulary_is_not_told_to_grow_it(
     (BertConfig(**TINY), r"\(BertConfig\) is an encoder \(is_decoder=false: each token attends to the tokens after it"),
     # no masked-LM class, but its attention follows is_decoder (the meta-device build's is_causal says so)
     (BertGenerationConfig(**TINY), r"\(BertGenerationConfig\) is an encoder \(is_decoder=false"),
+    # a masked-LM family whose attention modules carry no is_causal flag: refused by its family
+    (RoFormerConfig(**TINY), r"\(RoFormerConfig\) is an encoder \(is_decoder=false"),
+    (ViTConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2),
+     r"\(ViTConfig\) has no causal LM class \(AutoModelForCausalLM\)"),
     (T5Config(d_model=16, d_ff=32, num_layers=1, num_heads=2, vocab_size=320),
      r"\(T5Config\) is an encoder-decoder model"),
 ])
 def test_models_that_are_not_decoder_only_causal_lms_are_refused(tmp_path, config, what):
     config.save_pretrained(tmp_path)
-    for pretrained in (False, True):  # BERT's causal LM class would train, seeing the tokens it predicts
+    # BERT's causal LM class would train, seeing the tokens it predicts; trust_remote_code lets through only a
+    # config whose auto_map names a causal LM class of its own
+    for pretrained, remote in ((False, False), (True, False), (False, True)):
         if pretrained:
             (tmp_path / "model.safetensors").write_bytes(b"")  # refused before any weight is read
         with pytest.raises(ConfigError, match=f"^model.name_or_path=.* {what}.*: raytrain trains decoder-only causal "
                                               f"LMs"):
-            load_model_config(ModelConfig(name_or_path=str(tmp_path), pretrained=pretrained))
+            load_model_config(ModelConfig(name_or_path=str(tmp_path), pretrained=pretrained, trust_remote_code=remote))
 
 
 def test_a_file_a_missing_directory_remote_code_and_an_unreachable_hub_id_name_their_fix(tmp_path, monkeypatch):
+    from raytrain import model
+
     path = _pretrained(tmp_path)
     with pytest.raises(ConfigError, match=f"^model.name_or_path={path}/config.json is a file; give its directory "
                                           f"\\(model.name_or_path={path}\\)$"):
@@ -150,14 +172,26 @@ def test_a_file_a_missing_directory_remote_code_and_an_unreachable_hub_id_name_t
         load_tokenizer(ModelConfig(tokenizer=f"{path}/tokenizer.json"))
     with pytest.raises(ConfigError, match=f"there is no directory {tmp_path}/nothing: check the path$"):
         load_model_config(ModelConfig(name_or_path=str(tmp_path / "nothing")))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=f"^model.name_or_path='{tmp_path}/empty': cannot load its config \\(.*\\); "
+                                          f"give a directory written by save_pretrained \\(with config.json\\), or a "
+                                          f"hub id$"):
+        load_model_config(ModelConfig(name_or_path=str(tmp_path / "empty")))
     (tmp_path / "code").mkdir()  # a model whose config names its own code
     (tmp_path / "code" / "cfg.py").write_text("from transformers import LlamaConfig\n"
                                               "class MyConfig(LlamaConfig):\n    model_type = 'mine'\n")
+    (tmp_path / "code" / "modeling.py").write_text("from transformers import LlamaForCausalLM\nfrom .cfg import "
+                                                   "MyConfig\nclass MyLM(LlamaForCausalLM):\n"
+                                                   "    config_class = MyConfig\n")
     (tmp_path / "code" / "config.json").write_text(json.dumps(
-        {**TINY, "model_type": "mine", "auto_map": {"AutoConfig": "cfg.MyConfig"}}))
+        {**TINY, "model_type": "mine", "auto_map": {"AutoConfig": "cfg.MyConfig", "AutoModelForCausalLM":
+                                                    "modeling.MyLM"}}))
     with pytest.raises(ConfigError, match=r"cannot load its config \(.*custom code.*\); .*: set "
                                           r"model.trust_remote_code=true to run it \(only for code you trust\)$"):
         load_model_config(ModelConfig(name_or_path=str(tmp_path / "code")))
+    # trusted, its causal LM class is its own (no class of transformers' for its config)
+    trusted = ModelConfig(name_or_path=str(tmp_path / "code"), trust_remote_code=True)
+    assert load_model_config(trusted).vocab_size == 320
     import huggingface_hub.constants
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # as HF_HUB_OFFLINE=1: no request made
@@ -167,6 +201,23 @@ def test_a_file_a_missing_directory_remote_code_and_an_unreachable_hub_id_name_t
                                           r"name and the network, or download it first \(hf download "
                                           r"raytrain-test/absent --local-dir DIR\) and set model.name_or_path=DIR$"):
         load_model_config(ModelConfig(name_or_path="raytrain-test/absent"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # the fix without the offline note
+    for spec in ("raytrain-test/absent", "absent"):  # ORG/NAME or NAME: a hub id
+        assert model._load_fix(spec, OSError("404"), "model.tokenizer") == (
+            f"no local directory {spec!r}, so it is a Hugging Face hub id: check the name and the network, or "
+            f"download it first (hf download {spec} --local-dir DIR) and set model.tokenizer=DIR")
+    for spec in ("raytrain-test/absent/sub", "./absent", "~/absent"):  # a path, not there
+        assert model._load_fix(spec, OSError("404"), "model.tokenizer") == (
+            f"there is no directory {spec}: check the path")
+    # a hub the driver cannot reach is said at once (the whole line: test_an_unreachable_hub_is_one_line_...),
+    # and a local directory named like a hub id is read from disk, never asked of the hub
+    monkeypatch.setattr(model, "hub_unreachable", lambda repo_id, repo_type="model": "http://127.0.0.1:9: refused")
+    with pytest.raises(ConfigError, match=r"^model.name_or_path='raytrain-test/absent': cannot load its config: no "
+                                          r"local directory 'raytrain-test/absent', so it is a Hugging Face hub id, "
+                                          r"but the hub cannot be reached \(http://127.0.0.1:9: refused\)"):
+        load_model_config(ModelConfig(name_or_path="raytrain-test/absent"))
+    monkeypatch.chdir(tmp_path / "llama" / "..")
+    assert load_model_config(ModelConfig(name_or_path="llama")).vocab_size == 320
 
 
 def test_a_model_built_from_a_config_takes_the_token_ids_of_the_tokenizer_it_trains_with(tmp_path):
@@ -385,17 +436,39 @@ def test_overrides_are_checked_by_the_config_class_and_the_model_as_a_worker_bui
     with pytest.raises(ConfigError, match=r"^model.config.pad_token_id=320 is outside the model's vocabulary "
                                           r"\(vocab_size=320\): use ids from 0 to 319, or null$"):
         load(pad_token_id=320)  # transformers only warns; the embedding's padding_idx asserts in every worker
+    with pytest.raises(ConfigError, match=r"^model.config.eos_token_id=\[2, 400\] is outside the model's vocabulary"):
+        load(eos_token_id=[2, 400])  # a list of ids: each is checked
+    with pytest.raises(ConfigError, match=re.escape(
+            "model.config.rope_theta: LlamaConfig has no such field; it is part of model.config.rope_parameters (now "
+            '{"rope_theta": 500000.0, "rope_type": "default"}): give that with your rope_theta')):
+        load(rope_theta=1e6)  # transformers 5 keeps it in rope_parameters: given beside them it was ignored
     with pytest.raises(ConfigError, match=r"^model.config.hidden_act='gelu_fast2' is not an activation transformers "
                                           r"knows: did you mean gelu_fast\?"):
         load(hidden_act="gelu_fast2")
     with pytest.raises(ConfigError, match=r"^model.config.rope_scaling: rope_type='yarnn' is not a RoPE type "
                                           r"transformers knows: did you mean yarn\?"):
         load(rope_scaling={"rope_type": "yarnn", "factor": 2.0})
+    # nothing close: the known names alone
+    with pytest.raises(ConfigError, match=r"^model.config.hidden_act='zzzz' is not an activation transformers "
+                                          r"knows: \(known: .*\bsilu\b"):
+        load(hidden_act="zzzz")
+    with pytest.raises(ConfigError, match=r"^model.config.rope_scaling: rope_type='zzzz' is not a RoPE type "
+                                          r"transformers knows: \(known: .*\blinear\b"):
+        load(rope_scaling={"rope_type": "zzzz", "factor": 2.0})
+    assert load(pad_token_id=0).pad_token_id == 0
     # a good rope_scaling keeps the model's rope_theta (set as an attribute it became None: a TypeError in
     # every worker's rotary embedding), and the run config's own dict is left as written
     scaling = {"rope_type": "linear", "factor": 2.0}
     assert load(rope_scaling=scaling).rope_parameters == {"rope_type": "linear", "factor": 2.0, "rope_theta": 500000.0}
     assert scaling == {"rope_type": "linear", "factor": 2.0}
+    # a model without RoPE, and an override given by the name its attribute_map aliases (GPT-2's n_head)
+    GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=320, n_positions=64).save_pretrained(tmp_path / "gpt2")
+    gpt2 = load_model_config(ModelConfig(name_or_path=str(tmp_path / "gpt2"),
+                                         config={"resid_pdrop": 0.0, "num_attention_heads": 4}))
+    assert (gpt2.n_head, gpt2.resid_pdrop) == (4, 0.0)
+    with pytest.raises(ConfigError, match=r"^model.config.num_attention_head: GPT2Config has no such field; did you "
+                                          r"mean model.config.num_attention_heads\?$"):
+        load_model_config(ModelConfig(name_or_path=str(tmp_path / "gpt2"), config={"num_attention_head": 4}))
 
 
 def test_the_planner_and_the_workers_count_a_tokens_flops_with_one_function():
@@ -465,6 +538,11 @@ def test_a_pad_token_id_outside_the_vocabulary_is_an_error_or_a_frozen_row_not_a
                                           r"the model's vocabulary \(vocab_size=400\)"):
         load_model_config(ModelConfig(name_or_path=str(tmp_path / "past"), config={"vocab_size": 400}))
     assert load_model_config(ModelConfig(name_or_path=str(tmp_path / "past"), config={"pad_token_id": None}))
+    # an id outside that builds (Llama's eos_token_id) beside an override the model cannot be built with: the
+    # override is named, not the id
+    LlamaConfig(**TINY, eos_token_id=600).save_pretrained(tmp_path / "eos")
+    with pytest.raises(ConfigError, match=r"^model.config.intermediate_size=-3: the model cannot be built with it"):
+        load_model_config(ModelConfig(name_or_path=str(tmp_path / "eos"), config={"intermediate_size": -3}))
     # -1 builds: torch counts it from the end, and the last row, here the byte tokenizer's EOS, gets no gradient.
     # A model built from a config takes the tokenizer's EOS and BOS: the config's 4400 is not said.
     LlamaConfig(**{**TINY, "vocab_size": 257}, pad_token_id=-1, eos_token_id=4400).save_pretrained(tmp_path / "neg")
@@ -479,6 +557,17 @@ def test_a_pad_token_id_outside_the_vocabulary_is_an_error_or_a_frozen_row_not_a
         f"exported model fails on a batch once one of its rows ends before the others (the rows that ended are "
         f"filled with this id: index out of range); the exported config.json keeps it: set "
         f"model.config.pad_token_id=null"]
+
+
+@pytest.mark.parametrize("values, vocab, outside", [
+    ({"pad_token_id": 5, "eos_token_id": 320, "bos_token_id": -1, "vocab_size": 999}, 320,
+     {"eos_token_id": 320, "bos_token_id": -1}),
+    ({"eos_token_id": [2, 400], "bos_token_id": [0, 319], "pad_token_id": None}, 320, {"eos_token_id": [2, 400]}),
+    ({"pad_token_id": True, "sep_token_id": "7", "decoder_start_token_id": 0}, 1, {}),  # no ids, or within
+    ({"pad_token_id": 500}, None, {}),  # a config without a vocabulary size: nothing to compare with
+], ids=["ids", "id-lists", "not-ids", "no-vocab-size"])
+def test_the_token_ids_outside_the_vocabulary_are_the_integer_ids_past_either_end(values, vocab, outside):
+    assert token_ids_outside_vocab(values, vocab) == outside
 
 
 def test_the_hold_is_only_transformers_token_id_warning_and_only_inside_the_block():
@@ -648,6 +737,9 @@ def test_a_pretrained_directorys_weight_files_are_read_on_the_driver_not_first_i
     """Each passed the driver and failed every worker's from_pretrained: a shard the index names missing
     (FileNotFoundError), a damaged safetensors file (SafetensorError), weights of another config (a size
     mismatch). The driver reads the safetensors headers only (names and shapes), never a tensor."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
     def refused(path):
         with pytest.raises(ConfigError) as e:
             load_model_config(ModelConfig(name_or_path=str(path), pretrained=True))
@@ -655,16 +747,26 @@ def test_a_pretrained_directorys_weight_files_are_read_on_the_driver_not_first_i
 
     sharded = tmp_path / "sharded"
     LlamaForCausalLM(LlamaConfig(**TINY)).save_pretrained(sharded, max_shard_size="10KB")  # 4 shards
+    assert load_model_config(ModelConfig(name_or_path=str(sharded), pretrained=True)).vocab_size == 320  # all there
     (sharded / "model-00002-of-00004.safetensors").unlink()
     assert refused(sharded) == (f"model.pretrained=true but {sharded}/model.safetensors.index.json names shards that "
                                 f"are not in {sharded}: model-00002-of-00004.safetensors (1 of 4 files): "
                                 f"{_DROP.format(sharded)}")
+    (sharded / "model-00004-of-00004.safetensors").unlink()
+    assert refused(sharded).startswith(f"model.pretrained=true but {sharded}/model.safetensors.index.json names "
+                                       f"shards that are not in {sharded}: model-00002-of-00004.safetensors and 1 "
+                                       f"more (2 of 4 files): ")
     (sharded / "model.safetensors.index.json").write_text('{"weight_map": ')  # a copy cut short
     assert refused(sharded).startswith(f"model.pretrained=true but {sharded}/model.safetensors.index.json is not an "
                                        f"index of weight files (a JSON object whose weight_map names a shard per "
                                        f"weight; JSONDecodeError: ")
 
     damaged = Path(_pretrained(tmp_path))
+    config = json.loads((damaged / "config.json").read_text())  # config.json may name the file from_pretrained reads
+    (damaged / "config.json").write_text(json.dumps({**config, "transformers_weights": "other.safetensors"}))
+    assert refused(damaged) == (f"model.pretrained=true but {damaged} has no other.safetensors (its config.json's "
+                                f"transformers_weights): {_DROP.format(damaged)}")
+    (damaged / "config.json").write_text(json.dumps(config))
     whole = (damaged / "model.safetensors").read_bytes()
     for content, reason in ((b"garbage" * 10, "header too large"),
                             (whole[: len(whole) // 2], "incomplete metadata, file not fully covered")):
@@ -680,6 +782,21 @@ def test_a_pretrained_directorys_weight_files_are_read_on_the_driver_not_first_i
                               f"model.layers.0.mlp.gate_proj.weight as [24, 16], where the model {other}/config.json "
                               f"describes has [32, 16] (and 2 more weights differ): give the config.json the weights "
                               f"were saved with, or drop model.pretrained to train from random init")
+    LlamaForCausalLM(LlamaConfig(**TINY)).save_pretrained(other)  # one weight of another shape
+    weights = load_file(other / "model.safetensors")
+    save_file({**weights, "model.layers.0.self_attn.q_proj.weight": torch.zeros(8, 16)}, other / "model.safetensors",
+              metadata={"format": "pt"})
+    with pytest.raises(ConfigError, match=re.escape(
+            f"model.pretrained=true but {other}/model.safetensors holds model.layers.0.self_attn.q_proj.weight as "
+            f"[8, 16], where the model {other}/config.json with model.config's overrides describes has [16, 16]: give "
+            f"the config.json")):
+        load_model_config(ModelConfig(name_or_path=str(other), pretrained=True, config={"attention_dropout": 0.1}))
+    save_file({**weights, "model.layers.0.self_attn.q_proj.weight": torch.zeros(8, 16),
+               "model.layers.0.self_attn.k_proj.weight": torch.zeros(8, 16)}, other / "model.safetensors",
+              metadata={"format": "pt"})
+    assert refused(other).startswith(f"model.pretrained=true but {other}/model.safetensors holds "
+                                     f"model.layers.0.self_attn.q_proj.weight as [8, 16], where the model "
+                                     f"{other}/config.json describes has [16, 16] (and 1 more weights differ): ")
 
 
 def test_weights_a_pretrained_checkpoint_lacks_are_refused_not_randomly_initialised(tmp_path):
@@ -693,6 +810,10 @@ def test_weights_a_pretrained_checkpoint_lacks_are_refused_not_randomly_initiali
             f"model.pretrained=true but the weights in {path} have no lm_head.weight of the 12 the model "
             f"{path}/config.json describes has (from_pretrained would initialise them randomly): give the weights "
             f"saved with this config.json, or drop model.pretrained to train from random init")):
+        load_model_config(ModelConfig(name_or_path=str(path), pretrained=True))
+    save_file({k: v for k, v in weights.items() if k not in ("lm_head.weight", "model.norm.weight")},
+              path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ConfigError, match=re.escape("have no model.norm.weight and 1 more of the 12 the model")):
         load_model_config(ModelConfig(name_or_path=str(path), pretrained=True))
 
 
@@ -727,10 +848,27 @@ def test_checkpoints_from_pretrained_reads_as_they_are_pass(tmp_path):
     AutoModelForCausalLM.from_config(mixtral).save_pretrained(tmp_path / "mixtral")
     assert loads(tmp_path / "mixtral")
 
+    quantized = tmp_path / "quantized"  # packed weights of their own shapes: not compared
+    LlamaForCausalLM(LlamaConfig(**TINY)).save_pretrained(quantized)
+    config = json.loads((quantized / "config.json").read_text())
+    (quantized / "config.json").write_text(json.dumps({**config, "quantization_config": {
+        "quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}))
+    weights = load_file(quantized / "model.safetensors")
+    weights["model.layers.0.self_attn.q_proj.weight"] = torch.zeros(128, 1, dtype=torch.uint8)
+    save_file(weights, quantized / "model.safetensors", metadata={"format": "pt"})
+    assert loads(quantized)
+
     (tmp_path / "pickled").mkdir()
     LlamaConfig(**TINY).save_pretrained(tmp_path / "pickled")
     (tmp_path / "pickled" / "pytorch_model.bin").write_bytes(b"")  # not read: the pickle format loads whole
     assert loads(tmp_path / "pickled")
+
+
+def test_the_class_name_written_as_architectures_is_the_remote_codes_only_when_it_is_trusted():
+    config = LlamaConfig(**TINY, auto_map={"AutoConfig": "org/repo--cfg.MyConfig",
+                                           "AutoModelForCausalLM": "org/repo--modeling.MyForCausalLM"})
+    assert causal_lm_class_name(config, trust_remote_code=True) == "MyForCausalLM"
+    assert causal_lm_class_name(config) == causal_lm_class_name(LlamaConfig(**TINY), True) == "LlamaForCausalLM"
 
 
 def test_key_value_heads_that_do_not_divide_the_query_heads_are_refused_where_the_forward_would_fail(tmp_path):
@@ -743,12 +881,12 @@ def test_key_value_heads_that_do_not_divide_the_query_heads_are_refused_where_th
     def forward(config):
         AutoModelForCausalLM.from_config(config)(torch.tensor([[1, 2, 3]]))
 
-    with pytest.raises(ConfigError, match=re.escape(
+    with pytest.raises(ConfigError, match="^" + re.escape(
             "model.config.num_key_value_heads=3: num_attention_heads=4 is not a multiple of num_key_value_heads=3, "
             "and LlamaAttention shares each key/value head among num_attention_heads // num_key_value_heads = 1 "
             "query heads, 3 of 4 (every worker's first forward fails on the size mismatch); set "
             "model.config.num_key_value_heads to a divisor of num_attention_heads=4: 1, 2 or 4")):
-        load_model_config(ModelConfig(config={"num_key_value_heads": 3}))  # the built-in model
+        load_model_config(ModelConfig(config={"attention_dropout": 0.0, "num_key_value_heads": 3}))  # built-in
     uneven = LlamaConfig(**{**TINY, "hidden_size": 32, "num_attention_heads": 4}, num_key_value_heads=3)
     with pytest.raises(RuntimeError, match=r"The size of tensor a \(4\) must match the size of tensor b \(3\)"):
         forward(uneven)  # what each worker's first step raised
@@ -765,6 +903,15 @@ def test_key_value_heads_that_do_not_divide_the_query_heads_are_refused_where_th
                                           r"model.config.num_attention_heads to a multiple of num_key_value_heads=4$"):
         load_model_config(ModelConfig(name_or_path=str(tmp_path / "even"), config={"num_attention_heads": 2}))
     assert load_model_config(ModelConfig(name_or_path=str(tmp_path / "even"), config={"num_key_value_heads": 2}))
+    for heads, divisors in ((1, "1"), (2, "1 or 2")):
+        with pytest.raises(ConfigError, match=f"; set model.config.num_key_value_heads to a divisor of "
+                                              f"num_attention_heads={heads}: {divisors}$"):
+            load_model_config(ModelConfig(config={"num_attention_heads": heads, "num_key_value_heads": 4}))
+    (tmp_path / "json" / "model.safetensors").write_bytes(b"")  # refused before any weight is read
+    with pytest.raises(ConfigError, match=re.escape(  # the weights were saved with some other count: not guessed
+            "; correct num_key_value_heads in its config.json (a divisor of 4: 1, 2 or 4; the one the weights were "
+            "saved with)") + "$"):
+        load_model_config(ModelConfig(name_or_path=str(tmp_path / "json"), pretrained=True))
     jetmoe = JetMoeConfig(**{**TINY, "hidden_size": 32, "num_attention_heads": 4}, num_key_value_heads=3)
     forward(jetmoe)  # runs: its query heads are num_key_value_heads x num_experts_per_tok
     jetmoe.save_pretrained(tmp_path / "jetmoe")
