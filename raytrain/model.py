@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import difflib
 import functools
 import inspect
@@ -119,7 +120,7 @@ def load_model_config(cfg: ModelConfig):
 
         hf_config = _validated(build, cfg.config)
     _check_causal_lm(hf_config, cfg)
-    _check_token_ids_build(hf_config, cfg)
+    _check_token_ids_build(hf_config, cfg, build if cfg.config else None)
     if cfg.config:
         _check_overrides_build(hf_config, cfg, build)
     _check_kv_heads(hf_config, cfg)
@@ -203,13 +204,14 @@ def token_ids_outside_vocab(values: dict[str, Any], vocab_size: int | None) -> d
         for i in (value if isinstance(value, list) else [value]))}
 
 
-def _check_token_ids_build(hf_config, cfg: ModelConfig) -> None:
+def _check_token_ids_build(hf_config, cfg: ModelConfig, build=None) -> None:
     """A token id of config.json outside the vocabulary that the model cannot be built with is a
     mistake of the file: Llama-family models make pad_token_id their embedding's padding_idx, which
     torch refuses past the table ("Padding_idx must be within num_embeddings"): a traceback from the
     driver's meta build, else from every worker. One line naming the key instead. Only when there is
     such an id: a meta-device build (cached), and one more without the ids on failure, to tell their
-    failure from any other (left to the overrides' check, `_check_overrides_build`, which names the key)."""
+    failure from any other (left to the overrides' check, `_check_overrides_build`, which names the key).
+    `build(overrides)`: the config with `overrides` (model.config's are in `hf_config`), where there are any."""
     vocab = getattr(hf_config, "vocab_size", None)
     outside = token_ids_outside_vocab(hf_config.to_dict(), vocab)
     if not outside:
@@ -229,6 +231,10 @@ def _check_token_ids_build(hf_config, cfg: ModelConfig) -> None:
         weight_shapes(hf_config, cfg.trust_remote_code)
     except Exception as e:  # whatever the model's constructor raises: AssertionError, IndexError, ...
         if not builds(outside):  # not the ids' doing: left to the overrides' check (_check_overrides_build)
+            ids = _id_overrides(cfg.config)
+            if build is not None and ids != cfg.config:  # unless the ids fail without the other overrides too:
+                # the overrides' check would re-raise that failure (a traceback); the ids are named first
+                _check_token_ids_build(build(ids), dataclasses.replace(cfg, config=ids))
             return
         # the ids the build fails on (Llama's pad_token_id, not its eos_token_id), each tried alone; all if it
         # takes more than one (a meta build each, cached, and only on this error path)
@@ -393,12 +399,24 @@ def _check_overrides_build(hf_config, cfg: ModelConfig, build) -> None:
         def builds(overrides):
             weight_shapes(build(overrides), cfg.trust_remote_code)
 
-        try:
-            builds({})
-        except Exception:  # not the overrides' doing (remote code missing a package, ...): as before, unnamed
+        # Without the overrides, or with only those of the ids (config.json's ids may fail its build: the token-id
+        # check named them unless an override fixes them); failing both ways, it is not the overrides' doing
+        # (remote code missing a package, ...): raised as it is
+        for baseline in ({}, _id_overrides(cfg.config)):
+            try:
+                builds(baseline)
+                break
+            except Exception:
+                continue
+        else:
             raise e from None
         raise ConfigError(f"{_named(cfg.config, builds)}: the model cannot be built with it ({reason}): set a value "
                           f"{type(hf_config).__name__} accepts") from None
+
+
+def _id_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+    """The overrides that set token ids or the vocabulary they index: what the token-id check judges."""
+    return {k: v for k, v in overrides.items() if k.endswith("_token_id") or k == "vocab_size"}
 
 
 def _named(overrides: dict[str, Any], attempt) -> str:

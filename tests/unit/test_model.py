@@ -543,6 +543,17 @@ def test_a_pad_token_id_outside_the_vocabulary_is_an_error_or_a_frozen_row_not_a
     LlamaConfig(**TINY, eos_token_id=600).save_pretrained(tmp_path / "eos")
     with pytest.raises(ConfigError, match=r"^model.config.intermediate_size=-3: the model cannot be built with it"):
         load_model_config(ModelConfig(name_or_path=str(tmp_path / "eos"), config={"intermediate_size": -3}))
+    # both mistakes at once, config.json's id that fails its build and an override that fails too: the file's id
+    # is named first (the overrides' check re-raised torch's assertion: a traceback)
+    with pytest.raises(ConfigError, match=r"^.*/past has pad_token_id=500 in its config.json, outside the model's "
+                                          r"vocabulary \(vocab_size=320\): .*; set model.config.pad_token_id=null"):
+        load_model_config(ModelConfig(name_or_path=str(tmp_path / "past"), config={"intermediate_size": -3}))
+    with pytest.raises(ConfigError, match=r"^model.config.intermediate_size=-3: the model cannot be built with it"):
+        load_model_config(ModelConfig(name_or_path=str(tmp_path / "past"),
+                                      config={"intermediate_size": -3, "pad_token_id": None}))  # the fix named
+    with pytest.raises(ConfigError, match=r"^model.config.intermediate_size=-3: the model cannot be built with it"):
+        load_model_config(ModelConfig(name_or_path=str(tmp_path / "past"),  # a table the id fits, or a traceback
+                                      config={"vocab_size": 1000, "intermediate_size": -3}))
     # -1 builds: torch counts it from the end, and the last row, here the byte tokenizer's EOS, gets no gradient.
     # A model built from a config takes the tokenizer's EOS and BOS: the config's 4400 is not said.
     LlamaConfig(**{**TINY, "vocab_size": 257}, pad_token_id=-1, eos_token_id=4400).save_pretrained(tmp_path / "neg")
