@@ -1,8 +1,8 @@
 """A run whose data and checkpoints are on S3, as on a cloud cluster: `python -m raytrain.main` on the
 shared `ray start` cluster with data.path and checkpoint.storage_path s3:// URIs, against a real S3 API
 (moto's server; pyarrow, Ray Data and Ray Train talk to it as to AWS). Every path the run prints keeps
-its scheme; the same command again finds the finished run through Ray Train's record on S3; the
-export reads the checkpoint from S3 and writes the model back there; --fresh's set-aside moves the run
+its scheme; the same command with one step more finds the run through Ray Train's record on S3 and
+continues it from its checkpoint there, each worker downloading only its own shards; the export reads the checkpoint from S3 and writes the model back there; --fresh's set-aside moves the run
 object by object and Ray Train still reads it where it went."""
 
 import json
@@ -44,9 +44,10 @@ def runs(ray_cluster, s3):
     argv = [sys.executable, "-m", "raytrain.main", *ARGS, f"data.path={data}", f"checkpoint.storage_path={storage}"]
     first = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    again = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    return {"env": env, "storage": storage, "first": first.stdout, "again": again.stdout}
+    longer = [item.replace("training.max_steps=3", "training.max_steps=4") for item in argv]
+    more = subprocess.run(longer, env=env, capture_output=True, text=True, timeout=900)
+    assert more.returncode == 0, more.stdout[-3000:] + more.stderr[-3000:]
+    return {"env": env, "storage": storage, "first": first.stdout, "more": more.stdout}
 
 
 def test_the_run_trains_on_s3_data_and_prints_its_checkpoint_as_a_uri(runs, s3):
@@ -62,10 +63,16 @@ def test_the_run_trains_on_s3_data_and_prints_its_checkpoint_as_a_uri(runs, s3):
     assert sum(i.base_name.endswith("optim_states.pt") for i in shards) == 2  # every rank's shard uploaded
 
 
-def test_the_same_command_again_finds_the_finished_run_on_s3(runs):
-    out = runs["again"]
-    assert f"raytrain: run 'cloud' in {runs['storage']} is already done at step 3" in out, out[-3000:]
-    assert f"raytrain: checkpoint {runs['storage']}/cloud/checkpoint_step_00000003\n" in out, out[-3000:]
+def test_one_step_more_continues_the_run_from_its_checkpoint_on_s3(runs, s3):
+    out = runs["more"]
+    assert f"raytrain: run 'cloud' exists in {runs['storage']}: continuing from its latest checkpoint" in out, out[-3000:]
+    assert f"raytrain: checkpoint {runs['storage']}/cloud/checkpoint_step_00000004\n" in out, out[-3000:]
+    fs = s3.filesystem()
+    read = lambda step: json.loads(fs.open_input_stream(  # noqa: E731
+        f"{s3.bucket}/runs/cloud/checkpoint_step_{step:08d}/raytrain.json").read())["history"]
+    three, four = read(3), read(4)
+    assert [m["step"] for m in four] == [1, 2, 3, 4] and four[:3] == three  # restored from S3, then extended
+    assert four[3]["resumed_from_step"] == 3
 
 
 def test_export_reads_the_checkpoint_from_s3_and_writes_the_model_there(runs, s3, tmp_path):
@@ -90,5 +97,5 @@ def test_fresh_sets_the_run_aside_object_by_object_and_ray_train_still_reads_it(
     aside = layout.set_aside(f"{runs['storage']}/cloud", ".replaced-1")
     assert layout.latest_checkpoint(f"{runs['storage']}/cloud") is None  # nothing left where it was
     checkpoint = layout.latest_checkpoint(aside)  # Ray Train's record moved with it, and still names its checkpoint
-    assert layout.checkpoint_uri(aside, checkpoint) == f"{aside}/checkpoint_step_00000003"
-    assert layout.read_metadata(checkpoint)["step"] == 3
+    assert layout.checkpoint_uri(aside, checkpoint) == f"{aside}/checkpoint_step_00000004"
+    assert layout.read_metadata(checkpoint)["step"] == 4

@@ -4,12 +4,17 @@ and evaluation on the engine. Only `report` (the loop's one call into Ray Train)
 it merges the ranks' checkpoint files into one directory, as Ray Train does.
 
 The components decide when they are due: windows at every log step, at every checkpoint and at the
-end; a resume from the step-3 checkpoint continues with bit-identical losses (CPU, fp32). The same
+end; a resume from the step-3 checkpoint continues with bit-identical losses (CPU, fp32), each rank
+reading only its own shards from storage Ray treats as remote. The same
 ranks check raytrain.model.build_model under ZeRO-3 against transformers without DeepSpeed."""
 
 import json
+import os
+import re
 import shutil
 
+import fsspec
+import pyarrow.fs
 import pytest
 import torch
 import torch.distributed as dist
@@ -62,8 +67,11 @@ def _rank_main(rank, world, out_dir, resume_step):
     initial = None if resume_step else _weight_stats(engine.module)  # before training changes them
     storage = f"{out_dir}/storage"
     start, history, data_state = 0, [], {}
-    if resume_step:
-        resume = ResumePoint(Checkpoint(f"{storage}/checkpoint_step_{resume_step:08d}"), step=resume_step, written_by=world)
+    opened = []
+    if resume_step:  # from storage Ray treats as remote (s3://, gs://, abfs://): each rank reads only its own part
+        remote = pyarrow.fs.PyFileSystem(_Recording(fsspec.filesystem("file"), opened))
+        resume = ResumePoint(Checkpoint(f"{storage}/checkpoint_step_{resume_step:08d}", filesystem=remote),
+                             step=resume_step, written_by=world)
         start, history, data_state = restore(engine, resume, seed=cfg.training.seed, rank=rank)
     reports = []
 
@@ -87,8 +95,25 @@ def _rank_main(rank, world, out_dir, resume_step):
     trainer.train()
     builds = {} if resume_step else _model_builds(spec, initial, out_dir)  # after training: they draw random numbers
     with open(f"{out_dir}/{'resumed' if resume_step else 'full'}-rank{rank}.json", "w") as f:
-        json.dump({"reports": reports, "history": history, "builds": builds}, f)
+        json.dump({"reports": reports, "history": history, "builds": builds, "opened": opened}, f)
     dist.destroy_process_group()
+
+
+class _Recording(pyarrow.fs.FSSpecHandler):
+    """fsspec's local filesystem behind pyarrow's PyFileSystem: a real one that Ray's Checkpoint sees as
+    remote, as it sees S3, and that records the path of every file read from it."""
+
+    def __init__(self, fs, opened):
+        super().__init__(fs)
+        self.opened = opened
+
+    def open_input_stream(self, path):
+        self.opened.append(path)
+        return super().open_input_stream(path)
+
+    def open_input_file(self, path):
+        self.opened.append(path)
+        return super().open_input_file(path)
 
 
 def _weight_stats(model):
@@ -178,6 +203,16 @@ def test_resume_from_a_checkpoint_continues_with_identical_losses(runs):
     # the restart is in the history itself: its first window says where it resumed from
     assert resumed[4]["resumed_from_step"] == 3 and resumed[4]["resume_s"] > 0 and "resumed_from_step" not in resumed[6]
     assert not any("resumed_from_step" in m for m in full.values())
+
+
+def test_a_remote_checkpoint_is_read_by_each_rank_without_the_other_ranks_shards(runs):
+    # Ray's as_directory would download every rank's shards on every node; DeepSpeed reads only its own.
+    for rank, run in enumerate(runs["resumed"]):
+        names = [os.path.relpath(path, runs["dir"] / "storage" / "checkpoint_step_00000003") for path in run["opened"]]
+        shards = sorted(name for name in names if re.search(r"zero_pp_rank_\d+_", name))
+        assert shards == [f"step_00000003/zero_pp_rank_{rank}_mp_rank_00_model_states.pt",
+                          f"step_00000003/zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"], names
+        assert {"latest", "raytrain.json"} <= set(names), names
 
 
 def test_random_init_is_the_models_own_init_under_zero3(runs):
