@@ -2,6 +2,8 @@
 
 import random
 
+import pytest
+
 from raytrain.data import pieces
 
 SIZE = 4000
@@ -49,3 +51,28 @@ def test_a_cut_just_before_the_hard_cut_is_found_whatever_chunk_ends_there():
 def test_a_short_text_is_one_piece():
     assert list(pieces.cut(["short ", "text"], SIZE)) == ["short text"]
     assert list(pieces.cut([], SIZE)) == []
+
+
+HARD = pieces.HARD_CUT * 4  # the hard cut for pieces of 4 characters
+
+
+@pytest.mark.parametrize("text, lengths", [
+    ("ab c", [4]),  # a text of exactly the piece's length is not cut
+    ("a bcdef gh", [7, 3]),  # not in the window's first half: no piece is shorter than half the size
+    ("a" * 10 + "\n" + "b" * 5 + " c", [11, 5, 2]),  # after the window, the first place to cut: a line...
+    ("a" * 10 + " " + "b" * 5 + "\nc", [10, 7, 1]),  # ... or a space
+    ("a" * (HARD - 2) + "\n" + "b" * 10, [HARD - 1, 10]),  # a line cut just before the hard cut is found
+    ("a" * HARD + "\nb", [HARD, 2]),  # one just after it is not: no piece is longer than the hard cut
+], ids=["exactly one piece", "no short piece", "line after the window", "space after the window",
+        "line before the hard cut", "line after the hard cut"])
+def test_where_a_piece_past_its_window_is_cut(text, lengths):
+    whole = list(pieces.cut([text], 4))
+    assert [len(p) for p in whole] == lengths and "".join(whole) == text
+    assert list(pieces.cut(text, 4)) == whole  # read a character at a time
+
+
+def test_a_documents_key_is_8_bytes_of_its_blake2b_and_stable():
+    # The eval split (packing._eval_side) is drawn from the key: the same text must land on the same side
+    # in every run and release.
+    assert pieces.key(b"a document") == bytes.fromhex("7cc11abfa1ce1dff")
+    assert pieces.key(b"another document") != pieces.key(b"a document")
