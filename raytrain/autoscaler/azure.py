@@ -129,7 +129,7 @@ def check_member_node_config(key: str, node_config: Mapping[str, Any], provider:
     set_name = node_config[AVAILABILITY_SET_KEY]
     arm = node_config.get("azure_arm_parameters", {})
     vm_size = arm.get("vmSize", "")
-    if not isinstance(set_name, str) or not _SET_NAME.match(set_name):
+    if not isinstance(set_name, str) or not _SET_NAME.fullmatch(set_name):
         raise ValueError(
             f"{key}.node_config.{AVAILABILITY_SET_KEY}: {set_name!r} is not an Azure availability set name; "
             "use 1-80 letters, digits, '_', '.', '-', starting with a letter or digit")

@@ -27,11 +27,12 @@ from typing import Any, Callable
 import jsonschema
 import pytest
 import yaml
+from azure.mgmt.compute.models import AvailabilitySet, Sku
 from ray.autoscaler._private import providers
 from ray.autoscaler._private._azure import config as ray_azure_config
 from ray.autoscaler._private._azure import node_provider as ray_azure_node_provider
 from ray.autoscaler._private.commands import _bootstrap_config
-from ray.autoscaler._private.util import hash_launch_conf
+from ray.autoscaler._private.util import hash_launch_conf, prepare_config
 from ray.autoscaler.tags import (NODE_KIND_HEAD, NODE_KIND_WORKER, STATUS_UNINITIALIZED, TAG_RAY_CLUSTER_NAME,
                                  TAG_RAY_LAUNCH_CONFIG, TAG_RAY_NODE_KIND, TAG_RAY_NODE_NAME, TAG_RAY_NODE_STATUS,
                                  TAG_RAY_USER_NODE_TYPE)
@@ -117,13 +118,18 @@ def vm_resource(template: dict[str, Any]) -> dict[str, Any]:
     return next(r for r in template["resources"] if r["type"] == "Microsoft.Compute/virtualMachines")
 
 
-@pytest.fixture
-def cluster(cloud, tmp_path):
-    config, path = bootstrap(tmp_path, ib_config())
+def start_cluster(tmp_path: Path, config: dict[str, Any]) -> SimpleNamespace:
+    """`ray up` with `config`: the head launched, and the head's autoscaler adapter over the bootstrapped file."""
+    config, path = bootstrap(tmp_path, config)
     provider = providers._get_node_provider(config["provider"], config["cluster_name"])
     head = launch_head(provider, config)
     adapter = NodeProviderAdapter(v1_provider=provider, config_reader=FileConfigReader(path, skip_content_hash=True))
     return SimpleNamespace(config=config, provider=provider, head=head, adapter=adapter)
+
+
+@pytest.fixture
+def cluster(cloud, tmp_path):
+    return start_cluster(tmp_path, ib_config())
 
 
 def test_rays_external_provider_loader_builds_raytrains_provider(cloud):
@@ -208,9 +214,24 @@ def test_deleted_workers_leave_the_set_and_ray_down_removes_it_once_empty(cloud,
 def test_ray_down_keeps_a_set_that_still_holds_deallocated_workers(cloud, cluster):
     cluster.adapter.launch({GPU: 1}, request_id="up")
     wait_for("1 worker", lambda: workers(cluster.adapter))
+    # Listed after SET: this cluster's empty set (deleted), another cluster's and an untagged one (kept).
+    for name, tags in (("raytrain-ib-h200", {TAG_RAY_CLUSTER_NAME: "raytrain-ib"}),
+                       ("other-cluster-ib", {TAG_RAY_CLUSTER_NAME: "other-cluster"}), ("made-by-hand", None)):
+        existing_set(cloud, name, Sku(name="Aligned"), tags)
     cluster.provider.terminate_nodes(workers(cluster.adapter) + [cluster.head])
     cluster.provider.cleanup_cluster_resources()
     assert len(cloud.members(SET)) == 1
+    assert set(cloud.availability_sets) == {SET, "other-cluster-ib", "made-by-hand"}
+
+
+def test_without_use_internal_ips_set_members_get_public_ips_as_rays_workers_do(cloud, tmp_path):
+    config = ib_config()
+    config["provider"].pop("use_internal_ips")
+    cluster = start_cluster(tmp_path, config)
+    cluster.adapter.launch({GPU: 1}, request_id="one")
+    wait_for("1 worker", lambda: workers(cluster.adapter))
+    (_, worker_deployment) = vm_deployments(cloud)
+    assert worker_deployment["parameters"]["provisionPublicIp"] is True
 
 
 def test_the_201st_vm_is_refused_before_any_deployment(cloud, cluster):
@@ -232,6 +253,26 @@ def test_the_201st_vm_is_refused_before_any_deployment(cloud, cluster):
     cluster.adapter.launch({GPU: 1}, request_id="the-200th")
     wait_for("the 200th member", lambda: workers(cluster.adapter))
     assert len(cloud.members(SET)) == 200
+
+
+def existing_set(cloud: FakeAzure, name: str, sku: Sku | None, tags: dict[str, str] | None) -> None:
+    """An empty availability set that raytrain did not create for this cluster."""
+    availability_set = AvailabilitySet(location="westus2", sku=sku, tags=tags, virtual_machines=[])
+    availability_set.name, availability_set.id = name, cloud.rid("Microsoft.Compute/availabilitySets", name)
+    cloud.availability_sets[name] = availability_set
+
+
+@pytest.mark.parametrize("sku", [Sku(name="Classic"), None], ids=["Classic", "no SKU"])
+def test_an_existing_set_that_cannot_hold_managed_disks_is_refused_before_any_deployment(cloud, cluster, sku):
+    """A set made outside raytrain (Azure reports a Classic set's SKU as Classic, or none) is not reused."""
+    existing_set(cloud, SET, sku, tags=None)
+    deployments_before = len(cloud.deployments)
+    cluster.adapter.launch({GPU: 1}, request_id="into-classic")
+    (error,) = wait_for("the launch error", cluster.adapter.poll_errors)
+    assert re.fullmatch(rf"availability set {SET} in \S+ has SKU Classic, which cannot hold VMs with managed disks; "
+                        r"delete it, or name another set in node_config\.infiniband_availability_set",
+                        str(error.__cause__))
+    assert len(cloud.deployments) == deployments_before
 
 
 def _gpu(config: dict[str, Any]) -> dict[str, Any]:
@@ -268,6 +309,9 @@ BAD_CLUSTER_FILES = {
     "two sizes in one set": (_h200_sharing_the_set, r"give Standard_ND96isr_H200_v5 a set of its own"),
     "not a set name": (lambda c: _gpu(c)["node_config"].update(infiniband_availability_set="-ib"),
                        r"'-ib' is not an Azure availability set name"),
+    # YAML's block scalar (`key: |`) keeps the line's newline; Azure would refuse the name at the first scale-up.
+    "a set name ending in a newline": (lambda c: _gpu(c)["node_config"].update(infiniband_availability_set=SET + "\n"),
+                                       rf"'{SET}\\n' is not an Azure availability set name"),
     # Azure takes size names and priorities in any case, so the checks do too.
     "lowercase RDMA size without a set": (
         lambda c: (_arm(c).update(vmSize="standard_nd96isr_h100_v5"),
@@ -312,6 +356,7 @@ GOOD_CLUSTER_FILES = {
     "300 per type, top-level cap 4": lambda c: _gpu(c).update(max_workers=300),
     "RDMA workers without a set, top-level cap 1": lambda c: (
         _gpu(c)["node_config"].pop("infiniband_availability_set"), c.update(max_workers=1)),
+    "VNet off Azure's RDMA range": lambda c: c["provider"].update(subnet_mask="10.40.0.0/16"),
 }
 
 
@@ -322,6 +367,13 @@ def test_cluster_files_azure_and_ray_would_run_pass_ray_up(cloud, tmp_path, case
     resolved, _ = bootstrap(tmp_path, config)
     assert resolved["max_workers"] <= ib_azure.MAX_VMS_PER_AVAILABILITY_SET
     assert [d["name"] for d in cloud.deployments] == ["ray-config"], "Ray's own bootstrap ran"
+
+
+def test_a_set_may_reach_azures_limit_exactly_under_a_higher_top_level_cap():
+    config = ib_config()
+    _gpu(config).update(max_workers=ib_azure.MAX_VMS_PER_AVAILABILITY_SET)
+    config.update(max_workers=ib_azure.MAX_VMS_PER_AVAILABILITY_SET + 10)
+    ib_azure.check_cluster_config(prepare_config(config))  # raises past 200
 
 
 @pytest.mark.parametrize("vm_size, rdma", [
