@@ -131,10 +131,18 @@ def check_not_live(storage: str, name: str) -> None:
 
 
 def _write(storage: str, name: str, driver: Driver) -> None:
+    """On a local or shared disk, written beside the file and renamed over it: a file rewritten in place is
+    empty for an instant, and a second driver reading it then found no driver (an object store's PUT is whole)."""
+    import pyarrow.fs
+
     fs, path = layout.filesystem(marker_uri(storage, name))
     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    with fs.open_output_stream(path) as f:
+    local = isinstance(fs, pyarrow.fs.LocalFileSystem)
+    written = f"{path}.{driver.token}.tmp" if local else path
+    with fs.open_output_stream(written) as f:
         f.write(json.dumps(driver.__dict__).encode())
+    if local:
+        fs.move(written, path)
 
 
 @contextlib.contextmanager

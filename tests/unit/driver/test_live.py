@@ -1,6 +1,6 @@
 """One driver per run (raytrain.driver.live): a second driver of a run that is training is refused in one
 line before ray.init, in a dry run too; a driver that died stops counting; the heartbeat file is kept fresh
-and removed at the end. Real files on a local storage path; the same code reads s3:// through pyarrow."""
+and removed at the end. Real files on a local storage path, and objects on a real S3 API (moto's server)."""
 
 import json
 import os
@@ -10,12 +10,13 @@ import sys
 import threading
 import time
 
+import pyarrow.fs
 import pytest
 
 from raytrain.config import ConfigError
 from raytrain.driver import live
 from raytrain.main import main
-from tests.helpers import wait_until
+from tests.helpers import S3Server, wait_until
 
 
 def other_driver(storage, name, **changes):
@@ -26,16 +27,27 @@ def other_driver(storage, name, **changes):
     return driver
 
 
-def test_a_run_another_driver_is_training_is_refused_naming_it_and_the_fix(tmp_path):
-    other_driver(tmp_path, "r1", job="raysubmit_abc")
+@pytest.mark.parametrize("job,named,stop", [
+    ("raysubmit_abc", ", Ray job raysubmit_abc", "`ray job stop raysubmit_abc`"),
+    (None, "", "Ctrl-C in its terminal, or `kill 4242` on gpu-node-7")])  # a driver started in a terminal
+def test_a_run_another_driver_is_training_is_refused_naming_it_and_the_fix(job, named, stop, tmp_path):
+    other_driver(tmp_path, "r1", job=job)
     with pytest.raises(ConfigError) as e, live.claimed(str(tmp_path), "r1"):
         pass
     line = str(e.value)
     assert "\n" not in line
-    assert line.startswith(f"run 'r1' in {tmp_path} is in progress: its driver (pid 4242 on gpu-node-7, Ray job "
-                           f"raysubmit_abc, started 2026-12-05 09:00:00) was seen 1 s ago")
-    assert "`ray job stop raysubmit_abc`" in line and "set another checkpoint.name" in line
+    assert line.startswith(f"run 'r1' in {tmp_path} is in progress: its driver (pid 4242 on gpu-node-7{named}, "
+                           f"started 2026-12-05 09:00:00) was seen 1 s ago; wait for it to end or stop it ({stop}), "
+                           f"or set another checkpoint.name")
     assert live.read(str(tmp_path), "r1").token == "theirs"  # theirs is left as it is
+
+
+@pytest.mark.parametrize("ago,seen", [(3 * live.BEAT_S + 1, "91 s"),  # three beats missed: a storage hiccup
+                                      (-30, "0 s")])  # its host's clock runs ahead of this one's
+def test_a_driver_that_missed_a_few_beats_or_whose_clock_runs_ahead_still_holds_the_run(ago, seen, tmp_path):
+    other_driver(tmp_path, "r", beat=time.time() - ago)
+    with pytest.raises(ConfigError, match=f"pid 4242 on gpu-node-7, started .*\\) was seen {seen} ago;"):
+        live.check_not_live(str(tmp_path), "r")
 
 
 def test_a_driver_that_stopped_beating_or_whose_pid_is_gone_here_does_not_hold_the_run(tmp_path):
@@ -62,6 +74,50 @@ def test_the_claim_is_written_while_the_block_runs_kept_fresh_and_removed_at_the
             live.check_not_live(str(tmp_path), "r")
         raise RuntimeError("the run failed")
     assert not os.path.exists(live.marker_uri(str(tmp_path), "r"))
+
+
+@pytest.mark.parametrize("uri", [True, False])
+def test_a_claim_on_a_storage_uri_or_a_storage_path_not_made_yet_is_written_and_removed(uri, tmp_path):
+    local = tmp_path if uri else tmp_path / "new" / "runs"
+    storage = f"file://{tmp_path}/" if uri else str(local)
+    with live.claimed(storage, "r") as me:
+        assert live.live_driver(storage, "r") == me
+        assert os.path.isfile(local / ".raytrain-live" / "r.json")
+    assert not os.path.exists(local / ".raytrain-live" / "r.json")
+
+
+def test_a_claim_on_s3_is_written_and_removed(tmp_path, monkeypatch):
+    """Against a real S3 API (moto's server): an object store, where a PUT is whole and nothing is renamed."""
+    server = S3Server(tmp_path)
+    try:
+        for key, value in server.env.items():
+            monkeypatch.setenv(key, value)  # what pyarrow's s3:// URIs read
+        storage = f"s3://{server.bucket}/runs"
+        with live.claimed(storage, "r") as me:
+            assert live.live_driver(storage, "r") == me
+        assert live.read(storage, "r") is None
+        left = pyarrow.fs.FileSelector(f"{server.bucket}/runs", recursive=True, allow_not_found=True)
+        assert [i.path for i in server.filesystem().get_file_info(left) if i.type == pyarrow.fs.FileType.File] == []
+    finally:
+        server.stop()
+
+
+def test_a_claim_taken_over_or_removed_while_the_block_ran_is_left_alone_at_the_end(tmp_path):
+    with live.claimed(str(tmp_path), "r"):
+        theirs = other_driver(tmp_path, "r")  # this driver was stale long enough for another to take the run
+    assert live.read(str(tmp_path), "r") == theirs
+    with live.claimed(str(tmp_path), "gone"):
+        os.remove(live.marker_uri(str(tmp_path), "gone"))  # the storage's directory was cleaned up under it
+    assert live.read(str(tmp_path), "gone") is None
+
+
+def test_a_second_driver_reading_the_heartbeat_while_it_is_rewritten_still_finds_the_first(tmp_path, monkeypatch):
+    """A file rewritten in place is empty for an instant: read then, the run looked free to a second driver."""
+    monkeypatch.setattr(live, "BEAT_S", 0.0005)
+    with live.claimed(str(tmp_path), "r") as me:
+        seen = [live.live_driver(str(tmp_path), "r") for _ in range(300)]
+    assert [d for d in seen if d is None or d.token != me.token] == []
+    assert os.listdir(tmp_path / ".raytrain-live") == []  # removed at the end, nothing written beside it left
 
 
 def test_of_two_drivers_claiming_in_the_same_instant_only_the_one_whose_claim_stayed_goes_on(tmp_path, monkeypatch):
