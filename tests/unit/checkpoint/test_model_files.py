@@ -1,6 +1,7 @@
 """The run's own copy of the model's files (raytrain.checkpoint.model_files) and the export's checks
 that use it; a real export after the originals are deleted is in tests/integration/test_user_path.py."""
 
+import json
 import os
 
 import pytest
@@ -11,6 +12,9 @@ from raytrain.checkpoint.model_files import local_model_files, write_model_files
 from raytrain.config import ConfigError, ModelConfig, RunConfig
 from raytrain.model import byte_tokenizer, load_model_config
 from raytrain.planning.resolve import resolve_run, shape_from_config
+
+
+TINY = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=320)
 
 
 def facts(model: ModelConfig):
@@ -46,7 +50,6 @@ def test_the_runs_generation_config_keeps_a_pad_token_id_of_minus_one_and_takes_
     GenerationConfig.save_pretrained refused ("Fix these issues to save the configuration": a traceback before any
     worker started). The model's pad_token_id stays as written; model.config's token ids go in (generate() reads
     this file, not config.json)."""
-    import json
 
     from transformers import LlamaForCausalLM
 
@@ -64,6 +67,49 @@ def test_the_runs_generation_config_keeps_a_pad_token_id_of_minus_one_and_takes_
         k: v for k, v in json.loads((source / "generation_config.json").read_text()).items()
         if k not in ("eos_token_id", "bos_token_id")}  # every other value as the model's file has it
     assert GenerationConfig.from_pretrained(tmp_path / "fixed" / "model").pad_token_id is None
+
+
+def test_a_pretrained_models_generation_config_keeps_its_own_token_ids_and_values(tmp_path):
+    """Trained from its weights, the model keeps the EOS ids it stops at (a list, as Llama 3's) and any value
+    model.config changes that is not a token id (use_cache is the model's, not generate()'s)."""
+    from transformers import LlamaForCausalLM
+
+    source = tmp_path / "model"
+    LlamaForCausalLM(LlamaConfig(**TINY, eos_token_id=2, bos_token_id=1)).save_pretrained(source)
+    GenerationConfig(eos_token_id=[2, 7], bos_token_id=1).save_pretrained(source)
+    byte_tokenizer().save_pretrained(source)
+    model = ModelConfig(name_or_path=str(source), pretrained=True, config={"use_cache": False})
+    write_model_files(str(tmp_path / "r"), model, facts(model))
+    kept = json.loads((tmp_path / "r" / "model" / "generation_config.json").read_text())
+    assert kept == json.loads((source / "generation_config.json").read_text())
+    assert kept["eos_token_id"] == [2, 7] and "use_cache" not in kept
+
+
+def code_model(path, model_type="mine"):
+    """A model directory whose config.json names its own classes (and a tokenizer class pair, as hub
+    configs of such models do)."""
+    path.mkdir()
+    (path / "cfg.py").write_text("from transformers import LlamaConfig\n\n\nclass MyConfig(LlamaConfig):\n"
+                                 "    model_type = 'mine'\n")
+    (path / "mdl.py").write_text("from transformers import LlamaForCausalLM\n\nfrom .cfg import MyConfig\n\n\n"
+                                 "class MyModel(LlamaForCausalLM):\n    config_class = MyConfig\n")
+    (path / "config.json").write_text(json.dumps(
+        {**TINY, "model_type": model_type, "auto_map": {"AutoConfig": "cfg.MyConfig", "AutoModelForCausalLM":
+                                                        "mdl.MyModel", "AutoTokenizer": ["tok.MyTokenizer", None]}}))
+    byte_tokenizer().save_pretrained(path)
+    return str(path)
+
+
+def test_a_model_with_its_own_code_keeps_that_code_in_the_runs_copy_only_when_trusted(tmp_path):
+    model = ModelConfig(name_or_path=code_model(tmp_path / "mine"), trust_remote_code=True)
+    write_model_files(str(tmp_path / "r"), model, facts(model))
+    with local_model_files(str(tmp_path / "r")) as copy:
+        assert {"cfg.py", "mdl.py"} <= set(os.listdir(copy))  # the export imports the model's class from here
+        assert type(AutoConfig.from_pretrained(copy, trust_remote_code=True)).__name__ == "MyConfig"
+    # a model transformers has a class of its own for, code not trusted: its code is neither run nor kept
+    model = ModelConfig(name_or_path=code_model(tmp_path / "llama", model_type="llama"))
+    write_model_files(str(tmp_path / "r2"), model, facts(model))
+    assert not [f for f in os.listdir(tmp_path / "r2" / "model") if f.endswith(".py")]
 
 
 def test_the_built_in_model_has_no_generation_config_to_keep(tmp_path):
@@ -140,6 +186,14 @@ def test_other_files_in_the_runs_model_directory_are_set_aside_whole_and_said(tm
     note = write_model_files(str(run), ModelConfig(), facts(ModelConfig()))
     assert "(tokenizer_config.json): moved to" in note
     assert len([p for p in os.listdir(run) if p.startswith("model.replaced-")]) == 2
+
+
+def test_up_to_three_differing_files_are_all_named(tmp_path):
+    (tmp_path / "r" / "model").mkdir(parents=True)
+    (tmp_path / "r" / "model" / "config.json").write_text('{"mine": 1}')
+    note = write_model_files(str(tmp_path / "r"), ModelConfig(), facts(ModelConfig()))
+    assert f"{tmp_path}/r/model held files other than this run's model files (config.json, tokenizer.json, " \
+           f"tokenizer_config.json): moved to" in note
 
 
 def test_a_file_named_model_in_the_run_is_set_aside_too(tmp_path):

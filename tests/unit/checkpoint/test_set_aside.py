@@ -3,6 +3,8 @@ directory is renamed; on S3, which has no directories, every object of the run m
 S3 API (moto's server). And a checkpoint on S3 is printed with its scheme. A real run on S3 storage,
 set aside and read back through Ray Train's record: tests/integration/test_object_storage.py."""
 
+import os
+
 import pyarrow.fs
 import pytest
 import ray.train
@@ -114,7 +116,7 @@ def test_a_checkpoint_on_s3_is_named_with_its_scheme(s3):
 
 
 def test_the_model_files_of_an_s3_run_are_kept_when_equal_and_set_aside_when_not(s3):
-    from raytrain.checkpoint.model_files import write_model_files
+    from raytrain.checkpoint.model_files import local_model_files, write_model_files
     from raytrain.config import ModelConfig, RunConfig
     from raytrain.planning.resolve import resolve_run, shape_from_config
 
@@ -132,6 +134,11 @@ def test_the_model_files_of_an_s3_run_are_kept_when_equal_and_set_aside_when_not
     [aside] = {i.path for i in fs.get_file_info(pyarrow.fs.FileSelector(f"{s3.bucket}/runs/m"))} - {f"{run}/model"}
     assert files(fs, aside)["config.json"] == b'{"edited": true}'  # nothing lost
     assert files(fs, f"{run}/model") == written
+    # the export reads them from a local copy, removed after
+    with local_model_files(f"s3://{run}") as copy:
+        local = pyarrow.fs.LocalFileSystem()
+        assert copy.startswith("/") and files(local, copy) == written
+    assert not os.path.exists(copy)
 
 
 def test_a_single_object_on_s3_is_set_aside_as_it_is(s3):
