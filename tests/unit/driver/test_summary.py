@@ -35,3 +35,11 @@ def test_a_sessions_first_window_is_labelled_with_its_start_up_and_left_out_of_t
     write_summary(HISTORY[:1], HISTORY[0], str(tmp_path), "one")  # one window: all of it start-up, no median
     md = (tmp_path / "one" / "summary.md").read_text()
     assert "| tokens/s (last window, with this session's start-up) | 1,005 |" in md and "median" not in md
+
+
+def test_the_loss_curve_draws_the_eval_loss_where_the_run_evaluated(tmp_path):
+    without = [{k: v for k, v in m.items() if not k.startswith("eval_")} for m in HISTORY]
+    for name, history in (("evals", HISTORY), ("none", without), ("none-again", without)):
+        write_summary(history, history[-1], str(tmp_path / name), "r")
+    png = {name: (tmp_path / name / "r" / "loss_curve.png").read_bytes() for name in ("evals", "none", "none-again")}
+    assert png["none"] == png["none-again"] and png["evals"] != png["none"]  # drawn the same each time, bar the curve
