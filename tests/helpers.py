@@ -174,3 +174,24 @@ class S3Server:
         self._proc.terminate()
         self._proc.wait(timeout=30)
         self._log.close()
+
+
+def code_model(path, config: dict, model_type: str = "mine", tokenizer_classes: bool = False) -> str:
+    """A model directory whose config.json names its own classes (cfg.MyConfig, mdl.MyModel: Llama's, renamed),
+    with `config`'s shape and the byte tokenizer; `tokenizer_classes`: auto_map names a tokenizer class pair too,
+    as hub configs of such models do."""
+    import json
+
+    from raytrain.model import byte_tokenizer
+
+    path.mkdir()
+    (path / "cfg.py").write_text("from transformers import LlamaConfig\n\n\nclass MyConfig(LlamaConfig):\n"
+                                 "    model_type = 'mine'\n")
+    (path / "mdl.py").write_text("from transformers import LlamaForCausalLM\n\nfrom .cfg import MyConfig\n\n\n"
+                                 "class MyModel(LlamaForCausalLM):\n    config_class = MyConfig\n")
+    auto_map = {"AutoConfig": "cfg.MyConfig", "AutoModelForCausalLM": "mdl.MyModel"}
+    if tokenizer_classes:
+        auto_map["AutoTokenizer"] = ["tok.MyTokenizer", None]
+    (path / "config.json").write_text(json.dumps({**config, "model_type": model_type, "auto_map": auto_map}))
+    byte_tokenizer().save_pretrained(path)
+    return str(path)

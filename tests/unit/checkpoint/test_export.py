@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from raytrain.checkpoint.export import _materialise, _one_name_per_tensor, export
 from raytrain.console import Meter
 from raytrain.model import byte_tokenizer
-from tests.helpers import forget_said_warnings, init_gloo, transformers_log
+from tests.helpers import code_model, forget_said_warnings, init_gloo, transformers_log
 
 TINY = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
             vocab_size=320, max_position_embeddings=64)
@@ -156,16 +156,7 @@ def test_a_mixture_of_experts_exports_in_the_layout_save_pretrained_writes(tmp_p
 
 
 def test_a_model_with_its_own_code_exports_with_that_code(tmp_path):
-    source = tmp_path / "mine"
-    source.mkdir()
-    (source / "cfg.py").write_text("from transformers import LlamaConfig\n\n\nclass MyConfig(LlamaConfig):\n"
-                                   "    model_type = 'mine'\n")
-    (source / "mdl.py").write_text("from transformers import LlamaForCausalLM\n\nfrom .cfg import MyConfig\n\n\n"
-                                   "class MyModel(LlamaForCausalLM):\n    config_class = MyConfig\n")
-    (source / "config.json").write_text(json.dumps(
-        {**TINY, "model_type": "mine",
-         "auto_map": {"AutoConfig": "cfg.MyConfig", "AutoModelForCausalLM": "mdl.MyModel"}}))
-    byte_tokenizer().save_pretrained(source)
+    source = code_model(tmp_path / "mine", TINY)
     model, trained, out = _exported(tmp_path, source, [f"model.name_or_path={source}", "model.trust_remote_code=true"],
                                     trust_remote_code=True)
     assert type(model).__name__ == "MyModel" and {"cfg.py", "mdl.py"} <= set(os.listdir(out))

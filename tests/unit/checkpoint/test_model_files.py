@@ -12,6 +12,7 @@ from raytrain.checkpoint.model_files import local_model_files, write_model_files
 from raytrain.config import ConfigError, ModelConfig, RunConfig
 from raytrain.model import byte_tokenizer, load_model_config
 from raytrain.planning.resolve import resolve_run, shape_from_config
+from tests.helpers import code_model
 
 
 TINY = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=320)
@@ -85,29 +86,16 @@ def test_a_pretrained_models_generation_config_keeps_its_own_token_ids_and_value
     assert kept["eos_token_id"] == [2, 7] and "use_cache" not in kept
 
 
-def code_model(path, model_type="mine"):
-    """A model directory whose config.json names its own classes (and a tokenizer class pair, as hub
-    configs of such models do)."""
-    path.mkdir()
-    (path / "cfg.py").write_text("from transformers import LlamaConfig\n\n\nclass MyConfig(LlamaConfig):\n"
-                                 "    model_type = 'mine'\n")
-    (path / "mdl.py").write_text("from transformers import LlamaForCausalLM\n\nfrom .cfg import MyConfig\n\n\n"
-                                 "class MyModel(LlamaForCausalLM):\n    config_class = MyConfig\n")
-    (path / "config.json").write_text(json.dumps(
-        {**TINY, "model_type": model_type, "auto_map": {"AutoConfig": "cfg.MyConfig", "AutoModelForCausalLM":
-                                                        "mdl.MyModel", "AutoTokenizer": ["tok.MyTokenizer", None]}}))
-    byte_tokenizer().save_pretrained(path)
-    return str(path)
-
-
 def test_a_model_with_its_own_code_keeps_that_code_in_the_runs_copy_only_when_trusted(tmp_path):
-    model = ModelConfig(name_or_path=code_model(tmp_path / "mine"), trust_remote_code=True)
+    source = code_model(tmp_path / "mine", TINY, tokenizer_classes=True)
+    model = ModelConfig(name_or_path=source, trust_remote_code=True)
     write_model_files(str(tmp_path / "r"), model, facts(model))
     with local_model_files(str(tmp_path / "r")) as copy:
         assert {"cfg.py", "mdl.py"} <= set(os.listdir(copy))  # the export imports the model's class from here
         assert type(AutoConfig.from_pretrained(copy, trust_remote_code=True)).__name__ == "MyConfig"
     # a model transformers has a class of its own for, code not trusted: its code is neither run nor kept
-    model = ModelConfig(name_or_path=code_model(tmp_path / "llama", model_type="llama"))
+    source = code_model(tmp_path / "llama", TINY, model_type="llama", tokenizer_classes=True)
+    model = ModelConfig(name_or_path=source)
     write_model_files(str(tmp_path / "r2"), model, facts(model))
     assert not [f for f in os.listdir(tmp_path / "r2" / "model") if f.endswith(".py")]
 
