@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 _USING_NETWORK = re.compile(r"NCCL INFO Using network (.+?)\s*$")
 # "Channel 00/0 : 0[0] -> 8[0] [send] via NET/IB/0/GDRDMA" (net.cc, INIT|NET). The name is the
 # plugin's: IB, Socket, IBext / IBext_v8 (HPC-X's SHARP plugin over InfiniBand), Libfabric or
-# "AWS Libfabric" (aws-ofi-nccl).
-_VIA_NET = re.compile(r"\] via NET/([^/]+)/\d+(/GDRDMA)?")
+# "AWS Libfabric" (aws-ofi-nccl). A send through another GPU's NIC (PXN) names that proxy rank after the
+# device: "[send] via NET/IB/0(1)/GDRDMA" (net.cc sendSetup, proxyRank != rank).
+_VIA_NET = re.compile(r"\] via NET/([^/]+)/\d+(?:\(\d+\))?(/GDRDMA)?")
 # "... via P2P/CUMEM/read", "via P2P/IPC", "via SHM/direct/direct": paths inside a node.
 _VIA_LOCAL = re.compile(r"\] via ((?:P2P|SHM)/[A-Za-z]+)")
 # "NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB [RO]; OOB eth0:10.0.0.1<0>". Without HCAs NCCL 2.28

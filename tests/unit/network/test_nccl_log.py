@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from raytrain.network.nccl_log import NcclLog, parse_nccl_log
 from tests.unit.network.nccl_logs import (
     EFA_AWS_LIBFABRIC_LOG,
@@ -28,7 +30,8 @@ def test_parse_ib_log():
     assert not log.ib_not_found and not log.uses_socket and not log.uses_libfabric
     # NCCL's internal IB transport needs no plugin: "No plugin found" is only a fact here.
     assert log.plugin_missing and log.ofi_version is None
-    assert "via NET/IB with GPUDirect RDMA" in log.describe()
+    assert log.describe() == ("network IB; between nodes via NET/IB with GPUDirect RDMA; "
+                              "within the node via P2P/CUMEM")
 
 
 def test_parse_socket_log():
@@ -37,6 +40,29 @@ def test_parse_socket_log():
     assert log.ib_not_found and log.uses_socket
     assert log.local_paths == {"SHM/direct"}
     assert log.ib_devices is None
+    assert log.describe() == ("network Socket; between nodes via NET/Socket without GPUDirect RDMA; "
+                              "within the node via SHM/direct")
+
+
+@pytest.mark.parametrize("channel, gdr", [
+    ("[send] via NET/IB/0(1)/GDRDMA", True),  # PXN: sent through local rank 1's NIC
+    ("[send] via NET/IB/2(3)", False),
+    ("[send] via NET/IB/0/GDRDMA(PCI)/Shared", True),  # NCCL >= 2.27: GDR over PCI, shared buffers
+])
+def test_gdr_on_proxied_and_annotated_channels(channel, gdr):
+    log = parse_nccl_log(f"gpu-b:88:120 [1] NCCL INFO Channel 00/0 : 9[1] -> 0[0] {channel}")
+    assert log.net_channels == {"IB"} and log.gdr is gdr
+
+
+def test_channels_decide_the_transport_over_the_network_choice():
+    assert not NcclLog(networks={"IB", "Socket"}, net_channels={"IB"}).uses_socket
+    assert not NcclLog(networks={"Libfabric"}, net_channels={"Socket"}).uses_libfabric
+
+
+def test_describe_without_transport_lines():
+    assert parse_nccl_log("").describe() == "no NCCL INFO output"
+    assert parse_nccl_log("Traceback: not from NCCL\n").describe() == "no NCCL INFO output"
+    assert parse_nccl_log("h:1:2 [0] NCCL INFO Connected all rings\n").describe() == "no transport lines"
 
 
 def test_parse_ibext_and_non_nccl_lines():
@@ -106,6 +132,7 @@ def test_parse_tcp_provider_and_missing_devices():
     assert none.ofi_version == "1.14.0" and none.ofi_provider is None
     assert none.ofi_error == "OFI fi_getinfo() call failed: No data available"  # the WARN line comes first
     assert none.uses_socket and none.failed_nets == {"IB"}
+    assert none.describe() == "aws-ofi-nccl 1.14.0 on libfabric provider (none selected); network Socket"
 
 
 def test_merge_keeps_every_rank_finding():
@@ -114,3 +141,12 @@ def test_merge_keeps_every_rank_finding():
         merged.merge(parse_nccl_log(text))
     assert merged.plugin_missing and merged.ofi_provider == "efa" and merged.failed_nets == {"any"}
     assert merged.num_lines == 3 + 8
+
+
+@pytest.mark.parametrize("text", [IB_LOG, SOCKET_LOG, EFA_LOG, EFA_PLUGIN_LOAD_ERROR_LOG, EFA_NO_DEVICES_LOG])
+def test_merge_with_a_rank_that_logged_nothing(text):
+    alone = parse_nccl_log(text)
+    first, last = NcclLog(), parse_nccl_log(text)
+    first.merge(parse_nccl_log(text))
+    last.merge(NcclLog())
+    assert first == alone and last == alone
