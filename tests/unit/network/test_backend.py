@@ -9,7 +9,9 @@ import socket
 import pytest
 import torch.distributed as dist
 
+from raytrain import compat
 from raytrain.config import NETWORK_ENV_PREFIXES, ConfigError, NetworkConfig
+from raytrain.network import backend
 from raytrain.network.backend import RaytrainTorchConfig, apply_nccl_env, applied_env, torch_config
 
 
@@ -23,6 +25,14 @@ def test_torch_config_carries_the_validated_network_env():
     assert NetworkConfig(env={"FI_EFA_USE_HUGE_PAGE": 0}).env == {"FI_EFA_USE_HUGE_PAGE": "0"}
     with pytest.raises(ConfigError, match="network.env.NCCL_IB_DISABLE"):
         NetworkConfig(env={"NCCL_IB_DISABLE": True})
+
+
+def test_torch_config_hands_ray_train_the_backend_that_applies_the_network():
+    cfg = torch_config(NetworkConfig(env={"NCCL_DEBUG": "INFO"}, auto_configure=False), backend="gloo")
+    assert issubclass(cfg.backend_cls, compat.TorchBackend) and cfg.backend_cls is not compat.TorchBackend
+    d = cfg.to_dict()
+    assert (d["backend"], d["timeout_s"]) == ("gloo", 1800)  # the driver's process-group timeout: 30 minutes
+    assert (d["network_env"], d["network_auto_configure"]) == ({"NCCL_DEBUG": "INFO"}, False)
 
 
 def test_applied_env_outside_a_worker_reads_the_environment(monkeypatch):
@@ -48,3 +58,19 @@ def test_apply_refuses_to_run_after_the_process_group_exists(monkeypatch):
         assert "NCCL_DEBUG" not in os.environ or os.environ["NCCL_DEBUG"] != "INFO"
     finally:
         dist.destroy_process_group()
+
+
+def test_apply_sets_the_plan_prints_it_and_keeps_what_it_set(monkeypatch, capfd):
+    monkeypatch.delenv("NCCL_DEBUG", raising=False)
+    monkeypatch.setattr(backend, "_applied", None)
+    plan = apply_nccl_env(forced={"NCCL_DEBUG": "INFO"}, auto_configure=False)
+    assert plan.env == {"NCCL_DEBUG": "INFO"} and os.environ["NCCL_DEBUG"] == "INFO"
+    # Outside a Ray Train worker there is no local rank: the node's plan is printed all the same.
+    out = capfd.readouterr().out
+    assert "NCCL_DEBUG=INFO" in out.splitlines()[0] and "NCCL_DEBUG=INFO forced by network.env" in out
+    monkeypatch.setenv("NCCL_DEBUG", "WARN")  # changed later: the process group was made with INFO
+    assert applied_env()["NCCL_DEBUG"] == "INFO"
+
+
+def test_outside_a_ray_train_worker_the_group_may_span_nodes():
+    assert backend._spans_nodes() is True and backend._local_rank() is None
