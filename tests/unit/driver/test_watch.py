@@ -3,8 +3,12 @@ run, the Ctrl-C line, the worker-failure line. The stops themselves (Ctrl-C, a b
 real in tests/integration/test_quickstart.py and test_user_path.py."""
 
 import shlex
+import signal
+import threading
 
-from raytrain.driver.watch import Interrupted, RunWatch, continue_command
+import pytest
+
+from raytrain.driver.watch import Interrupted, RunWatch, Terminated, _Stopping, continue_command, sigterm_as_ctrl_c
 
 
 def test_the_continue_command_is_the_users_argv_with_the_run_name_and_nothing_that_restarts():
@@ -31,6 +35,14 @@ def test_the_ctrl_c_line_names_the_step_the_checkpoint_and_the_command():
         "interrupted before its first step was reported; no checkpoint yet; to continue: C")
 
 
+@pytest.mark.parametrize("signum, by, exit_code", [(signal.SIGINT, "", 130), (signal.SIGTERM, " by SIGTERM", 143)],
+                         ids=["SIGINT", "SIGTERM"])
+def test_the_stop_line_says_which_signal_and_exits_with_the_shells_code_for_it(signum, by, exit_code):
+    e = Interrupted(3, 80, None, "C", signum)
+    assert str(e) == f"interrupted{by} at step 3 of 80; no checkpoint yet; to continue: C"
+    assert e.exit_code == exit_code
+
+
 def test_a_worker_failure_is_one_raytrain_line_saying_what_happens_next(capfd):
     watch = RunWatch(max_failures=1)
     watch.after_exception(None, {1: RuntimeError("first line\nthe error itself")})
@@ -40,6 +52,25 @@ def test_a_worker_failure_is_one_raytrain_line_saying_what_happens_next(capfd):
                      "Ray Train restarts the workers from the latest checkpoint",
                      "raytrain: worker failure 2 (checkpoint.max_failures=1) on rank 0: ValueError: again; "
                      "the run fails"]
+
+
+@pytest.mark.parametrize("max_failures, then", [
+    (0, ["the run fails"] * 2),
+    (-1, ["Ray Train restarts the workers from the latest checkpoint"] * 2),  # no limit
+])
+def test_the_failure_line_follows_the_limit_of_failures(max_failures, then, capfd):
+    watch = RunWatch(max_failures)
+    for _ in then:
+        watch.after_exception(None, {0: RuntimeError("boom")})
+    assert [line.rsplit("; ", 1)[1] for line in capfd.readouterr().out.splitlines()] == then
+
+
+def test_the_failure_line_names_the_lowest_failed_rank_and_stays_short(capfd):
+    """Several workers fail at once: the line is about rank 0's failure; a huge last line of an error is cut."""
+    RunWatch(max_failures=3).after_exception(None, {2: ValueError("other"), 0: OSError("x" * 1000),
+                                                    1: KeyError("k")})
+    assert capfd.readouterr().out == ("raytrain: worker failure 1 (checkpoint.max_failures=3) on rank 0: OSError: "
+                                      f"{'x' * 300}; Ray Train restarts the workers from the latest checkpoint\n")
 
 
 def test_a_stopped_runs_silence_is_undone_once_whoever_ends_it_first():
@@ -54,3 +85,43 @@ def test_a_stopped_runs_silence_is_undone_once_whoever_ends_it_first():
     watch.print_worker_output_again()  # the next fit()
     assert undone == [1] and watch._silenced == []
     assert watch.LATE_OUTPUT_S >= 5  # Ray's killed tasks' last lines arrive within seconds of the run's end
+
+
+def test_sigterm_takes_the_ctrl_c_path_inside_the_block_and_its_handler_is_restored_after():
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a handler of the caller's, not the default
+    try:
+        with pytest.raises(Terminated):
+            with sigterm_as_ctrl_c():
+                signal.raise_signal(signal.SIGTERM)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert issubclass(Terminated, KeyboardInterrupt)  # Ctrl-C's path: main's `except KeyboardInterrupt`
+
+
+def test_a_second_ctrl_c_while_stopping_only_hurries_the_stop():
+    before = signal.getsignal(signal.SIGINT)
+    with _Stopping() as stopping:
+        assert not stopping.hurried
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            pytest.fail("a second Ctrl-C escaped the stop: its line with the continue command would be lost")
+        assert stopping.hurried
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_outside_the_main_thread_signal_handlers_are_left_alone():
+    """A notebook kernel's or a library's thread: Python runs handlers in the main thread only (and refuses to set
+    them elsewhere), so neither block touches them there."""
+    before, done = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)), []
+
+    def in_a_thread():
+        with sigterm_as_ctrl_c(), _Stopping() as stopping:
+            inside = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), stopping.hurried
+        done.append(inside)  # leaving the blocks raised nothing
+
+    thread = threading.Thread(target=in_a_thread)
+    thread.start()
+    thread.join()
+    assert done == [(*before, False)]
