@@ -30,6 +30,8 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import pyarrow.fs
+
 from raytrain.checkpoint import layout
 from raytrain.config import ConfigError
 
@@ -133,8 +135,6 @@ def check_not_live(storage: str, name: str) -> None:
 def _write(storage: str, name: str, driver: Driver) -> None:
     """On a local or shared disk, written beside the file and renamed over it: a file rewritten in place is
     empty for an instant, and a second driver reading it then found no driver (an object store's PUT is whole)."""
-    import pyarrow.fs
-
     fs, path = layout.filesystem(marker_uri(storage, name))
     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
     local = isinstance(fs, pyarrow.fs.LocalFileSystem)
