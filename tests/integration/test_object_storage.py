@@ -2,8 +2,9 @@
 shared `ray start` cluster with data.path and checkpoint.storage_path s3:// URIs, against a real S3 API
 (moto's server; pyarrow, Ray Data and Ray Train talk to it as to AWS). Every path the run prints keeps
 its scheme; the same command with one step more finds the run through Ray Train's record on S3 and
-continues it from its checkpoint there, each worker downloading only its own shards; the export reads the checkpoint from S3 and writes the model back there; --fresh's set-aside moves the run
-object by object and Ray Train still reads it where it went."""
+continues it from its checkpoint there (which files each rank fetches: tests/unit/worker/test_loop.py);
+the export reads the checkpoint from S3 and writes the model back there; --fresh's set-aside moves the
+run object by object and Ray Train still reads it where it went."""
 
 import json
 import os
@@ -50,6 +51,11 @@ def runs(ray_cluster, s3):
     return {"env": env, "storage": storage, "first": first.stdout, "more": more.stdout}
 
 
+def history(s3, step):
+    path = f"{s3.bucket}/runs/cloud/checkpoint_step_{step:08d}/raytrain.json"
+    return json.loads(s3.filesystem().open_input_stream(path).read())["history"]
+
+
 def test_the_run_trains_on_s3_data_and_prints_its_checkpoint_as_a_uri(runs, s3):
     out = runs["first"]
     size = s3.filesystem().get_file_info(f"{s3.bucket}/data/train.jsonl").size
@@ -57,20 +63,17 @@ def test_the_run_trains_on_s3_data_and_prints_its_checkpoint_as_a_uri(runs, s3):
     assert read and float(read[-1]) == pytest.approx(size / 1000, abs=0.1), (size, out[-3000:])  # the S3 object's bytes
     assert f"raytrain: checkpoint {runs['storage']}/cloud/checkpoint_step_00000003\n" in out, out[-3000:]
     fs = s3.filesystem()
-    meta = json.loads(fs.open_input_stream(f"{s3.bucket}/runs/cloud/checkpoint_step_00000003/raytrain.json").read())
-    assert [m["step"] for m in meta["history"]] == [1, 2, 3]
+    assert [m["step"] for m in history(s3, 3)] == [1, 2, 3]
     shards = fs.get_file_info(pyarrow.fs.FileSelector(f"{s3.bucket}/runs/cloud/checkpoint_step_00000003/step_00000003"))
     assert sum(i.base_name.endswith("optim_states.pt") for i in shards) == 2  # every rank's shard uploaded
 
 
 def test_one_step_more_continues_the_run_from_its_checkpoint_on_s3(runs, s3):
     out = runs["more"]
-    assert f"raytrain: run 'cloud' exists in {runs['storage']}: continuing from its latest checkpoint" in out, out[-3000:]
+    continuing = f"raytrain: run 'cloud' exists in {runs['storage']}: continuing from its latest checkpoint"
+    assert continuing in out, out[-3000:]
     assert f"raytrain: checkpoint {runs['storage']}/cloud/checkpoint_step_00000004\n" in out, out[-3000:]
-    fs = s3.filesystem()
-    read = lambda step: json.loads(fs.open_input_stream(  # noqa: E731
-        f"{s3.bucket}/runs/cloud/checkpoint_step_{step:08d}/raytrain.json").read())["history"]
-    three, four = read(3), read(4)
+    three, four = (history(s3, step) for step in (3, 4))
     assert [m["step"] for m in four] == [1, 2, 3, 4] and four[:3] == three  # restored from S3, then extended
     assert four[3]["resumed_from_step"] == 3
 
