@@ -218,7 +218,8 @@ def dry_run(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_memory_
             gpus_per_node: int | None = None, fresh: bool = False) -> tuple[ResolvedRun, list[str]]:
     """Every check of a real run that needs no Ray, for the requested shape: the run resolved ("auto"
     settings chosen for the target), and notes for stderr (the data sources' notes, the plan's lines,
-    advice, then the memory planner's verdict), which the caller prints once every check has passed.
+    advice, what a real run would do with the run's storage now, then the memory planner's verdict),
+    which the caller prints once every check has passed.
     Writes nothing. The checkpoint a real run would resume (`fresh` as for `fit`)
     is checked as a real run checks it: it reads raytrain.json and Ray Train's record, which for a
     cloud storage path needs its credentials (the storage path is looked up first: checks.check_storage_uri).
@@ -231,11 +232,14 @@ def dry_run(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_memory_
     sources = inspect_sources(cfg.data)
     resolved = resolve_run(cfg, shape, sources, target)
     check_dry_run_placement(cfg, gpu_memory_gib, host_memory_gib, gpus_per_node)  # the real run's local cluster
-    resuming = _check_resume_before_ray(resolved, fresh)
+    storage = _storage_uri(cfg.checkpoint.storage_path)
+    checkpoint, own = resume_checkpoint(resolved.config, storage, cfg.checkpoint.name, fresh)
+    resuming = check_resume(checkpoint, resolved, own_run=own)
     tracking = check_tracking(cfg, fresh)
     notes = [f"note: {note}" for note in sources.notes]
     notes += [f"plan: {line}" for line in resolved.plan] + [f"note: {note}" for note in advice(resolved)]
     notes.extend(f"note: {note}" for note in idle_settings(cfg, shape.use_gpu, shape.num_workers))
+    notes.append(f"note: a real run now {_would_place(resolved.config, storage, checkpoint, own, fresh)}")
     notes.extend(resuming)
     notes.extend(f"note: {note}" for note in tracking)
     if (space := checkpoint_space_note(resolved)) is not None:
@@ -295,21 +299,43 @@ def _place(resolved: ResolvedRun, fresh: bool, name: str | None = None) -> tuple
     if fresh and _not_empty(run):
         aside = layout.set_aside(run)
         say(f"raytrain: --fresh: moved the existing run {name!r} to {aside}")
-    elif own and (step := layout.read_metadata(checkpoint)["step"]) >= cfg.training.max_steps:
-        say(f"raytrain: run {name!r} in {storage} is already done at step {step} "
-            f"(training.max_steps={cfg.training.max_steps}): nothing to "
-            f"train (raise training.max_steps to train further, or pass --fresh to start over; the old run is "
-            f"kept under another name)")
     elif own:
-        started = f" (started from {cfg.checkpoint.resume_from})" if cfg.checkpoint.resume_from else ""
-        say(f"raytrain: run {name!r} exists in {storage}: continuing from its latest checkpoint{started} "
-            f"(pass --fresh to start over; the old run is kept under another name)")
+        say(f"raytrain: {_continuing(cfg, storage, name, checkpoint)}")
     for line in resuming:
         say(f"raytrain: {line}")
     progress = DataProgress(cfg.data, name)
     restored = None if checkpoint is None else _shown(checkpoint, cfg, own)
     return RunSpec.place(resolved, run_name=name, storage_path=storage, resume_from=cfg.checkpoint.resume_from,
                          counter=progress.name), progress, restored
+
+
+def _continuing(cfg: RunConfig, storage: str, name: str, checkpoint) -> str:
+    """What placing run `name` does with its own latest `checkpoint`: continue it, or nothing (done)."""
+    step = layout.read_metadata(checkpoint)["step"]
+    if step >= cfg.training.max_steps:
+        return (f"run {name!r} in {storage} is already done at step {step} (training.max_steps="
+                f"{cfg.training.max_steps}): nothing to train (raise training.max_steps to train further, or pass "
+                f"--fresh to start over; the old run is kept under another name)")
+    started = f", started from {cfg.checkpoint.resume_from}" if cfg.checkpoint.resume_from else ""
+    return (f"run {name!r} exists in {storage}: continuing from its latest checkpoint (step {step}{started}) "
+            f"(pass --fresh to start over; the old run is kept under another name)")
+
+
+def _would_place(cfg: RunConfig, storage: str, checkpoint, own: bool, fresh: bool) -> str:
+    """What `_place` would do with the run's storage now, for a dry run, which moves nothing: the end of a
+    sentence that starts "a real run now". Its reads are resume_checkpoint's and one listing for --fresh."""
+    name = cfg.checkpoint.name
+    if name is not None and fresh and _not_empty(run := layout.run_uri(storage, name)):
+        return (f"moves the existing run {name!r} to {run}.replaced-<date>-<time> (--fresh; nothing is deleted) "
+                f"and starts it over")
+    if own:
+        return f"finds {_continuing(cfg, storage, name, checkpoint)}"
+    new = f"starts a new run {name!r} in {storage}" if name is not None else \
+        f"starts a new run in {storage}, named raytrain-<date>-<time> (checkpoint.name names it)"
+    if checkpoint is None:
+        return f"{new}: {model_source(cfg.model)}"
+    return (f"{new} from checkpoint.resume_from={cfg.checkpoint.resume_from} (step "
+            f"{layout.read_metadata(checkpoint)['step']}: its weights, optimizer state and data position)")
 
 
 def resume_checkpoint(cfg: RunConfig, storage: str, name: str | None, fresh: bool):

@@ -217,7 +217,10 @@ def test_a_dry_run_prints_the_planners_verdict_and_writes_nothing(tmp_path, caps
     out, err = capsys.readouterr()
     assert rc == 0, err
     assert json.loads(out)["cluster"]["num_workers"] == 2  # stdout stays the JSON
-    assert err.startswith("raytrain: memory: fits: this run needs ") and "the nodes have 64.0 GiB RAM" in err
+    lines = err.splitlines()  # what a real run would do with the storage, then the memory verdict
+    assert lines[0].startswith(f"raytrain: note: a real run now starts a new run in {storage}, named "), lines
+    assert lines[1].startswith("raytrain: memory: fits: this run needs ") and "the nodes have 64.0 GiB RAM" in err
+    assert len(lines) == 2, lines
     assert list(tmp_path.iterdir()) == []
     if not hardware.gpus(use_torch=False):  # a GPU run planned on a machine without GPUs, no sizes stated
         assert main(["--dry-run", f"checkpoint.storage_path={storage}", "scaling.use_gpu=true",

@@ -88,7 +88,7 @@ def test_a_run_started_from_a_checkpoint_continues_from_it_with_the_printed_comm
     run_with_checkpoints(tmp_path / "runs", "ft", [8], resume_from=source)
     capsys.readouterr()
     place(tmp_path / "runs", "checkpoint.name=ft", f"checkpoint.resume_from={source}")
-    assert f"continuing from its latest checkpoint (started from {source})" in capsys.readouterr().out
+    assert f"continuing from its latest checkpoint (step 8, started from {source})" in capsys.readouterr().out
     # another checkpoint for the same run is a mistake: the run would ignore it
     other = checkpoint(tmp_path / "other" / "checkpoint_step_00000004", 4)
     with pytest.raises(ConfigError, match=rf"checkpoint.resume_from={other} is set but run 'ft' already exists in "
@@ -533,3 +533,39 @@ def test_a_relative_or_home_model_directory_reaches_the_workers_absolute(tmp_pat
     assert (cfg.model.name_or_path, cfg.model.tokenizer) == (str(tmp_path / "model"), str(tmp_path / "home" / "tok"))
     hub = _local_paths(load_config(None, ["model.name_or_path=org/name", "model.tokenizer=gpt2"]))
     assert (hub.model.name_or_path, hub.model.tokenizer) == ("org/name", "gpt2")
+
+
+@pytest.mark.usefixtures("no_ray_driver")
+def test_a_dry_run_says_what_a_real_run_would_do_with_the_runs_storage(tmp_path, capsys):
+    # Before, a dry run checked the checkpoint a real run would resume but did not say whether that run
+    # would continue, be done, start over (--fresh) or start new: the user learnt it only by running.
+    runs = tmp_path / "runs"
+    storage = f"checkpoint.storage_path={runs}"
+
+    def would(*argv, steps=40):
+        rc, err = dry(capsys, storage, "scaling.num_workers=2", f"training.max_steps={steps}", *argv)
+        lines = [line for line in err if line.startswith("raytrain: note: a real run now ")]
+        assert rc == 0 and len(lines) == 1, err
+        return lines[0].removeprefix("raytrain: note: a real run now ")
+
+    assert would("checkpoint.name=r1") == (f"starts a new run 'r1' in {runs}: random init of the built-in tiny Llama "
+                                           f"(model.name_or_path=DIR trains your own)")
+    assert would().startswith(f"starts a new run in {runs}, named raytrain-<date>-<time> (checkpoint.name names it)")
+    source = checkpoint(tmp_path / "old" / "checkpoint_step_00000004", 4)
+    assert would("checkpoint.name=ft", f"checkpoint.resume_from={source}") == (
+        f"starts a new run 'ft' in {runs} from checkpoint.resume_from={source} (step 4: its weights, optimizer state "
+        f"and data position)")
+    run_with_checkpoints(runs, "r1", [8, 12])
+    assert would("checkpoint.name=r1") == (f"finds run 'r1' exists in {runs}: continuing from its latest checkpoint "
+                                           f"(step 12) (pass --fresh to start over; the old run is kept under another "
+                                           f"name)")
+    assert would("checkpoint.name=r1", steps=12).startswith(
+        f"finds run 'r1' in {runs} is already done at step 12 (training.max_steps=12): nothing to train")
+    assert would("checkpoint.name=r1", "--fresh") == (
+        f"moves the existing run 'r1' to {runs}/r1.replaced-<date>-<time> (--fresh; nothing is deleted) and starts "
+        f"it over")
+    assert sorted(os.listdir(runs)) == ["r1"]  # the dry run moved nothing
+    # a real run prints the same continuing line, once placed
+    place(runs, "checkpoint.name=r1")
+    assert (f"raytrain: run 'r1' exists in {runs}: continuing from its latest checkpoint (step 12) (pass --fresh"
+            in capsys.readouterr().out)
