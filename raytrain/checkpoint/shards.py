@@ -50,6 +50,8 @@ class Rank:
     world_size: int
     local: int = 0
     node: int = 0
+    local_size: int = 1
+    """The ranks on this worker's node."""
 
 
 class Checkpointer:
@@ -184,11 +186,13 @@ def resume_point(spec: RunSpec, latest, world_size: int) -> ResumePoint | None:
     return ResumePoint(checkpoint, step=meta["step"], written_by=old_world, universal=universal)
 
 
-def restore(engine, resume: ResumePoint | None, seed: int, rank: int) -> tuple[int, list[dict[str, Any]], dict[str, Any]]:
+def restore(engine, resume: ResumePoint | None, seed: int, rank: int, *, ranks_on_node: int = 1,
+            counter: str | None = None) -> tuple[int, list[dict[str, Any]], dict[str, Any]]:
     """Load `resume` into the engine; return (step, metrics history, data position). (0, [], {}) for none.
 
     A universal copy must be complete (raytrain.checkpoint.reshard) and the engine built with
-    checkpoint.load_universal."""
+    checkpoint.load_universal. `ranks_on_node` and `counter` (the run's counter actor) are for a
+    download from remote storage that this node's disk cannot hold (`_rank_files`)."""
     if resume is None:
         return 0, [], {}
     from ray.train import Checkpoint
@@ -197,7 +201,7 @@ def restore(engine, resume: ResumePoint | None, seed: int, rank: int) -> tuple[i
     settings = compat.param_group_settings(engine) if resume.universal else None
     # A universal copy is read whole by every rank (each slices every parameter's file); a checkpoint as
     # written, only this rank's part of it.
-    files = source.as_directory() if resume.universal else _rank_files(source, rank)
+    files = source.as_directory() if resume.universal else _rank_files(source, rank, ranks_on_node, counter)
     with files as path:
         _, client_state = engine.load_checkpoint(path)  # reads the `latest` (or `latest_universal`) tag; full unpickling
         with open(os.path.join(path, METADATA)) as f:
@@ -221,7 +225,7 @@ _RANK_FILE = re.compile(r"(?:^|_)zero_pp_rank_(\d+)_")
 
 
 @contextlib.contextmanager
-def _rank_files(checkpoint, rank: int) -> Iterator[str]:
+def _rank_files(checkpoint, rank: int, ranks_on_node: int = 1, counter: str | None = None) -> Iterator[str]:
     """A local directory with the files of `checkpoint` that rank `rank` loads: all but other ranks' shards.
 
     Ray's `as_directory` downloads a remote checkpoint (s3://, gs://, abfs://) whole, once per node, though
@@ -231,24 +235,54 @@ def _rank_files(checkpoint, rank: int) -> Iterator[str]:
     fp32 states and Adam moments, where this node's ranks need ~53 GB. Here each rank downloads its own
     files (its node's ranks in parallel, one stream each), plus those no rank's name claims (`latest`,
     raytrain.json). A checkpoint on a local or shared filesystem is read in place, as Ray does.
+
+    A local disk (TMPDIR) that cannot hold the download stops the run in one line, not as a worker failure
+    that every restart meets again after the same download (`_restore_disk_full`): checked before the first
+    byte, against this rank's files times `ranks_on_node` (the node's ranks download at once, shards of
+    about one size), and again if a write fails for want of space (another process, a quota).
     """
     fs, root = checkpoint.filesystem, checkpoint.path.rstrip("/")
     if isinstance(fs, pyarrow.fs.LocalFileSystem):
         yield root
         return
+    wanted = []
+    for info in fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=True)):
+        match = _RANK_FILE.search(posixpath.basename(info.path))
+        if info.type == pyarrow.fs.FileType.File and not (match and int(match.group(1)) != rank):
+            wanted.append(info)
+    ours = sum(info.size for info in wanted if _RANK_FILE.search(posixpath.basename(info.path)))
+    need = ours * ranks_on_node + sum(info.size for info in wanted) - ours
+    tmp = tempfile.gettempdir()
+    if shutil.disk_usage(tmp).free < need + _FULL_BYTES:
+        _restore_disk_full(checkpoint, tmp, need, ranks_on_node, counter)
     local = tempfile.mkdtemp(prefix="raytrain-restore-")
     try:
-        for info in fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=True)):
-            match = _RANK_FILE.search(posixpath.basename(info.path))
-            if info.type != pyarrow.fs.FileType.File or (match and int(match.group(1)) != rank):
-                continue
+        for info in wanted:
             dest = os.path.join(local, posixpath.relpath(info.path, root))
             os.makedirs(os.path.dirname(dest), exist_ok=True)
-            pyarrow.fs.copy_files(info.path, dest, source_filesystem=fs,
-                                  destination_filesystem=pyarrow.fs.LocalFileSystem())
+            try:
+                pyarrow.fs.copy_files(info.path, dest, source_filesystem=fs,
+                                      destination_filesystem=pyarrow.fs.LocalFileSystem())
+            except OSError as e:
+                if not out_of_space(e, local):
+                    raise
+                shutil.rmtree(local, ignore_errors=True)  # what was downloaded, before the free space is read
+                _restore_disk_full(checkpoint, tmp, need, ranks_on_node, counter)
         yield local
     finally:
         shutil.rmtree(local, ignore_errors=True)
+
+
+def _restore_disk_full(checkpoint, tmp: str, need: int, ranks_on_node: int, counter: str | None) -> None:
+    """Stop the run: this node's disk cannot hold what its ranks download to restore `checkpoint`."""
+    free = shutil.disk_usage(tmp).free
+    workers = f"this node's {ranks_on_node} workers download" if ranks_on_node > 1 else "this worker downloads"
+    stop_run(SetupMistake(
+        f"node {socket.gethostname()}",
+        f"no space left in {tmp} to restore checkpoint {checkpoint.path}: {workers} {need / 2**30:.2f} GiB of its "
+        f"files there (each worker its own shards) and {free / 2**30:.2f} GiB are free",
+        "free space there, or start the Ray nodes with TMPDIR on a larger disk; then the same command continues "
+        "from the same checkpoint"), counter)
 
 
 def _rng_state() -> dict[str, Any]:

@@ -96,7 +96,7 @@ def train_loop_per_worker(spec_dict: dict[str, Any]) -> None:
     """Ray Train's entry point on every worker: `spec_dict` is the driver's `RunSpec.to_dict()`."""
     ctx = ray.train.get_context()
     rank = Rank(world=ctx.get_world_rank(), world_size=ctx.get_world_size(), local=ctx.get_local_rank(),
-                node=ctx.get_node_rank())
+                node=ctx.get_node_rank(), local_size=ctx.get_local_world_size())
     # An elastic run's group runs the plan of its own size (the driver resolved and checked them all).
     spec = RunSpec.from_dict(spec_dict).at_world_size(rank.world_size)
     cfg = spec.config
@@ -115,7 +115,8 @@ def train_loop_per_worker(spec_dict: dict[str, Any]) -> None:
     with universal_copy(resume, spec.run_uri, rank, device):  # rank 0 converts while every rank builds
         # restoring a checkpoint: its weights replace the model's, so model.pretrained's are not read
         engine, scheduler, _ = build_engine(spec, device, ds_config, from_checkpoint=resume is not None)
-    start_step, history, data_state = restore(engine, resume, seed=cfg.training.seed, rank=rank.world)
+    start_step, history, data_state = restore(engine, resume, seed=cfg.training.seed, rank=rank.world,
+                                              ranks_on_node=rank.local_size, counter=spec.counter)
     if resume is not None:
         after_checkpoint_load(engine)  # the LR workaround again: loading replaced the optimizer's param groups
     facts = spec.deepspeed

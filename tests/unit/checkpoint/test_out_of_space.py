@@ -49,3 +49,88 @@ def test_torchs_full_disk_error_is_out_of_space_only_where_the_disk_is_nearly_fu
 def test_other_write_errors_are_not_out_of_space(tmp_path):
     assert not out_of_space(raised(lambda: open("/nonexistent-dir/x", "w")), str(tmp_path))
     assert not out_of_space(raised(lambda: open(tmp_path, "w")), str(tmp_path))  # a directory
+
+
+class _Recording(pyarrow.fs.FSSpecHandler):
+    """The local disk behind pyarrow's PyFileSystem: storage Ray's Checkpoint treats as remote (as S3),
+    recording every file opened. A file over 1 GiB (the sparse terabytes below) is not opened: were the
+    space check gone, the test fails here instead of filling the disk with zeros."""
+
+    def __init__(self, opened):
+        import fsspec
+
+        super().__init__(fsspec.filesystem("file"))
+        self.opened = opened
+
+    def open_input_stream(self, path):
+        self.opened.append(path)
+        assert os.path.getsize(path) < 2**30, f"{path}: a download of the sparse file's terabytes"
+        return super().open_input_stream(path)
+
+    def open_input_file(self, path):
+        self.opened.append(path)
+        assert os.path.getsize(path) < 2**30, f"{path}: a download of the sparse file's terabytes"
+        return super().open_input_file(path)
+
+
+def remote_checkpoint(path, shard_bytes, opened):
+    """A 2-rank ZeRO-3 checkpoint at `path` whose shard files hold `shard_bytes` each (sparse: no disk
+    used), as Ray hands it to a worker from object storage."""
+    from ray.train import Checkpoint  # a plain class: no Ray cluster is started
+
+    tag = path / "step_00000004"
+    tag.mkdir(parents=True)
+    for rank in (0, 1):
+        for kind in ("model", "optim"):
+            with open(tag / f"zero_pp_rank_{rank}_mp_rank_00_{kind}_states.pt", "wb") as f:
+                f.truncate(shard_bytes)
+    (path / "latest").write_text("step_00000004")
+    (path / "raytrain.json").write_text("{}")
+    return Checkpoint(str(path), filesystem=pyarrow.fs.PyFileSystem(_Recording(opened)))
+
+
+def test_a_restore_download_this_disk_cannot_hold_is_one_line_before_any_byte(tmp_path, monkeypatch):
+    # A checkpoint on s3://, gs:// or abfs:// is downloaded to TMPDIR. A disk too small for it failed
+    # inside DeepSpeed's load or pyarrow's copy, as a worker failure: each of checkpoint.max_failures
+    # restarts downloaded again and failed the same way.
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    opened = []
+    big = 4 * 2**40  # 4 TiB a shard file: more than this machine's disk (sparse files, no space used)
+    checkpoint = remote_checkpoint(tmp_path / "ckpt", big, opened)
+    with pytest.raises(shards.SetupMistake) as e:  # no run's counter: stop_run raises the record
+        with shards._rank_files(checkpoint, rank=1, ranks_on_node=8):
+            pass
+    line = e.value.line()
+    assert line.startswith(f"node {os.uname().nodename}: no space left in {tmp_path / 'tmp'} to restore checkpoint "
+                           f"{tmp_path / 'ckpt'}: this node's 8 workers download 65536.00 GiB of its files there "
+                           f"(each worker its own shards) and "), line
+    assert line.endswith(" GiB are free: free space there, or start the Ray nodes with TMPDIR on a larger disk; then "
+                         "the same command continues from the same checkpoint"), line
+    assert opened == [] and os.listdir(tmp_path / "tmp") == []  # nothing read, nothing left behind
+    # this rank's own files fit: downloaded, the other rank's not
+    small = remote_checkpoint(tmp_path / "small", 1000, opened)
+    with shards._rank_files(small, rank=1, ranks_on_node=8) as local:
+        got = sorted(os.path.relpath(os.path.join(d, f), local) for d, _, files in os.walk(local) for f in files)
+    assert got == ["latest", "raytrain.json", "step_00000004/zero_pp_rank_1_mp_rank_00_model_states.pt",
+                   "step_00000004/zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+    assert os.listdir(tmp_path / "tmp") == []
+
+
+def test_a_disk_that_fills_during_the_restore_download_is_the_same_line(tmp_path, monkeypatch):
+    # Room at the check, none at the write (another process, a quota): pyarrow's copy raises the OSError
+    # a full disk gives (monkeypatched: no test here can fill a disk without a mount).
+    import errno
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pyarrow.fs, "copy_files", full)
+    with pytest.raises(shards.SetupMistake, match=r"no space left in .* to restore checkpoint .*: this worker "
+                                                  r"downloads 0\.00 GiB"):
+        with shards._rank_files(remote_checkpoint(tmp_path / "ckpt", 1000, []), rank=0):
+            pass
+    assert os.listdir(tmp_path / "tmp") == []
