@@ -138,10 +138,17 @@ def check_member_node_config(key: str, node_config: Mapping[str, Any], provider:
             f"{key}.node_config.{AVAILABILITY_SET_KEY}: vmSize {vm_size!r} has no InfiniBand (no 'r' in its "
             "features), so a set buys nothing; use an RDMA size such as Standard_ND96isr_H100_v5 or remove the key")
     priority = arm.get("priority", "Regular")
-    if str(priority).lower() == "spot":
+    # Azure's VM priorities: Regular, Spot, SpotPlus (a Spot kind), Low ("will be deprecated, use Spot": its
+    # older name). The ARM template sets an eviction policy for "Spot" alone, so Low went out as a Spot VM
+    # without one; and any other value, Azure refuses at the first scale-up, not at `ray up`.
+    if str(priority).lower() in ("spot", "low", "spotplus"):
         raise ValueError(
             f"{key}.node_config.azure_arm_parameters.priority: {priority!r} asks for Spot VMs, and Azure refuses "
             "Spot VMs in an availability set (AzureSpotVMNotSupportedInAvailabilitySet); set priority: Regular")
+    if str(priority).lower() != "regular":
+        raise ValueError(
+            f"{key}.node_config.azure_arm_parameters.priority: {priority!r} is not an Azure VM priority (Regular, "
+            "Spot, SpotPlus, Low), and VMs in an availability set must be Regular: set priority: Regular")
     # Ray's precedence: the node's availability_zone, else the provider's; unset means "auto", which
     # places VMs in zones, and Azure refuses a VM with both a zone and an availability set.
     where, zone = ((f"{key}.node_config.azure_arm_parameters.availability_zone", arm["availability_zone"])

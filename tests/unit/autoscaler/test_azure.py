@@ -319,6 +319,13 @@ BAD_CLUSTER_FILES = {
         r"infiniband_availability_set is missing: 4 standard_nd96isr_h100_v5 VMs"),
     "lowercase Spot in a set": (lambda c: _arm(c).update(priority="spot"),
                                 r"priority: 'spot' asks for Spot VMs, .*AzureSpotVMNotSupportedInAvailabilitySet"),
+    # Low is Azure's older name for Spot (the template gave it no eviction policy); a typo is not a priority.
+    "Low (Spot's older name) in a set": (lambda c: _arm(c).update(priority="Low"),
+                                         r"priority: 'Low' asks for Spot VMs, .*AzureSpotVMNotSupported"),
+    "SpotPlus in a set": (lambda c: _arm(c).update(priority="SpotPlus"), r"priority: 'SpotPlus' asks for Spot VMs"),
+    "a priority Azure does not have": (lambda c: _arm(c).update(priority="Reguar"),
+                                       r"priority: 'Reguar' is not an Azure VM priority \(Regular, Spot, SpotPlus, "
+                                       r"Low\), .* set priority: Regular$"),
     "subnet_mask not a network": (lambda c: c["provider"].update(subnet_mask="10.0.0.0/33"),
                                   r"^provider\.subnet_mask: '10\.0\.0\.0/33' is not an address range .*; write it "
                                   r"in CIDR form"),
