@@ -237,24 +237,16 @@ def _rank_files(checkpoint, rank: int, ranks_on_node: int = 1, counter: str | No
     raytrain.json). A checkpoint on a local or shared filesystem is read in place, as Ray does.
 
     A local disk (TMPDIR) that cannot hold the download stops the run in one line, not as a worker failure
-    that every restart meets again after the same download (`_restore_disk_full`): checked before the first
-    byte, against this rank's files times `ranks_on_node` (the node's ranks download at once, shards of
-    about one size), and again if a write fails for want of space (another process, a quota).
+    that every restart meets again after the same download: checked before the engine build
+    (`check_restore_space`), before the first byte (`_download`) and again if a write fails for want of
+    space (another process, a quota).
     """
     fs, root = checkpoint.filesystem, checkpoint.path.rstrip("/")
     if isinstance(fs, pyarrow.fs.LocalFileSystem):
         yield root
         return
-    wanted = []
-    for info in fs.get_file_info(pyarrow.fs.FileSelector(root, recursive=True)):
-        match = _RANK_FILE.search(posixpath.basename(info.path))
-        if info.type == pyarrow.fs.FileType.File and not (match and int(match.group(1)) != rank):
-            wanted.append(info)
-    ours = sum(info.size for info in wanted if _RANK_FILE.search(posixpath.basename(info.path)))
-    need = ours * ranks_on_node + sum(info.size for info in wanted) - ours
+    wanted, need = _download(checkpoint, rank, ranks_on_node, counter)
     tmp = tempfile.gettempdir()
-    if shutil.disk_usage(tmp).free < need + _FULL_BYTES:
-        _restore_disk_full(checkpoint, tmp, need, ranks_on_node, counter)
     local = tempfile.mkdtemp(prefix="raytrain-restore-")
     try:
         for info in wanted:
@@ -271,6 +263,32 @@ def _rank_files(checkpoint, rank: int, ranks_on_node: int = 1, counter: str | No
         yield local
     finally:
         shutil.rmtree(local, ignore_errors=True)
+
+
+def check_restore_space(resume: ResumePoint | None, rank: Rank, counter: str | None) -> None:
+    """Before the engine build (minutes for a large model): stop the run in one line if this node's TMPDIR
+    cannot hold what its ranks will download to restore `resume` from remote storage (`_rank_files`, which
+    checks again as it downloads). One listing of the checkpoint; nothing for local or shared storage."""
+    if resume is not None and not resume.universal:
+        if not isinstance(resume.checkpoint.filesystem, pyarrow.fs.LocalFileSystem):
+            _download(resume.checkpoint, rank.world, rank.local_size, counter)
+
+
+def _download(checkpoint, rank: int, ranks_on_node: int, counter: str | None) -> tuple[list, int]:
+    """(the files of remote `checkpoint` that rank `rank` downloads, the bytes this node's ranks download):
+    this rank's files times `ranks_on_node` (they download at once; shards of about one size) and the
+    shared ones. Stops the run if TMPDIR has not that much free (`_restore_disk_full`)."""
+    root = checkpoint.path.rstrip("/")
+    wanted = []
+    for info in checkpoint.filesystem.get_file_info(pyarrow.fs.FileSelector(root, recursive=True)):
+        match = _RANK_FILE.search(posixpath.basename(info.path))
+        if info.type == pyarrow.fs.FileType.File and not (match and int(match.group(1)) != rank):
+            wanted.append(info)
+    ours = sum(info.size for info in wanted if _RANK_FILE.search(posixpath.basename(info.path)))
+    need = ours * ranks_on_node + sum(info.size for info in wanted) - ours
+    if shutil.disk_usage(tempfile.gettempdir()).free < need + _FULL_BYTES:
+        _restore_disk_full(checkpoint, tempfile.gettempdir(), need, ranks_on_node, counter)
+    return wanted, need
 
 
 def _restore_disk_full(checkpoint, tmp: str, need: int, ranks_on_node: int, counter: str | None) -> None:

@@ -26,7 +26,8 @@ import torch
 from raytrain import compat
 from raytrain.checkpoint import reshard
 from raytrain.checkpoint.layout import checkpoint_dir_name
-from raytrain.checkpoint.shards import Checkpointer, Rank, ResumePoint, out_of_space, restore, resume_point
+from raytrain.checkpoint.shards import (Checkpointer, Rank, ResumePoint, check_restore_space, out_of_space, restore,
+                                        resume_point)
 from raytrain.console import emit, format_progress
 from raytrain.data.bad_records import SetupMistake, stop_run
 from raytrain.data.ingest import MicroBatches
@@ -108,6 +109,7 @@ def train_loop_per_worker(spec_dict: dict[str, Any]) -> None:
     if lacking:  # the user's setup, the same at every restart: stop the run (one line, exit 2), not a retry
         stop_run(SetupMistake(f"node {socket.gethostname()}", *lacking), spec.counter)
     resume = resume_point(spec, ray.train.get_checkpoint(), rank.world_size)
+    check_restore_space(resume, rank, spec.counter)  # a disk too small for the download: one line, before the build
     ds_config = spec.ds_config
     if resume is not None and resume.universal:
         # written by another number of workers: DeepSpeed re-partitions its universal form (raytrain.checkpoint.reshard)

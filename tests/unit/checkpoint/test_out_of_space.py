@@ -98,16 +98,29 @@ def test_a_restore_download_this_disk_cannot_hold_is_one_line_before_any_byte(tm
     opened = []
     big = 4 * 2**40  # 4 TiB a shard file: more than this machine's disk (sparse files, no space used)
     checkpoint = remote_checkpoint(tmp_path / "ckpt", big, opened)
-    with pytest.raises(shards.SetupMistake) as e:  # no run's counter: stop_run raises the record
+    # before the engine build (the worker loop's call), and again at the download itself
+    resume = shards.ResumePoint(checkpoint, step=4, written_by=2)
+    with pytest.raises(shards.SetupMistake) as early:  # no run's counter: stop_run raises the record
+        shards.check_restore_space(resume, shards.Rank(world=1, world_size=2, local_size=8), counter=None)
+    with pytest.raises(shards.SetupMistake) as e:
         with shards._rank_files(checkpoint, rank=1, ranks_on_node=8):
             pass
     line = e.value.line()
+    assert early.value.line() == line
     assert line.startswith(f"node {os.uname().nodename}: no space left in {tmp_path / 'tmp'} to restore checkpoint "
                            f"{tmp_path / 'ckpt'}: this node's 8 workers download 65536.00 GiB of its files there "
                            f"(each worker its own shards) and "), line
     assert line.endswith(" GiB are free: free space there, or start the Ray nodes with TMPDIR on a larger disk; then "
                          "the same command continues from the same checkpoint"), line
     assert opened == [] and os.listdir(tmp_path / "tmp") == []  # nothing read, nothing left behind
+    # a universal copy is read whole (as_directory), and a local one in place: neither is checked here
+    shards.check_restore_space(shards.ResumePoint(checkpoint, 4, 3, universal=str(tmp_path / "u")),
+                               shards.Rank(world=1, world_size=2, local_size=8), counter=None)
+    from ray.train import Checkpoint
+
+    local = remote_checkpoint(tmp_path / "local", big, [])
+    shards.check_restore_space(shards.ResumePoint(Checkpoint(local.path), 4, 2),
+                               shards.Rank(world=1, world_size=2, local_size=8), counter=None)
     # this rank's own files fit: downloaded, the other rank's not
     small = remote_checkpoint(tmp_path / "small", 1000, opened)
     with shards._rank_files(small, rank=1, ranks_on_node=8) as local:
