@@ -59,12 +59,14 @@ class Driver:
     """time.time() of the last write, on the driver's clock."""
     job: str | None = None
     """The Ray job's submission id, when the driver runs under `ray job submit`."""
+    claimed: float | None = None
+    """time.time() when the driver claimed the run (None in files of raytrain before 2026-12-06)."""
 
     def seen_s_ago(self) -> float:
         return max(0.0, time.time() - self.beat)
 
     def alive(self) -> bool:
-        if self.host == socket.gethostname() and not _pid_alive(self.pid):
+        if self.host == socket.gethostname() and not _pid_alive(self.pid, self.claimed):
             return False
         return self.seen_s_ago() < STALE_S
 
@@ -79,14 +81,26 @@ class Driver:
         return f"Ctrl-C in its terminal, or `kill {self.pid}` on {self.host}"
 
 
-def _pid_alive(pid: int) -> bool:
+def _pid_alive(pid: int, claimed: float | None = None) -> bool:
+    """Whether process `pid` of this host runs, and is the one that claimed the run at `claimed`: a process
+    started after the claim has the pid of a dead driver, reused (a restarted container starts its processes
+    in the same order, so a driver killed with its container comes back with its old pid, and its own
+    heartbeat file held the run against it until STALE_S)."""
+    import psutil  # ships with Ray
+
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        started = psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:  # another user's process: alive
+    except psutil.AccessDenied:  # another user's process: alive
         return True
-    return True
+    return claimed is None or started <= claimed + _CLOCK_TICK_S
+
+
+_CLOCK_TICK_S = 1.0
+"""psutil's create_time comes from the boot time and clock ticks since (Linux): it may read up to a tick
+late, and the claim is written after the process starts, so a margin of a second only ever errs towards
+"the same process"."""
 
 
 def _job_id() -> str | None:
@@ -153,7 +167,8 @@ def claimed(storage: str, name: str) -> Iterator[Driver]:
     check_not_live(storage, name)
     now = time.time()
     me = Driver(token=uuid.uuid4().hex, host=socket.gethostname(), pid=os.getpid(),
-                started=datetime.datetime.fromtimestamp(now).strftime("%Y-%m-%d %H:%M:%S"), beat=now, job=_job_id())
+                started=datetime.datetime.fromtimestamp(now).strftime("%Y-%m-%d %H:%M:%S"), beat=now, job=_job_id(),
+                claimed=now)
     _write(storage, name, me)
     time.sleep(CLAIM_SETTLE_S["://" in storage])
     holder = read(storage, name)

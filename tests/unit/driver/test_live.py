@@ -62,11 +62,24 @@ def test_a_driver_that_stopped_beating_or_whose_pid_is_gone_here_does_not_hold_t
         assert live.read(str(tmp_path), name) is None  # removed at the end
 
 
+def test_a_heartbeat_whose_pid_now_belongs_to_a_later_process_does_not_hold_the_run(tmp_path):
+    # A driver killed with its container comes back with the same pid on the same host name: its old
+    # heartbeat file named a live pid (its own), and refused the run to it until STALE_S had passed.
+    import psutil
+
+    started = psutil.Process().create_time()  # this process stands for the later one with the pid
+    for name, claimed, holds in (("reused", started - 60, False), ("this", started + 5, True),
+                                 ("old-file", None, True)):
+        live._write(str(tmp_path), name, live.Driver(token="t", host=socket.gethostname(), pid=os.getpid(),
+                                                     started="x", beat=time.time(), claimed=claimed))
+        assert (live.live_driver(str(tmp_path), name) is not None) is holds, name
+
+
 def test_the_claim_is_written_while_the_block_runs_kept_fresh_and_removed_at_the_end_even_after_an_error(
         tmp_path, monkeypatch):
     monkeypatch.setattr(live, "BEAT_S", 0.05)
     with pytest.raises(RuntimeError), live.claimed(str(tmp_path), "r") as me:
-        assert me.pid == os.getpid()
+        assert me.pid == os.getpid() and me.claimed is not None and live.live_driver(str(tmp_path), "r") == me
         held = live.read(str(tmp_path), "r")
         assert held.token == me.token and live.live_driver(str(tmp_path), "r") == held
         wait_until(lambda: live.read(str(tmp_path), "r").beat > me.beat, 10, "a second beat")
