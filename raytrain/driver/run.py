@@ -325,17 +325,17 @@ def _would_place(cfg: RunConfig, storage: str, checkpoint, own: bool, fresh: boo
     """What `_place` would do with the run's storage now, for a dry run, which moves nothing: the end of a
     sentence that starts "a real run now". Its reads are resume_checkpoint's and one listing for --fresh."""
     name = cfg.checkpoint.name
-    if name is not None and fresh and _not_empty(run := layout.run_uri(storage, name)):
-        return (f"moves the existing run {name!r} to {run}.replaced-<date>-<time> (--fresh; nothing is deleted) "
-                f"and starts it over")
     if own:
         return f"finds {_continuing(cfg, storage, name, checkpoint)}"
+    source = f": {model_source(cfg.model)}" if checkpoint is None else (
+        f" from checkpoint.resume_from={cfg.checkpoint.resume_from} (step {layout.read_metadata(checkpoint)['step']}: "
+        f"its weights, optimizer state and data position)")
+    if name is not None and fresh and _not_empty(run := layout.run_uri(storage, name)):
+        return (f"moves the existing run {name!r} to {run}.replaced-<date>-<time> (--fresh; nothing is deleted) "
+                f"and starts it over{source}")
     new = f"starts a new run {name!r} in {storage}" if name is not None else \
         f"starts a new run in {storage}, named raytrain-<date>-<time> (checkpoint.name names it)"
-    if checkpoint is None:
-        return f"{new}: {model_source(cfg.model)}"
-    return (f"{new} from checkpoint.resume_from={cfg.checkpoint.resume_from} (step "
-            f"{layout.read_metadata(checkpoint)['step']}: its weights, optimizer state and data position)")
+    return f"{new}{source}"
 
 
 def resume_checkpoint(cfg: RunConfig, storage: str, name: str | None, fresh: bool):

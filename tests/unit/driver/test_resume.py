@@ -563,7 +563,10 @@ def test_a_dry_run_says_what_a_real_run_would_do_with_the_runs_storage(tmp_path,
         f"finds run 'r1' in {runs} is already done at step 12 (training.max_steps=12): nothing to train")
     assert would("checkpoint.name=r1", "--fresh") == (
         f"moves the existing run 'r1' to {runs}/r1.replaced-<date>-<time> (--fresh; nothing is deleted) and starts "
-        f"it over")
+        f"it over: random init of the built-in tiny Llama (model.name_or_path=DIR trains your own)")
+    assert would("checkpoint.name=r1", "--fresh", f"checkpoint.resume_from={source}").endswith(
+        f"and starts it over from checkpoint.resume_from={source} (step 4: its weights, optimizer state and data "
+        f"position)")
     assert sorted(os.listdir(runs)) == ["r1"]  # the dry run moved nothing
     # a real run prints the same continuing line, once placed
     place(runs, "checkpoint.name=r1")
