@@ -8,7 +8,7 @@ import pytest
 
 from raytrain.checkpoint import layout
 from raytrain.config import TrackingConfig
-from raytrain.worker.tracking import Tracker
+from raytrain.worker.tracking import RECORD, Tracker
 
 HISTORY = [{"step": s, "loss": 5.0 / s, "lr": 1e-3, "grad_norm": 1.0, "tokens_per_s": 1000.0 + s,
             "data_wait_frac": 0.01, "memory_gib": 0.5, "step_time_s": 0.1, "eta_s": 0.0} for s in (5, 10, 15)]
@@ -81,6 +81,13 @@ def test_one_mlflow_run_per_raytrain_run(tmp_path, monkeypatch):
     assert [m.value for m in client.get_metric_history(first, "train/loss")] == [1.0, 2.0]
     assert [m.value for m in client.get_metric_history(fresh, "train/loss")] == [3.0]
     assert client.get_run(fresh).data.tags["raytrain_run"] == name
+    assert os.listdir(layout.run_uri(storage, name)) == [RECORD]  # tensorboard=false: no event files
+
+    # the same run continued under another experiment opens a new MLflow run, which its restarts continue
+    cfg = TrackingConfig(tensorboard=False, mlflow_tracking_uri=uri, mlflow_experiment="u")
+    moved = attempt(5)
+    assert moved not in {first, fresh, elsewhere} and attempt(6) == moved
+    assert [m.value for m in client.get_metric_history(moved, "train/loss")] == [5.0, 6.0]
 
 
 def test_tensorboard_of_a_cloud_run_is_set_aside_for_a_new_run_of_its_name(tmp_path, monkeypatch):
@@ -111,6 +118,30 @@ def test_tensorboard_of_a_cloud_run_is_set_aside_for_a_new_run_of_its_name(tmp_p
     attempt(3)
     [aside] = [d for d in os.listdir(local) if d.startswith("r.replaced-")]
     assert steps(local / aside)[-1] == 2 and steps(local / "r") == [3]
+
+
+@pytest.mark.parametrize("tensorboard, cloud, files", [
+    (True, False, {"r": ["tensorboard"]}),  # the run's event files, where a restart writes too
+    (False, True, {}),  # nothing to log to, nothing to record
+])
+def test_a_run_without_mlflow_keeps_no_tracking_record(tmp_path, monkeypatch, tensorboard, cloud, files):
+    """The record names the run's MLflow run; only a run on cloud storage with TensorBoard (whose local
+    event files it guards) needs one without MLflow."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    storage = tmp_path / "bucket"
+    for step in (1, 2):
+        tracker = Tracker(TrackingConfig(tensorboard=tensorboard), f"file://{storage}" if cloud else str(storage),
+                          "r", {}, active=True)
+        tracker.log({"loss": float(step)}, step)
+        tracker.close()
+    assert ({run: os.listdir(storage / run) for run in os.listdir(storage)} if storage.exists() else {}) == files
+    assert not (tmp_path / "home").exists()
+    if tensorboard:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        events = EventAccumulator(str(storage / "r" / "tensorboard"))
+        events.Reload()
+        assert events.Scalars("train/loss")[-1].step == 2
 
 
 def test_a_loop_that_raises_ends_its_mlflow_run_failed(tmp_path, monkeypatch):
@@ -159,3 +190,19 @@ def test_a_continued_run_logs_its_changed_settings_beside_the_first(tmp_path, mo
                                              "training.max_steps:continue_1": "10",
                                              "training.max_steps:continue_2": "20", "training.precision": "bf16"}
     assert session(10)["training.max_steps:continue_3"] == "10"  # back to 10: the highest N is the value now
+    for max_steps in range(11, 19):  # continue_4 .. continue_11: N counts, not sorts as text
+        session(max_steps)
+    params = session(10)
+    assert params["training.max_steps:continue_11"] == "18" and params["training.max_steps:continue_12"] == "10"
+
+
+def test_a_settings_value_is_logged_cut_to_mlflows_limit(tmp_path, monkeypatch):
+    import mlflow
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = f"file://{tmp_path / 'mlruns'}"
+    cfg = TrackingConfig(tensorboard=False, mlflow_tracking_uri=uri, mlflow_experiment="t")
+    path = "/data/" + "x" * 600
+    Tracker(cfg, str(tmp_path), "run1", {"config": {"data": {"path": path}}}, active=True).close()
+    params = mlflow.tracking.MlflowClient(tracking_uri=uri).get_run(mlflow.last_active_run().info.run_id).data.params
+    assert params == {"data.path": path[:500]}
