@@ -30,15 +30,6 @@ def batches(seed, n):
     return [{"input_ids": torch.randint(0, 64, (2, 8), generator=g)} for _ in range(n)]
 
 
-@pytest.fixture
-def one_rank(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 def reference_loss(model, batch_lists):
     with torch.no_grad():
         losses = [model(input_ids=b["input_ids"], labels=b["input_ids"]).loss.item() for bl in batch_lists for b in bl]
@@ -66,21 +57,17 @@ def test_uneven_ranks_run_the_same_batches_and_average_over_all_ranks(tmp_path):
     assert results[0]["eval_ppl"] == pytest.approx(math.exp(expected), rel=1e-5)
 
 
-def test_single_rank_runs_at_most_max_batches_and_restores_train_mode(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1)
-    try:
-        model = tiny_model().train()
-        out = evaluate(model, batches(7, 4), torch.device("cpu"), max_batches=3)
-        assert model.training
-        expected = reference_loss(tiny_model(), [batches(7, 4)[:3]])
-        assert out["eval_loss"] == pytest.approx(expected, rel=1e-5)
-        assert out["eval_ppl"] == pytest.approx(math.exp(expected), rel=1e-5)
-        # No row at all is the user's data, not a fault: a BadRecord (one line, exit 2, never retried).
-        with pytest.raises(BadRecord, match="^the eval data yields not one row of data.seq_len tokens: add eval data "
-                                            r".*a text file is one document unless data.text_document=line\)"):
-            evaluate(model, [], torch.device("cpu"), max_batches=3)
-    finally:
-        dist.destroy_process_group()
+def test_single_rank_runs_at_most_max_batches_and_restores_train_mode(one_rank):
+    model = tiny_model().train()
+    out = evaluate(model, batches(7, 4), torch.device("cpu"), max_batches=3)
+    assert model.training
+    expected = reference_loss(tiny_model(), [batches(7, 4)[:3]])
+    assert out["eval_loss"] == pytest.approx(expected, rel=1e-5)
+    assert out["eval_ppl"] == pytest.approx(math.exp(expected), rel=1e-5)
+    # No row at all is the user's data, not a fault: a BadRecord (one line, exit 2, never retried).
+    with pytest.raises(BadRecord, match="^the eval data yields not one row of data.seq_len tokens: add eval data "
+                                        r".*a text file is one document unless data.text_document=line\)"):
+        evaluate(model, [], torch.device("cpu"), max_batches=3)
 
 
 @pytest.mark.parametrize("rows, tokens", [(1, 8), (2, 5)])
@@ -98,15 +85,11 @@ def test_a_short_last_batch_is_evaluated_and_weighed_by_its_tokens(one_rank, row
                                              rel=1e-5)
 
 
-def test_the_check_before_the_first_step_refuses_eval_data_without_a_row(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1)
-    try:
-        model = tiny_model()
-        Evaluator(model, lambda: iter(batches(5, 1)), torch.device("cpu"), 0, 2).check()  # a row: nothing said
-        with pytest.raises(BadRecord, match="^the eval data yields not one row"):
-            Evaluator(model, lambda: iter([]), torch.device("cpu"), 0, 2).check()
-    finally:
-        dist.destroy_process_group()
+def test_the_check_before_the_first_step_refuses_eval_data_without_a_row(one_rank):
+    model = tiny_model()
+    Evaluator(model, lambda: iter(batches(5, 1)), torch.device("cpu"), 0, 2).check()  # a row: nothing said
+    with pytest.raises(BadRecord, match="^the eval data yields not one row"):
+        Evaluator(model, lambda: iter([]), torch.device("cpu"), 0, 2).check()
 
 
 def test_a_mixture_of_experts_eval_loss_is_the_next_token_loss_without_the_router_loss(one_rank):

@@ -8,20 +8,10 @@ import time
 import psutil
 import pytest
 import torch
-import torch.distributed as dist
 
 from raytrain.worker.metrics import StepMeter, TrainMetrics, _memory_gib
 
 CPU = torch.device("cpu")
-
-
-@pytest.fixture
-def one_rank(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("peak, mfu", [(None, None), (8e6, 0.25)])
