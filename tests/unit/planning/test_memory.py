@@ -174,6 +174,9 @@ def test_refusal_names_optimizer_offload_when_that_fits(llama7b_stats):
         check_fits(plan)
     msg = str(e.value)
     assert "zero_optimization.offload_optimizer.device=cpu" in msg and "offload_param" not in msg
+    # the checkpointing the run has is kept: the need named is the offload's with it (14.7 GiB), not without (25.3)
+    with_ckpt = next(o for o in plan.options if o.offload == "optimizer" and o.gradient_checkpointing)
+    assert f"offload_optimizer.device=cpu: {need_text(True, 1, with_ckpt)} (python" in msg
     assert "GiB per GPU" in msg and "host RAM per node" in msg and "\n" not in msg
     assert msg.startswith("this run needs ")
 

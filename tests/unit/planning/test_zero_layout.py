@@ -44,10 +44,12 @@ def test_split_is_deepspeeds_expression_with_its_float_rounding():
     assert zero_layout.num_on_gpu(7, 0.6) == 2  # int((1 - 0.6) * 7) = int(2.8000000000000003)
     assert zero_layout.num_on_gpu(3, 1 - 1 / 3) == 0  # the naive ratio for 1 of 3 keeps none: 0.9999999999999998
     assert zero_layout.split(subs, 1.0) == ([], subs)
-    for num in (1, 2, 3, 7, 14, 66, 131, 500):
+    for num in (1, 2, 3, 7, 14, 66, 131, 500, 2000):  # 4 decimals split up to thousands of sub-groups exactly
         for k in range(num):
             ratio = zero_layout.ratio_for(num, k)
             assert zero_layout.num_on_gpu(num, ratio) == k and round(ratio, 4) == ratio
+    # the middle of the interval that keeps 2 of 7 on the GPU, (1 - 3/7, 1 - 2/7] = (0.5714, 0.7143]
+    assert zero_layout.ratio_for(7, 2) == 0.6429
     with pytest.raises(ValueError):
         zero_layout.ratio_for(3, 3)
     # 1 of 30,000 sub-groups on the GPU needs a ratio in (1 - 2/30000, 1 - 1/30000] = (0.99993, 0.99997]: no
