@@ -195,6 +195,28 @@ def _resolve_batch(ds: dict[str, Any], training: TrainingConfig, world_size: int
     ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"] = tbs, mbs, gas
 
 
+def micro_batch_lever(raw: dict[str, Any] | str, training: TrainingConfig, micro_batch: int, world_size: int) -> str:
+    """How to make a run's micro-batch smaller, in the key the user set it with (`_resolve_batch`'s
+    sources), for the planner's refusal: naming deepspeed.train_micro_batch_size_per_gpu to a user who wrote
+    training.micro_batch_size_per_gpu got "contradicts" when followed, and one derived from train_batch_size
+    is lowered by more accumulation."""
+    if _concrete(training.micro_batch_size_per_gpu):  # (the JSON's, if concrete, is the same number)
+        return f"lower training.micro_batch_size_per_gpu={micro_batch}"
+    ds = load_deepspeed(raw)
+    if _concrete(ds.get("train_micro_batch_size_per_gpu")):
+        return f"lower deepspeed.train_micro_batch_size_per_gpu={micro_batch}"
+    if _concrete(tbs := ds.get("train_batch_size")):
+        key = ("deepspeed.gradient_accumulation_steps" if _concrete(ds.get("gradient_accumulation_steps"))
+               else "training.gradient_accumulation_steps")
+        return (f"raise {key} (the micro-batch is deepspeed.train_batch_size={tbs} / (accumulation x {world_size} "
+                f"workers)) or lower deepspeed.train_batch_size")
+    return f"set training.micro_batch_size_per_gpu below {micro_batch}"
+
+
+def _concrete(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _resolve_precision(ds: dict[str, Any], training: TrainingConfig, use_gpu: bool) -> None:
     if ds.get("bf16") is None and "bfloat16" in ds:
         # DeepSpeed's old spelling, read alike (runtime/precision_config.py, 0.19.8: "bf16", else

@@ -221,15 +221,16 @@ def _local_gpus() -> int:
     return len(hardware.gpus(use_torch=False))
 
 
-def check_memory(resolved: ResolvedRun, target: hardware.Target) -> str:
+def check_memory(resolved: ResolvedRun, target: hardware.Target, written: RunConfig | None = None) -> str:
     """The planner's verdict line for `resolved` on `target`; raises DoesNotFit (its one line) if it does not fit.
+    `written`: the config before resolve_run, whose keys the refusal names (estimate_memory).
 
     An elastic range is checked at each of its sizes: ZeRO-3's states per GPU are largest at the
     minimum, but host RAM per node (more workers on a node) and hpZ's copy can be largest higher up.
     The verdict is that of the size closest to a limit."""
     plans = []
     for w in resolved.cluster.world_sizes:
-        plan = estimate_memory(resolved.at_world_size(w), target)
+        plan = estimate_memory(resolved.at_world_size(w), target, written=written)
         try:
             check_fits(plan)
         except DoesNotFit as e:

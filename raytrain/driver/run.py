@@ -101,7 +101,7 @@ def fit(cfg: RunConfig, fresh: bool = False, argv: Sequence[str] | None = None) 
         say(f"raytrain: plan: {line}")
     for note in advice(resolved):
         say(f"raytrain: note: {note}")
-    say(f"raytrain: {check_memory(resolved, target)}")
+    say(f"raytrain: {check_memory(resolved, target, cfg)}")
     if (space := checkpoint_space_note(resolved)) is not None:
         say(f"raytrain: note: {space}")
     if cfg.network.preflight:
@@ -248,7 +248,7 @@ def dry_run(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_memory_
         notes.append("memory: not checked: this machine has no GPU to plan a GPU run against; state the "
                      "target's sizes with --gpu-memory-gib, --host-memory-gib and --gpus-per-node")
     else:
-        notes.append(check_memory(resolved, target))
+        notes.append(check_memory(resolved, target, cfg))
     return resolved, notes
 
 
@@ -271,12 +271,12 @@ def plan_memory(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_mem
                                             gpus_per_node=gpus_per_node)
     sources = inspect_sources(cfg.data)
     resolved = resolve_run(cfg, shape, sources, target)
-    plan = estimate_memory(tightest(resolved), target or hardware.Target())
+    plan = estimate_memory(tightest(resolved), target or hardware.Target(), written=cfg)
     plan.notes.extend(resolved.plan)
     check_fits(plan)
     # The table is the minimum's (ZeRO-3's states per GPU largest); host RAM per node grows with
     # the workers on it, so an elastic range is also checked at each of its other sizes.
-    check_memory(resolved, target or hardware.Target())
+    check_memory(resolved, target or hardware.Target(), cfg)
     sources.say_notes()  # once the checks have passed, as a run prints them
     return plan
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from raytrain.config import ConfigError
+from raytrain.config import ConfigError, RunConfig
+from raytrain.deepspeed_config import micro_batch_lever
 from raytrain.hardware import Target
 from raytrain.model import ParamStats, config_from_facts, param_stats
 from raytrain.planning.activations import activation_bytes
@@ -76,6 +77,8 @@ class MemoryPlan:
     """Target host RAM per node (None: unknown)."""
     gpu_memory_fraction: float | None = None
     notes: list[str] = field(default_factory=list)
+    micro_batch_lever: str = ""
+    """How the user lowers the micro-batch, in the key they set it with (deepspeed_config.micro_batch_lever)."""
 
     use_gpu = property(lambda self: self.facts.use_gpu)
     world_size = property(lambda self: self.facts.world_size)
@@ -119,13 +122,15 @@ def workers_per_node(target: Target, cluster: ClusterShape) -> tuple[int, bool]:
     return min(per_node, world), assumed
 
 
-def estimate_memory(resolved: ResolvedRun, target: Target = Target(), stats: ParamStats | None = None) -> MemoryPlan:
+def estimate_memory(resolved: ResolvedRun, target: Target = Target(), stats: ParamStats | None = None,
+                    written: RunConfig | None = None) -> MemoryPlan:
     """Plan the memory of a resolved run: its configured setting and the other offload and
     checkpointing choices at the same micro-batch (optimizer offload at the configured ratio).
 
     target: the hardware (GPU memory, host RAM, GPUs per node), shown in the table and used for
     the verdicts; None parts are unknown. stats: parameter sizes, when already known (default: a
-    meta-device build of the model, cached).
+    meta-device build of the model, cached). written: the config as the user wrote it, before
+    resolve_run made its DeepSpeed dict concrete: the refusal names the key that set the micro-batch.
     """
     run, facts = resolved.config, resolved.deepspeed
     hf_config = config_from_facts(resolved.model, run.model)
@@ -156,7 +161,9 @@ def estimate_memory(resolved: ResolvedRun, target: Target = Target(), stats: Par
         model_type=resolved.model.config_class.removesuffix("Config"), options=options, activations=activations,
         gpu_memory_bytes=capped_gpu_memory(target.gpu_memory_bytes, fraction),
         host_memory_bytes=target.host_memory_bytes, gpu_memory_fraction=fraction,
-        notes=list(filter(None, [model_caveat(hf_config)])))
+        notes=list(filter(None, [model_caveat(hf_config)])),
+        micro_batch_lever=micro_batch_lever((written or run).deepspeed, (written or run).training,
+                                            facts.micro_batch_per_gpu, resolved.cluster.num_workers))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,9 +213,9 @@ def check_fits(plan: MemoryPlan) -> None:
     more = ("add GPUs with scaling.num_workers (model states shrink with the world size)" if plan.use_gpu
             else "train on GPUs (scaling.use_gpu=true)")
     raise DoesNotFit(
-        f"this run needs {need} ({have}) and no offload or checkpointing setting makes it fit: lower "
-        f"deepspeed.train_micro_batch_size_per_gpu={plan.micro_batch_per_gpu} (activations: {gib(act)} of it, "
-        f"linear in the micro-batch) or data.seq_len, or {more}", plan)
+        f"this run needs {need} ({have}) and no offload or checkpointing setting makes it fit: activations take "
+        f"{gib(act)} of it at micro-batch {plan.micro_batch_per_gpu}, linear in the micro-batch: "
+        f"{plan.micro_batch_lever}, or lower data.seq_len, or {more}", plan)
 
 
 def need_text(use_gpu: bool, per_node: int, option: Estimate) -> str:

@@ -32,14 +32,17 @@ def llama7b_stats():
     return param_stats(load_model_config(load_config(None, [f"model.config={json.dumps(LLAMA2_7B)}"]).model))
 
 
-def plan_7b(stats, *, world=8, zero=None, overrides=(), gpu_gib=None, host_gib=None, use_gpu=True):
-    ds = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "bf16": {"enabled": True},
-          "zero_optimization": {**ZERO3, **(zero or {})}}
+def plan_7b(stats, *, world=8, zero=None, overrides=(), gpu_gib=None, host_gib=None, use_gpu=True, batch=None):
+    """`batch`: the DeepSpeed JSON's batch keys instead of "auto" micro-batch and accumulation, with
+    training.micro_batch_size_per_gpu=1."""
+    ds = {**(batch or {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"}),
+          "bf16": {"enabled": True}, "zero_optimization": {**ZERO3, **(zero or {})}}
+    micro = [] if batch else ["training.micro_batch_size_per_gpu=1"]
     cfg = load_config(None, [f"model.config={json.dumps(LLAMA2_7B)}", f"deepspeed={json.dumps(ds)}",
-                             "data.seq_len=2048", "training.micro_batch_size_per_gpu=1", *overrides])
+                             "data.seq_len=2048", *micro, *overrides])
     resolved = resolve_run(cfg, ClusterShape(num_workers=world, use_gpu=use_gpu, gpus_per_node=min(world, 8)))
     return estimate_memory(resolved, Target(gpu_gib and int(gpu_gib * GIB), host_gib and int(host_gib * GIB)),
-                           stats=stats)
+                           stats=stats, written=cfg)
 
 
 def test_param_stats_count_llama2_7b(llama7b_stats):
@@ -187,10 +190,28 @@ def test_refusal_prefers_checkpointing_when_activations_are_the_problem(llama7b_
         check_fits(plan)
 
 
-def test_refusal_when_nothing_fits_names_the_micro_batch(llama7b_stats):
-    plan = plan_7b(llama7b_stats, overrides=["training.micro_batch_size_per_gpu=64"], gpu_gib=80, host_gib=512)
-    with pytest.raises(ConfigError, match=r"train_micro_batch_size_per_gpu=64 .* scaling\.num_workers"):
+@pytest.mark.parametrize("overrides, batch, lever", [
+    (["training.micro_batch_size_per_gpu=64"], None, "lower training.micro_batch_size_per_gpu=64"),
+    ([], {"train_micro_batch_size_per_gpu": 64}, "lower deepspeed.train_micro_batch_size_per_gpu=64"),
+    # derived from the batch: 512 / (1 x 8 workers); a smaller micro-batch is more accumulation
+    ([], {"train_batch_size": 512, "gradient_accumulation_steps": 1},
+     "raise deepspeed.gradient_accumulation_steps (the micro-batch is deepspeed.train_batch_size=512 / "
+     "(accumulation x 8 workers)) or lower deepspeed.train_batch_size"),
+    (["training.gradient_accumulation_steps=1"], {"train_batch_size": 512},
+     "raise training.gradient_accumulation_steps (the micro-batch is"),
+])
+def test_refusal_when_nothing_fits_names_the_micro_batch_by_the_key_the_user_set_it_with(
+        llama7b_stats, overrides, batch, lever):
+    # It said "lower deepspeed.train_micro_batch_size_per_gpu=64" whatever set it: written beside
+    # training.micro_batch_size_per_gpu=64 as told, that is refused ("contradicts ... set it in one place").
+    plan = plan_7b(llama7b_stats, overrides=overrides, batch=batch, gpu_gib=80, host_gib=512)
+    assert plan.micro_batch_per_gpu == 64
+    with pytest.raises(ConfigError) as e:
         check_fits(plan)
+    assert re.search(r"no offload or checkpointing setting makes it fit: activations take \d+\.\d GiB of it at "
+                     r"micro-batch 64, linear in the micro-batch: " + re.escape(lever), str(e.value)), str(e.value)
+    assert str(e.value).endswith(", or lower data.seq_len, or add GPUs with scaling.num_workers (model states shrink "
+                                 "with the world size)"), str(e.value)
 
 
 def test_a_run_that_fits_or_an_unknown_target_passes(llama7b_stats):
