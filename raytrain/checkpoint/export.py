@@ -246,8 +246,10 @@ def saved_layout(spec: RunSpec) -> Callable[[dict], dict] | None:
     initialised, and a warning. The conversion runs a shard at a time (one shard in memory): checked here on
     the meta device to give, a tensor at a time, what it gives the whole state dict (a split of one tensor into
     many does); a model whose conversion merges tensors is written in transformers 5's layout, and says so."""
-    if spec.config.model.trust_remote_code:
-        return None  # transformers' conversions are keyed by its own model types
+    # transformers' conversions are keyed by its own model types; a model without an auto_map is built from
+    # transformers' own class, trust_remote_code or not (causal_lm_class), and converted as it is
+    if spec.config.model.trust_remote_code and spec.model.hf_config.get("auto_map"):
+        return None
     import torch
     from transformers.core_model_loading import revert_weight_conversion
 

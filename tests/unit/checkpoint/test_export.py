@@ -10,15 +10,18 @@ import os
 import shutil
 import stat
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 from safetensors import safe_open
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from raytrain.checkpoint.export import _materialise, _one_name_per_tensor, export
+from raytrain.checkpoint.export import _materialise, _one_name_per_tensor, export, saved_layout
 from raytrain.console import Meter
 from raytrain.model import byte_tokenizer
+from raytrain.run_spec import RunSpec
 from tests.helpers import code_model, forget_said_warnings, init_gloo, transformers_log
+from tests.unit.driver.test_resume import resolved
 
 TINY = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
             vocab_size=320, max_position_embeddings=64)
@@ -40,6 +43,32 @@ def test_a_tied_tensor_is_written_once_under_the_name_deepspeed_stored():
     kept = _one_name_per_tensor({"model.embed_tokens.weight": embed, "model.norm.weight": norm,
                                  "lm_head.weight": embed})
     assert list(kept) == ["model.embed_tokens.weight", "model.norm.weight"]
+
+
+def _spec(tmp_path, *overrides) -> RunSpec:
+    """The spec a checkpoint of a run of `overrides` records in its raytrain.json (nothing trained)."""
+    return RunSpec.place(resolved("data.seq_len=16", *overrides), run_name="run", storage_path=str(tmp_path),
+                         resume_from=None)
+
+
+@pytest.mark.parametrize("trust", [False, True])
+def test_a_mixture_of_experts_is_converted_to_what_save_pretrained_writes(tmp_path, trust):
+    # trust_remote_code on a model without code of its own (no auto_map) trains transformers' own class: its
+    # conversion applies (was: the fused layout, which transformers 4.57 loaded with random experts)
+    source = tmp_path / "mixtral"
+    config = AutoConfig.for_model("mixtral", **TINY, num_local_experts=4, num_experts_per_tok=2)
+    config.save_pretrained(source)
+    byte_tokenizer().save_pretrained(source)
+    reference = AutoModelForCausalLM.from_config(config)
+    reference.save_pretrained(tmp_path / "saved")
+    with safe_open(tmp_path / "saved" / "model.safetensors", "pt") as f:
+        saved = {name: f.get_tensor(name) for name in f.keys()}
+    convert = saved_layout(_spec(tmp_path, f"model.name_or_path={source}",
+                                 f"model.trust_remote_code={str(trust).lower()}"))
+    converted = convert({name: p.detach() for name, p in reference.named_parameters()})
+    assert converted.keys() == saved.keys()
+    for name, tensor in saved.items():
+        assert converted[name].is_contiguous() and torch.equal(converted[name], tensor), name
 
 
 def _train_one_step(rank, out_dir, overrides):
