@@ -9,18 +9,22 @@ import json
 import os
 import shutil
 import stat
+import sys
 
+import pyarrow.fs
 import pytest
 import torch
 import torch.multiprocessing as mp
 from safetensors import safe_open
-from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from raytrain.checkpoint.export import _materialise, _one_name_per_tensor, export, saved_layout
+from raytrain.checkpoint.export import (_materialise, _one_name_per_tensor, _without_deepspeed_chatter, export,
+                                        saved_layout, write_config, write_tokenizer, write_weights)
+from raytrain.config import ConfigError
 from raytrain.console import Meter
 from raytrain.model import byte_tokenizer
 from raytrain.run_spec import RunSpec
-from tests.helpers import code_model, forget_said_warnings, init_gloo, transformers_log
+from tests.helpers import S3Server, code_model, forget_said_warnings, init_gloo, transformers_log
 from tests.unit.driver.test_resume import resolved
 
 TINY = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
@@ -45,10 +49,100 @@ def test_a_tied_tensor_is_written_once_under_the_name_deepspeed_stored():
     assert list(kept) == ["model.embed_tokens.weight", "model.norm.weight"]
 
 
+def test_deepspeeds_chatter_is_dropped_and_anything_else_it_prints_still_shows(capsys):
+    with _without_deepspeed_chatter():
+        print("Processing zero checkpoint 'ckpt/global_step1'")
+        print("Detected checkpoint of type zero stage 3, world_size: 2")
+        print("Reconstructed Trainable fp32 state dict with 12 params 6464 elements")
+        print("Gathering sharded weights: 100%|##########| 12/12 [00:00<00:00]\r", file=sys.stderr)
+        print("UserWarning: an unexpected warning", file=sys.stderr)
+        print("Found buffers: ['rotary_emb.inv_freq']")
+    assert capsys.readouterr() == ("Found buffers: ['rotary_emb.inv_freq']\n", "UserWarning: an unexpected warning\n")
+
+
 def _spec(tmp_path, *overrides) -> RunSpec:
     """The spec a checkpoint of a run of `overrides` records in its raytrain.json (nothing trained)."""
     return RunSpec.place(resolved("data.seq_len=16", *overrides), run_name="run", storage_path=str(tmp_path),
                          resume_from=None)
+
+
+@pytest.mark.parametrize("trust", [False, True])
+def test_the_config_is_the_runs_for_fp32_weights_and_generation(tmp_path, monkeypatch, trust):
+    # trusted or not, a model without code of its own needs no copy of it: a run from before raytrain kept one
+    spec = _spec(tmp_path, f"model.trust_remote_code={str(trust).lower()}")
+    (tmp_path / "train.py").write_text("")
+    monkeypatch.chdir(tmp_path)  # the user's project, where the export runs: none of its code is the model's
+    write_config(spec, None, str(tmp_path / "out"))
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["dtype"] == "float32" and config["architectures"] == ["LlamaForCausalLM"]
+    assert config["use_cache"] is True and config["hidden_size"] == spec.model.hf_config["hidden_size"]
+    assert os.listdir(tmp_path / "out") == ["config.json"]
+
+
+def test_a_model_with_its_own_code_needs_the_runs_copy_of_that_code(tmp_path):
+    source = code_model(tmp_path / "mine", TINY)
+    spec = _spec(tmp_path, f"model.name_or_path={source}", "model.trust_remote_code=true")
+    (tmp_path / "nocode").mkdir()
+    for model_dir, where in ((None, "model/ next to the checkpoint"), (str(tmp_path / "nocode"), tmp_path / "nocode")):
+        with pytest.raises(ConfigError) as e:
+            write_config(spec, model_dir, str(tmp_path / "out"))
+        assert str(e.value) == (f"the run's copy of the model's code ({where}) is missing: the config class of a "
+                                f"model with its own code is imported from there; put the run's model/ directory "
+                                f"next to the checkpoint")
+    write_config(spec, source, str(tmp_path / "out"))
+    assert {"cfg.py", "mdl.py"} <= set(os.listdir(tmp_path / "out"))  # from_pretrained imports both
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["architectures"] == ["MyModel"]
+
+
+@pytest.mark.parametrize("saved_eos, eos", [("no file", None), (None, 256), (7, 7)])
+def test_the_generation_config_is_the_runs_copy_with_the_runs_eos_where_it_has_none(tmp_path, saved_eos, eos):
+    # generate() stops on the generation config's EOS only; the run's config.json has the byte tokenizer's (256)
+    spec = _spec(tmp_path)
+    model_dir = tmp_path / "run" / "model"
+    byte_tokenizer().save_pretrained(model_dir)
+    if saved_eos != "no file":
+        GenerationConfig(eos_token_id=saved_eos, max_new_tokens=5).save_pretrained(model_dir)
+    write_tokenizer(spec, str(model_dir), str(tmp_path / "out"))
+    out = tmp_path / "out"
+    assert (out / "tokenizer.json").is_file() and (out / "generation_config.json").exists() == (eos is not None)
+    if eos is not None:
+        generation = json.loads((out / "generation_config.json").read_text())
+        assert generation["eos_token_id"] == eos and generation["max_new_tokens"] == 5
+
+
+def test_a_run_without_its_own_copy_takes_the_tokenizer_it_started_with_else_says_what_to_put_back(tmp_path):
+    byte_tokenizer().save_pretrained(tmp_path / "tok")
+    spec = _spec(tmp_path, f"model.tokenizer={tmp_path / 'tok'}")
+    model_dir = str(tmp_path / "run" / "model")  # a run from before raytrain kept its own copy: absent
+    write_tokenizer(spec, model_dir, str(tmp_path / "out"))
+    assert sorted(os.listdir(tmp_path / "out")) == ["tokenizer.json", "tokenizer_config.json"]
+    data = spec.to_dict()
+    data["config"]["model"]["tokenizer"] = str(tmp_path / "gone")  # deleted since the run started
+    with pytest.raises(ConfigError) as e:
+        write_tokenizer(RunSpec.from_dict(data), model_dir, str(tmp_path / "out2"))
+    message = str(e.value)
+    assert message.startswith(f"the run's copy of the tokenizer ({model_dir}) is missing and model.tokenizer=")
+    assert f"there is no directory {tmp_path / 'gone'}" in message and "\n" not in message
+    assert message.endswith(": put the run's model/ directory next to the checkpoint")
+
+
+def test_only_a_model_whose_checkpoints_hold_another_layout_is_converted(tmp_path, capsys):
+    assert saved_layout(_spec(tmp_path)) is None  # Llama: its checkpoints' layout
+    # a model with its own code: transformers converts none, and the directory it came from may be gone
+    source = code_model(tmp_path / "mine", TINY)
+    spec = _spec(tmp_path, f"model.name_or_path={source}", "model.trust_remote_code=true")
+    shutil.rmtree(source)
+    assert saved_layout(spec) is None
+    # HRM's checkpoints hold gate|up (and gate|q|k|v) as one matrix: written back, tensors of two shards may merge
+    hrm = tmp_path / "hrm"
+    AutoConfig.for_model("hrm_text", **TINY, head_dim=8, num_layers_per_stack=1).save_pretrained(hrm)
+    byte_tokenizer().save_pretrained(hrm)
+    spec = _spec(tmp_path, f"model.name_or_path={hrm}")
+    capsys.readouterr()
+    assert saved_layout(spec) is None
+    said = capsys.readouterr().out.splitlines()
+    assert len(said) == 1 and said[0].startswith("raytrain.export: note: the weights are written as transformers 5 "
+                                                 "keeps them (HrmTextForCausalLM's conversion"), said
 
 
 @pytest.mark.parametrize("trust", [False, True])
@@ -111,7 +205,7 @@ def _exported(tmp_path, source, overrides, trust_remote_code=False, log=None):
     out = tmp_path / "out"
     forget_said_warnings()  # python -m raytrain.tools.export: a process of its own
     with transformers_log() as said:
-        export(str(tmp_path / "run" / "checkpoint_step_00000001"), str(out))
+        assert export(str(tmp_path / "run" / "checkpoint_step_00000001"), str(out)) == str(out)
     if log is not None:
         log.extend(said)
     model = AutoModelForCausalLM.from_pretrained(out, dtype="auto", trust_remote_code=trust_remote_code)
@@ -147,6 +241,7 @@ def test_a_tied_bf16_model_exports_as_save_pretrained_writes_it(tmp_path):
     assert model.lm_head.weight is model.model.embed_tokens.weight  # tied again by from_pretrained
     with safe_open(out / "model.safetensors", "pt") as f:
         assert "model.embed_tokens.weight" in f.keys() and "lm_head.weight" not in f.keys()  # as save_pretrained
+    assert not (out / "model.safetensors.index.json").exists()  # one file: no index, as save_pretrained writes it
     config = json.loads((out / "config.json").read_text())
     assert config["dtype"] == "float32" and config["architectures"] == ["LlamaForCausalLM"]
     assert config["eos_token_id"] == 256 and model.generation_config.eos_token_id == 256
@@ -159,7 +254,7 @@ def test_a_tied_bf16_model_exports_as_save_pretrained_writes_it(tmp_path):
         f.name: 0o666 & ~umask for f in out.iterdir()}
 
 
-def test_a_mixture_of_experts_exports_in_the_layout_save_pretrained_writes(tmp_path):
+def test_a_mixture_of_experts_exports_in_the_layout_save_pretrained_writes(tmp_path, capsys):
     """transformers 5 keeps Mixtral's experts as one 3-D tensor per layer (mlp.experts.gate_up_proj); its
     checkpoints, which transformers 4 and other tools read, hold a matrix per expert (block_sparse_moe.experts.N.w1):
     transformers 4.57 loaded the fused names with the experts and the router randomly initialised."""
@@ -177,14 +272,29 @@ def test_a_mixture_of_experts_exports_in_the_layout_save_pretrained_writes(tmp_p
     with safe_open(out / "model.safetensors", "pt") as f:
         assert set(f.keys()) == saved
     _assert_is_the_trained_model(model, trained)  # transformers 5 loads it fused again, every weight as trained
-    # sharded: each shard's tensors converted, and the index names the converted tensors
-    export(str(tmp_path / "run" / "checkpoint_step_00000001"), str(tmp_path / "sharded"), max_shard_size="8KB")
+    # sharded: each shard's tensors converted, and the index names the converted tensors. The run's copy of the
+    # model's files given where it is (the driver's export of a cloud run: the checkpoint is downloaded alone)
+    os.rename(tmp_path / "run" / "model", tmp_path / "model-copy")
+    (tmp_path / "sharded").mkdir(mode=0o770)  # made by the user, group-writable on purpose: kept so
+    os.chmod(tmp_path / "sharded", 0o770)  # (whatever the umask)
+    export(str(tmp_path / "run" / "checkpoint_step_00000001"), str(tmp_path / "sharded"), max_shard_size="8KB",
+           model_dir=str(tmp_path / "model-copy"))
+    assert (tmp_path / "sharded" / "tokenizer.json").is_file()
+    assert stat.S_IMODE((tmp_path / "sharded").stat().st_mode) == 0o770
     index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
     assert set(index["weight_map"]) == saved and len(set(index["weight_map"].values())) > 2
     _assert_is_the_trained_model(AutoModelForCausalLM.from_pretrained(tmp_path / "sharded"), trained)
+    # the progress lines (every few seconds; here every tensor) name the shard being read
+    (tmp_path / "weights").mkdir()
+    capsys.readouterr()
+    write_weights(str(tmp_path / "run" / "checkpoint_step_00000001"), str(tmp_path / "weights"), "8KB", every_s=0.0)
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("raytrain.export: [1/3] ")]
+    shards = len(set(index["weight_map"].values()))
+    assert said[0].endswith(f", shard 1 of {shards}"), said
+    assert said[-2].endswith(f", shard {shards} of {shards}") and said[-1].endswith(f", shard {shards} of {shards}")
 
 
-def test_a_model_with_its_own_code_exports_with_that_code(tmp_path):
+def test_a_model_with_its_own_code_exports_with_that_code(tmp_path, monkeypatch):
     source = code_model(tmp_path / "mine", TINY)
     model, trained, out = _exported(tmp_path, source, [f"model.name_or_path={source}", "model.trust_remote_code=true"],
                                     trust_remote_code=True)
@@ -192,4 +302,20 @@ def test_a_model_with_its_own_code_exports_with_that_code(tmp_path):
     _assert_is_the_trained_model(model, trained)
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["MyModel"] and config["eos_token_id"] == 256  # the byte tokenizer's EOS
+    # from and to S3 (moto's server): the run's copy of the code is found next to the checkpoint there too, and the
+    # directory written locally is uploaded whole
+    server = S3Server(tmp_path)
+    try:
+        for key, value in server.env.items():
+            monkeypatch.setenv(key, value)  # what pyarrow's s3:// URIs read
+        fs = server.filesystem()
+        pyarrow.fs.copy_files(str(tmp_path / "run"), f"{server.bucket}/runs/run", destination_filesystem=fs)
+        uri = f"s3://{server.bucket}/models/m1"
+        assert export(f"s3://{server.bucket}/runs/run/checkpoint_step_00000001", uri) == uri
+        (tmp_path / "from-s3").mkdir()
+        pyarrow.fs.copy_files(f"{server.bucket}/models/m1", str(tmp_path / "from-s3"), source_filesystem=fs)
+    finally:
+        server.stop()
+    assert {f.name: f.read_bytes() for f in (tmp_path / "from-s3").iterdir()} == {
+        f.name: f.read_bytes() for f in out.iterdir()}
 

@@ -40,10 +40,17 @@ def test_a_failed_merge_removes_the_directories_it_made(tmp_path):
     assert os.listdir(tmp_path / "kept") == []  # new/deeper/ and the .tmp- directory gone; kept/ was there
 
 
+EDITED = ", which raytrain writes into every checkpoint's record (the file was edited, or written by another program)"
+
+
 @pytest.mark.parametrize("edit, says", [
-    (lambda spec: spec.pop("cluster"), "lacks spec.cluster"),
-    (lambda spec: spec["cluster"].update(gpus=8), "holds a spec raytrain cannot read (ClusterShape.__init__() got an "
-                                                   "unexpected keyword argument 'gpus')"),
+    (lambda spec: spec.pop("cluster"), " lacks spec.cluster" + EDITED),
+    (lambda spec: spec["cluster"].update(gpus=8),
+     " holds a spec raytrain cannot read (ClusterShape.__init__() got an unexpected keyword argument 'gpus')" + EDITED),
+    (lambda spec: spec["world_sizes"].append({"world_size": 4, "ds_config": {}}),
+     " lacks 'deepspeed' inside its spec" + EDITED),
+    (lambda spec: spec["config"]["training"].update(max_steps="many"),
+     ": its run config is not one raytrain reads (training.max_steps must be an integer >= 1, got str 'many')"),
 ])
 def test_a_record_whose_spec_the_export_cannot_rebuild_is_one_line_naming_the_file(tmp_path, capsys, edit, says):
     # was: a KeyError (or TypeError) traceback from RunSpec.from_dict, exit 1
@@ -56,9 +63,8 @@ def test_a_record_whose_spec_the_export_cannot_rebuild_is_one_line_naming_the_fi
         json.dump(meta, f)
     assert main([ck, str(tmp_path / "new" / "hf")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"raytrain: error: {record} {says}, which raytrain writes into every checkpoint's record (the file "
-                   f"was edited, or written by another program): choose another checkpoint (an earlier "
-                   f"checkpoint_step_* of the run)"]
+    assert err == [f"raytrain: error: {record}{says}: choose another checkpoint (an earlier checkpoint_step_* of the "
+                   f"run)"]
     assert not (tmp_path / "new").exists()
 
 

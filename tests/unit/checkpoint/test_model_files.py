@@ -143,6 +143,20 @@ def test_a_cloud_out_dir_gets_every_file_of_the_local_export(tmp_path):
     assert files == {"config.json": 2, "model.safetensors": 1, "tokenizer.json": 1}
 
 
+def test_an_upload_cut_short_leaves_no_config_json_for_from_pretrained_to_start_from(tmp_path):
+    import pyarrow.fs
+
+    from raytrain.checkpoint.export import upload
+
+    (tmp_path / "out").mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / "out" / name).write_text("{}")
+    (tmp_path / "bucket" / "m1" / "model.safetensors").mkdir(parents=True)  # the weights' upload fails
+    with pytest.raises(OSError):
+        upload(str(tmp_path / "out"), pyarrow.fs.LocalFileSystem(), str(tmp_path / "bucket" / "m1"))
+    assert "config.json" not in os.listdir(tmp_path / "bucket" / "m1")  # an object store has no rename
+
+
 def test_the_files_an_earlier_session_wrote_are_left_as_they_are(tmp_path):
     run = tmp_path / "r"
     assert write_model_files(str(run), ModelConfig(), facts(ModelConfig())) is None
