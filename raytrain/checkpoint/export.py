@@ -231,8 +231,9 @@ def write_tokenizer(spec: RunSpec, model_dir: str | None, out_dir: str) -> None:
     try:
         tokenizer = load_tokenizer(spec.config.model)
     except ConfigError as e:
-        raise ConfigError(f"the run's copy of the tokenizer ({model_dir}) is missing and {e}: put the run's "
-                          f"{MODEL_DIR}/ directory next to the checkpoint") from None
+        raise ConfigError(f"the run's copy of the tokenizer ({model_dir}) is missing, and the tokenizer the run "
+                          f"started with cannot be loaded either ({e}); put the run's {MODEL_DIR}/ directory next "
+                          f"to the checkpoint") from None
     tokenizer.save_pretrained(out_dir)
 
 

@@ -121,9 +121,10 @@ def test_a_run_without_its_own_copy_takes_the_tokenizer_it_started_with_else_say
     with pytest.raises(ConfigError) as e:
         write_tokenizer(RunSpec.from_dict(data), model_dir, str(tmp_path / "out2"))
     message = str(e.value)
-    assert message.startswith(f"the run's copy of the tokenizer ({model_dir}) is missing and model.tokenizer=")
+    assert message.startswith(f"the run's copy of the tokenizer ({model_dir}) is missing, and the tokenizer the run "
+                              f"started with cannot be loaded either (model.tokenizer=")
     assert f"there is no directory {tmp_path / 'gone'}" in message and "\n" not in message
-    assert message.endswith(": put the run's model/ directory next to the checkpoint")
+    assert message.endswith("); put the run's model/ directory next to the checkpoint")
 
 
 def test_only_a_model_whose_checkpoints_hold_another_layout_is_converted(tmp_path, capsys):
