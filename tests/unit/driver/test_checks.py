@@ -575,6 +575,34 @@ def test_the_local_placement_counts_this_machines_visible_gpus(monkeypatch):
         assert str(e.value).startswith(f"scaling.accelerator_type='TPU-V4': no node of the local Ray cluster this run "
                                        f"starts (one node: 3 CPUs, {'1 GPUs' if visible else 'no GPU'}) has that "
                                        f"accelerator type{has}"), (visible, str(e.value))
+    # scaling.use_gpu given wins over the GPUs here: CPU workers on a machine with a GPU, a GPU run on one without
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    check_local_placement(load_config(None, ["scaling.num_workers=2", "scaling.use_gpu=false"]))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(ConfigError, match=r"^scaling.use_gpu=true, and the local Ray cluster this run starts \(one "
+                                          r"node: 4 CPUs, no GPU\) has no GPU: set scaling.use_gpu=false"):
+        check_local_placement(load_config(None, ["scaling.num_workers=2", "scaling.use_gpu=true"]))
+
+
+@pytest.mark.parametrize("visible, error", [
+    ("0", None),  # the type of this machine's GPU, as Ray names it: the worker is placed
+    ("", ", nor any other"),  # no GPU for Ray's local cluster: Ray gives its node no accelerator type
+], ids=["a GPU", "no GPU"])
+def test_the_local_nodes_accelerator_type_is_this_machines_where_ray_gives_it_a_gpu(visible, error, monkeypatch):
+    """scaling.accelerator_type on the local cluster: its node has the type Ray reads from this machine's GPU (here
+    H100, raytrain.hardware.ray_accelerator_type's answer on an H100 machine), and only where Ray gets a GPU."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(hardware, "ray_accelerator_type", lambda: "H100")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    cfg = load_config(None, ["scaling.num_workers=1", "scaling.use_gpu=true", "scaling.accelerator_type=H100"])
+    if error is None:
+        check_local_placement(cfg)
+        return
+    with pytest.raises(ConfigError) as e:
+        check_local_placement(cfg)
+    assert str(e.value).startswith("scaling.accelerator_type='H100': no node of the local Ray cluster this run "
+                                   f"starts (one node: {max(os.cpu_count(), 3)} CPUs, no GPU) has that accelerator "
+                                   f"type{error}"), str(e.value)
 
 
 def test_a_dry_run_checks_the_local_placement_only_where_the_config_says_the_run_is_local(monkeypatch):
@@ -664,6 +692,10 @@ def test_placements_at_the_edges_of_each_rule():
         "it to one they have, or unset it (null)")
     assert refused(["scaling.accelerator_type=L4"], [two]).startswith(
         "scaling.accelerator_type='L4': no node of the cluster has that accelerator type, nor any other (Ray gives")
+    # a GPU run on CPU nodes: the fix is use_gpu=false or a cluster with GPUs, not fewer workers
+    assert refused(["scaling.num_workers=1"], [{"CPU": 8.0}], use_gpu=True) == (
+        "scaling.use_gpu=true, and the cluster has no GPU: set scaling.use_gpu=false to train on CPU, or run on a "
+        "cluster with GPUs (cluster.address)")
     # Ray Train's share of the accelerator resource per worker (ray/air/config.py, ray 2.60.0)
     scaling = load_config(None, ["scaling.accelerator_type=H200"]).scaling
     assert worker_bundle(scaling, True) == {"CPU": 1.0, "GPU": 1.0, "accelerator_type:H200": 0.001}
