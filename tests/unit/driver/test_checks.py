@@ -648,6 +648,12 @@ def test_a_dry_runs_target_is_the_stated_sizes_else_this_machine(monkeypatch):
     _, _, target = dry_run_target(load_config(None, ["scaling.use_gpu=true", "scaling.num_workers=2"]),
                                   gpu_memory_gib=None, host_memory_gib=None, gpus_per_node=None)
     assert target == (here if here.gpu_memory_bytes else None)
+    # on a machine with GPUs (here 8 x 80 GiB, what hardware.this_machine reads there): they are the target
+    node = hardware.Target(80 * 2**30, 512 * 2**30, 8)
+    monkeypatch.setattr(hardware, "this_machine", lambda: node)
+    _, shape, target = dry_run_target(load_config(None, ["scaling.use_gpu=true", "scaling.num_workers=2"]),
+                                      gpu_memory_gib=None, host_memory_gib=None, gpus_per_node=None)
+    assert target == node and shape.gpus_per_node == 8 and shape.driver_on_worker_node
 
 
 def test_placements_at_the_edges_of_each_rule():
