@@ -208,6 +208,12 @@ def test_the_config_is_resolved_before_ray_unless_only_the_cluster_knows_the_sha
     with pytest.raises(ConfigError, match=r"^no setting of training.micro_batch_size_per_gpu fits: the closest, "
                                           r"micro-batch 1, .* host RAM per node"):
         resolve_before_ray(big, inspect_sources(big.data))
+    # and the local cluster's worker placement, after the config's own errors: refused before ray.init
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    no_gpu = load_config(None, ["scaling.num_workers=2", "scaling.use_gpu=true"])
+    with pytest.raises(ConfigError, match=r"^scaling.use_gpu=true, and the local Ray cluster this run starts \(one "
+                                          r"node: \d+ CPUs, no GPU\) has no GPU: "):
+        resolve_before_ray(no_gpu, inspect_sources(no_gpu.data))
 
 
 def test_a_dry_run_prints_the_planners_verdict_and_writes_nothing(tmp_path, capsys, monkeypatch):
