@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 from typing import Any
 
 from raytrain.config import ConfigError
@@ -293,11 +294,19 @@ def missing_shards(tag_dir: str, meta: dict[str, Any]) -> list[str]:
 def read_metadata(checkpoint) -> dict[str, Any]:
     """raytrain.json of a ray.train.Checkpoint (local or remote storage); a ConfigError naming the
     file when it is not JSON (cut short, edited by hand), or lacks a key the driver reads."""
-    fs = checkpoint.filesystem
     path = f"{checkpoint.path.rstrip('/')}/{METADATA}"
-    # Ray's Checkpoint.path drops a URI's scheme: put it back, so the path in the message can be pasted.
-    scheme = {"local": "", "gcs": "gs://"}.get(fs.type_name, f"{fs.type_name}://")
-    return _read_json(fs, path, scheme + path)
+    return _read_json(checkpoint.filesystem, path, f"{shown_uri(checkpoint)}/{METADATA}")
+
+
+def shown_uri(checkpoint) -> str:
+    """A ray.train.Checkpoint's path as the user would paste it: Ray's Checkpoint.path drops a URI's scheme,
+    which this puts back (s3://, gs://, abfs://; a local path as it is)."""
+    name = checkpoint.filesystem.type_name
+    if name.startswith("py::fsspec+"):  # fsspec behind pyarrow: "py::fsspec+('abfs', 'az')", "py::fsspec+memory"
+        protocols = re.findall(r"'([^']+)'", name) or [name.removeprefix("py::fsspec+")]
+        name = "local" if protocols[0] == "file" else protocols[0]
+    scheme = {"local": "", "gcs": "gs://"}.get(name, f"{name}://")
+    return scheme + checkpoint.path.rstrip("/")
 
 
 def _read_json(fs, path: str, shown: str) -> dict[str, Any]:

@@ -34,7 +34,7 @@ import torch
 import transformers
 
 from raytrain import compat
-from raytrain.checkpoint.layout import METADATA, checkpoint_dir_name, read_metadata, tag_for
+from raytrain.checkpoint.layout import METADATA, checkpoint_dir_name, read_metadata, shown_uri, tag_for
 from raytrain.checkpoint.reshard import universal_uri, written_by
 from raytrain.console import emit
 from raytrain.data.bad_records import SetupMistake, stop_run
@@ -297,7 +297,7 @@ def _restore_disk_full(checkpoint, tmp: str, need: int, ranks_on_node: int, coun
     workers = f"this node's {ranks_on_node} workers download" if ranks_on_node > 1 else "this worker downloads"
     stop_run(SetupMistake(
         f"node {socket.gethostname()}",
-        f"no space left in {tmp} to restore checkpoint {checkpoint.path}: {workers} {need / 2**30:.2f} GiB of its "
+        f"no space left in {tmp} to restore checkpoint {shown_uri(checkpoint)}: {workers} {need / 2**30:.2f} GiB of its "
         f"files there (each worker its own shards) and {free / 2**30:.2f} GiB are free",
         "free space there, or start the Ray nodes with TMPDIR on a larger disk; then the same command continues "
         "from the same checkpoint"), counter)

@@ -123,3 +123,21 @@ def test_storage_that_cannot_be_reached_is_one_line_naming_the_key_and_the_fix(t
     assert "(" + "x" * 300 + ")" in str(layout.unreachable("k=S3://b", "S3://b", OSError("x" * 300)))
     assert "(" + "x" * 300 + "...)" in str(layout.unreachable("k=S3://b", "S3://b", OSError("x" * 301)))
     assert "AZURE_CLIENT_ID" in str(layout.unreachable("k=abfss://c@a/r", "abfss://c@a/r", OSError()))
+
+
+def test_a_checkpoints_shown_uri_has_the_scheme_ray_drops():
+    # Ray's Checkpoint.path drops the scheme; messages name the checkpoint as the user would paste it
+    import fsspec
+    import pyarrow.fs
+    from ray.train import Checkpoint  # a plain class: no Ray cluster is started
+
+    def shown(fs, path="bucket/runs/r/checkpoint_step_00000004/"):
+        return layout.shown_uri(Checkpoint(path, filesystem=fs))
+
+    assert shown(pyarrow.fs.LocalFileSystem(), "/runs/r/c") == "/runs/r/c"
+    assert shown(pyarrow.fs.S3FileSystem(region="us-east-1")) == "s3://bucket/runs/r/checkpoint_step_00000004"
+    assert shown(pyarrow.fs.GcsFileSystem(anonymous=True)) == "gs://bucket/runs/r/checkpoint_step_00000004"
+    # fsspec's filesystems behind pyarrow (adlfs' abfs, a test's local one): the first protocol
+    assert shown(pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fsspec.filesystem("file"))), "/runs/c") == "/runs/c"
+    assert shown(pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fsspec.filesystem("memory")))) == \
+        "memory://bucket/runs/r/checkpoint_step_00000004"
