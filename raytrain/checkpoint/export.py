@@ -33,6 +33,7 @@ Trust: reading the shards unpickles them (DeepSpeed's format); only export check
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -151,7 +152,9 @@ def _read_spec(data: dict, shown: str) -> RunSpec:
                           f"(an earlier checkpoint_step_* of the run)") from None
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         if isinstance(e, KeyError):
-            what = f"lacks spec.{e.args[0]}" if e.args[0] not in data else f"lacks {e.args[0]!r} inside its spec"
+            # a RunSpec field missing at the top, else a key missing deeper in (a world_sizes entry's world_size)
+            top = e.args[0] in {f.name for f in dataclasses.fields(RunSpec)} and e.args[0] not in data
+            what = f"lacks spec.{e.args[0]}" if top else f"lacks {e.args[0]!r} inside its spec"
         else:
             what = f"holds a spec raytrain cannot read ({first_line(e)})"
         raise ConfigError(f"{shown} {what}, which raytrain writes into every checkpoint's record (the file was "

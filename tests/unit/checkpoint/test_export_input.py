@@ -49,6 +49,9 @@ EDITED = ", which raytrain writes into every checkpoint's record (the file was e
      " holds a spec raytrain cannot read (ClusterShape.__init__() got an unexpected keyword argument 'gpus')" + EDITED),
     (lambda spec: spec["world_sizes"].append({"world_size": 4, "ds_config": {}}),
      " lacks 'deepspeed' inside its spec" + EDITED),
+    # a key that is no field of the spec's top level (was named "spec.world_size")
+    (lambda spec: spec["world_sizes"].append({"ds_config": {}, "deepspeed": {}}),
+     " lacks 'world_size' inside its spec" + EDITED),
     (lambda spec: spec["config"]["training"].update(max_steps="many"),
      ": its run config is not one raytrain reads (training.max_steps must be an integer >= 1, got str 'many')"),
 ])
