@@ -195,3 +195,27 @@ def code_model(path, config: dict, model_type: str = "mine", tokenizer_classes: 
     (path / "config.json").write_text(json.dumps({**config, "model_type": model_type, "auto_map": auto_map}))
     byte_tokenizer().save_pretrained(path)
     return str(path)
+
+
+def remote_local_filesystem(opened: list[str], max_file_bytes: int | None = None):
+    """This machine's disk through fsspec behind pyarrow's PyFileSystem: a real filesystem that Ray's Checkpoint
+    treats as remote, as it treats S3, and that appends the path of every file read to `opened`. A file over
+    `max_file_bytes` is refused instead of read (a test's sparse terabytes must never be downloaded)."""
+    import fsspec
+    import pyarrow.fs
+
+    class Recording(pyarrow.fs.FSSpecHandler):
+        def _opened(self, path):
+            opened.append(path)
+            if max_file_bytes is not None:
+                assert os.path.getsize(path) <= max_file_bytes, f"{path}: a read of {os.path.getsize(path)} bytes"
+
+        def open_input_stream(self, path):
+            self._opened(path)
+            return super().open_input_stream(path)
+
+        def open_input_file(self, path):
+            self._opened(path)
+            return super().open_input_file(path)
+
+    return pyarrow.fs.PyFileSystem(Recording(fsspec.filesystem("file")))

@@ -1,7 +1,7 @@
 """A full disk, told apart from other write errors (raytrain.checkpoint.shards.out_of_space), as the real
 writers raise it: Python's files, pyarrow's copy (Ray Train's upload to checkpoint.storage_path) and
 torch.save (DeepSpeed's shards), each writing into /dev/full. The run it stops: tests/integration/
-test_user_path.py."""
+test_user_path.py. And a restore from object storage that this node's TMPDIR cannot hold (shards._rank_files)."""
 
 import os
 
@@ -11,6 +11,7 @@ import torch
 
 from raytrain.checkpoint import shards
 from raytrain.checkpoint.shards import out_of_space
+from tests.helpers import remote_local_filesystem
 
 
 def raised(write) -> BaseException:
@@ -51,28 +52,6 @@ def test_other_write_errors_are_not_out_of_space(tmp_path):
     assert not out_of_space(raised(lambda: open(tmp_path, "w")), str(tmp_path))  # a directory
 
 
-class _Recording(pyarrow.fs.FSSpecHandler):
-    """The local disk behind pyarrow's PyFileSystem: storage Ray's Checkpoint treats as remote (as S3),
-    recording every file opened. A file over 1 GiB (the sparse terabytes below) is not opened: were the
-    space check gone, the test fails here instead of filling the disk with zeros."""
-
-    def __init__(self, opened):
-        import fsspec
-
-        super().__init__(fsspec.filesystem("file"))
-        self.opened = opened
-
-    def open_input_stream(self, path):
-        self.opened.append(path)
-        assert os.path.getsize(path) < 2**30, f"{path}: a download of the sparse file's terabytes"
-        return super().open_input_stream(path)
-
-    def open_input_file(self, path):
-        self.opened.append(path)
-        assert os.path.getsize(path) < 2**30, f"{path}: a download of the sparse file's terabytes"
-        return super().open_input_file(path)
-
-
 def remote_checkpoint(path, shard_bytes, opened):
     """A 2-rank ZeRO-3 checkpoint at `path` whose shard files hold `shard_bytes` each (sparse: no disk
     used), as Ray hands it to a worker from object storage."""
@@ -86,7 +65,7 @@ def remote_checkpoint(path, shard_bytes, opened):
                 f.truncate(shard_bytes)
     (path / "latest").write_text("step_00000004")
     (path / "raytrain.json").write_text("{}")
-    return Checkpoint(str(path), filesystem=pyarrow.fs.PyFileSystem(_Recording(opened)))
+    return Checkpoint(str(path), filesystem=remote_local_filesystem(opened, max_file_bytes=2**30))
 
 
 def test_a_restore_download_this_disk_cannot_hold_is_one_line_before_any_byte(tmp_path, monkeypatch):

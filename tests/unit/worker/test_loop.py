@@ -13,14 +13,12 @@ import os
 import re
 import shutil
 
-import fsspec
-import pyarrow.fs
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tests.helpers import init_gloo
+from tests.helpers import init_gloo, remote_local_filesystem
 
 MAX_STEPS = 6
 OVERRIDES = ["training.max_steps=6", "training.log_every_n_steps=2", "checkpoint.every_n_steps=3",
@@ -69,7 +67,7 @@ def _rank_main(rank, world, out_dir, resume_step):
     start, history, data_state = 0, [], {}
     opened = []
     if resume_step:  # from storage Ray treats as remote (s3://, gs://, abfs://): each rank reads only its own part
-        remote = pyarrow.fs.PyFileSystem(_Recording(fsspec.filesystem("file"), opened))
+        remote = remote_local_filesystem(opened)
         resume = ResumePoint(Checkpoint(f"{storage}/checkpoint_step_{resume_step:08d}", filesystem=remote),
                              step=resume_step, written_by=world)
         start, history, data_state = restore(engine, resume, seed=cfg.training.seed, rank=rank)
@@ -97,23 +95,6 @@ def _rank_main(rank, world, out_dir, resume_step):
     with open(f"{out_dir}/{'resumed' if resume_step else 'full'}-rank{rank}.json", "w") as f:
         json.dump({"reports": reports, "history": history, "builds": builds, "opened": opened}, f)
     dist.destroy_process_group()
-
-
-class _Recording(pyarrow.fs.FSSpecHandler):
-    """fsspec's local filesystem behind pyarrow's PyFileSystem: a real one that Ray's Checkpoint sees as
-    remote, as it sees S3, and that records the path of every file read from it."""
-
-    def __init__(self, fs, opened):
-        super().__init__(fs)
-        self.opened = opened
-
-    def open_input_stream(self, path):
-        self.opened.append(path)
-        return super().open_input_stream(path)
-
-    def open_input_file(self, path):
-        self.opened.append(path)
-        return super().open_input_file(path)
 
 
 def _weight_stats(model):
