@@ -26,7 +26,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import pyarrow.fs
@@ -238,15 +238,14 @@ def _rank_files(checkpoint, rank: int, ranks_on_node: int = 1, counter: str | No
 
     A local disk (TMPDIR) that cannot hold the download stops the run in one line, not as a worker failure
     that every restart meets again after the same download: checked before the engine build
-    (`check_restore_space`), before the first byte (`_download`) and again if a write fails for want of
+    (`check_restore_space`), before the first byte (`_to_download`) and again if a write fails for want of
     space (another process, a quota).
     """
     fs, root = checkpoint.filesystem, checkpoint.path.rstrip("/")
     if isinstance(fs, pyarrow.fs.LocalFileSystem):
         yield root
         return
-    wanted, need = _download(checkpoint, rank, ranks_on_node, counter)
-    tmp = tempfile.gettempdir()
+    wanted, need = _to_download(checkpoint, rank, ranks_on_node, counter)
     local = tempfile.mkdtemp(prefix="raytrain-restore-")
     try:
         for info in wanted:
@@ -259,7 +258,7 @@ def _rank_files(checkpoint, rank: int, ranks_on_node: int = 1, counter: str | No
                 if not out_of_space(e, local):
                     raise
                 shutil.rmtree(local, ignore_errors=True)  # what was downloaded, before the free space is read
-                _restore_disk_full(checkpoint, tmp, need, ranks_on_node, counter)
+                _restore_disk_full(checkpoint, need, ranks_on_node, counter)
         yield local
     finally:
         shutil.rmtree(local, ignore_errors=True)
@@ -271,10 +270,10 @@ def check_restore_space(resume: ResumePoint | None, rank: Rank, counter: str | N
     checks again as it downloads). One listing of the checkpoint; nothing for local or shared storage."""
     if resume is not None and not resume.universal:
         if not isinstance(resume.checkpoint.filesystem, pyarrow.fs.LocalFileSystem):
-            _download(resume.checkpoint, rank.world, rank.local_size, counter)
+            _to_download(resume.checkpoint, rank.world, rank.local_size, counter)
 
 
-def _download(checkpoint, rank: int, ranks_on_node: int, counter: str | None) -> tuple[list, int]:
+def _to_download(checkpoint, rank: int, ranks_on_node: int, counter: str | None) -> tuple[list, int]:
     """(the files of remote `checkpoint` that rank `rank` downloads, the bytes this node's ranks download):
     this rank's files times `ranks_on_node` (they download at once; shards of about one size) and the
     shared ones. Stops the run if TMPDIR has not that much free (`_restore_disk_full`)."""
@@ -287,18 +286,19 @@ def _download(checkpoint, rank: int, ranks_on_node: int, counter: str | None) ->
     ours = sum(info.size for info in wanted if _RANK_FILE.search(posixpath.basename(info.path)))
     need = ours * ranks_on_node + sum(info.size for info in wanted) - ours
     if shutil.disk_usage(tempfile.gettempdir()).free < need + _FULL_BYTES:
-        _restore_disk_full(checkpoint, tempfile.gettempdir(), need, ranks_on_node, counter)
+        _restore_disk_full(checkpoint, need, ranks_on_node, counter)
     return wanted, need
 
 
-def _restore_disk_full(checkpoint, tmp: str, need: int, ranks_on_node: int, counter: str | None) -> None:
-    """Stop the run: this node's disk cannot hold what its ranks download to restore `checkpoint`."""
+def _restore_disk_full(checkpoint, need: int, ranks_on_node: int, counter: str | None) -> NoReturn:
+    """Stop the run: this node's TMPDIR cannot hold what its ranks download to restore `checkpoint`."""
+    tmp = tempfile.gettempdir()
     free = shutil.disk_usage(tmp).free
     workers = f"this node's {ranks_on_node} workers download" if ranks_on_node > 1 else "this worker downloads"
     stop_run(SetupMistake(
         f"node {socket.gethostname()}",
-        f"no space left in {tmp} to restore checkpoint {shown_uri(checkpoint)}: {workers} {need / 2**30:.2f} GiB of its "
-        f"files there (each worker its own shards) and {free / 2**30:.2f} GiB are free",
+        f"no space left in {tmp} to restore checkpoint {shown_uri(checkpoint)}: {workers} {need / 2**30:.2f} GiB "
+        f"of its files there (each worker its own shards) and {free / 2**30:.2f} GiB are free",
         "free space there, or start the Ray nodes with TMPDIR on a larger disk; then the same command continues "
         "from the same checkpoint"), counter)
 
