@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import psutil
 import pyarrow.fs
 
 from raytrain.checkpoint import layout
@@ -86,8 +87,6 @@ def _pid_alive(pid: int, claimed: float | None = None) -> bool:
     started after the claim has the pid of a dead driver, reused (a restarted container starts its processes
     in the same order, so a driver killed with its container comes back with its old pid, and its own
     heartbeat file held the run against it until STALE_S)."""
-    import psutil  # ships with Ray
-
     try:
         started = psutil.Process(pid).create_time()
     except psutil.NoSuchProcess:

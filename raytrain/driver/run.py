@@ -233,8 +233,7 @@ def dry_run(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_memory_
     resolved = resolve_run(cfg, shape, sources, target)
     check_dry_run_placement(cfg, gpu_memory_gib, host_memory_gib, gpus_per_node)  # the real run's local cluster
     storage = _storage_uri(cfg.checkpoint.storage_path)
-    checkpoint, own = resume_checkpoint(resolved.config, storage, cfg.checkpoint.name, fresh)
-    resuming = check_resume(checkpoint, resolved, own_run=own)
+    checkpoint, own, resuming = _check_resume_before_ray(resolved, fresh)
     tracking = check_tracking(cfg, fresh)
     notes = [f"note: {note}" for note in sources.notes]
     notes += [f"plan: {line}" for line in resolved.plan] + [f"note: {note}" for note in advice(resolved)]
@@ -368,12 +367,12 @@ def resume_checkpoint(cfg: RunConfig, storage: str, name: str | None, fresh: boo
     return latest, True
 
 
-def _check_resume_before_ray(resolved: ResolvedRun, fresh: bool) -> list[str]:
+def _check_resume_before_ray(resolved: ResolvedRun, fresh: bool) -> tuple[Any, bool, list[str]]:
     """`check_resume` of the checkpoint a run would resume, before ray.init and without creating
-    the storage directory (a dry run writes nothing)."""
+    the storage directory (a dry run writes nothing): (that checkpoint, whether it is the run's own, its notes)."""
     cfg = resolved.config
     checkpoint, own = resume_checkpoint(cfg, _storage_uri(cfg.checkpoint.storage_path), cfg.checkpoint.name, fresh)
-    return check_resume(checkpoint, resolved, own_run=own)
+    return checkpoint, own, check_resume(checkpoint, resolved, own_run=own)
 
 
 def _not_empty(uri: str, quiet: bool = False) -> bool:
