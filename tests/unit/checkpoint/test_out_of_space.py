@@ -3,7 +3,10 @@ writers raise it: Python's files, pyarrow's copy (Ray Train's upload to checkpoi
 torch.save (DeepSpeed's shards), each writing into /dev/full. The run it stops: tests/integration/
 test_user_path.py. And a restore from object storage that this node's TMPDIR cannot hold (shards._rank_files)."""
 
+import errno
 import os
+import shutil
+from types import SimpleNamespace
 
 import pyarrow.fs
 import pytest
@@ -45,6 +48,29 @@ def test_torchs_full_disk_error_is_out_of_space_only_where_the_disk_is_nearly_fu
     assert not out_of_space(error, str(tmp_path))  # this disk has room: another failure
     monkeypatch.setattr(shards, "_FULL_BYTES", 2**62)  # every disk counts as nearly full
     assert out_of_space(error, str(tmp_path))
+
+
+@pytest.mark.parametrize("error", [
+    OSError(errno.ENOSPC, "Auf dem Ger\u00e4t ist kein Speicherplatz mehr verf\u00fcgbar"),  # another locale's message
+    OSError(errno.EDQUOT, "Kontingent \u00fcberschritten"),
+    OSError("When uploading part 3: IOError: No space left on device"),  # the text, no errno
+    RuntimeError("write of shard 7 failed: Disk quota exceeded")])
+def test_an_errno_or_a_message_that_says_the_disk_is_full_is_out_of_space_without_looking_at_a_disk(error):
+    assert out_of_space(error)
+
+
+def free_disk(monkeypatch, free):
+    """Every disk as having `free` bytes free (no test here can fill a disk without a mount)."""
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: SimpleNamespace(total=2**50, used=2**50 - free, free=free))
+
+
+@pytest.mark.parametrize("free_mib, full", [(40, True), (100, False)])
+def test_a_write_error_that_does_not_say_why_is_out_of_space_where_under_64_mib_are_free(free_mib, full, tmp_path,
+                                                                                         monkeypatch):
+    error = raised(lambda: torch.save({"w": torch.zeros(100_000)}, "/dev/full"))
+    free_disk(monkeypatch, free_mib * 2**20)
+    assert out_of_space(error, str(tmp_path)) == full
+    assert not out_of_space(error)  # no directory: nothing to go by
 
 
 def test_other_write_errors_are_not_out_of_space(tmp_path):
@@ -126,3 +152,46 @@ def test_a_disk_that_fills_during_the_restore_download_is_the_same_line(tmp_path
         with shards._rank_files(remote_checkpoint(tmp_path / "ckpt", 1000, []), rank=0):
             pass
     assert os.listdir(tmp_path / "tmp") == []
+
+
+@pytest.mark.parametrize("rank, workers", [(shards.Rank(world=1, world_size=2), "this worker downloads 0.00 GiB"),
+                                           (shards.Rank(world=1, world_size=2, local_size=2),
+                                            "this node's 2 workers download 0.00 GiB")])
+def test_a_restore_download_leaving_under_64_mib_free_is_the_same_line(rank, workers, tmp_path, monkeypatch):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    opened = []
+    resume = shards.ResumePoint(remote_checkpoint(tmp_path / "ckpt", 1000, opened), step=4, written_by=2)
+    free_disk(monkeypatch, 32 * 2**20)  # room for a few KiB of shards, not for them and the 64 MiB margin
+    with pytest.raises(shards.SetupMistake) as e:
+        shards.check_restore_space(resume, rank, counter=None)
+    assert f": {workers} of its files there (each worker its own shards) and 0.03 GiB are free: " in e.value.line()
+    free_disk(monkeypatch, 100 * 2**20)
+    shards.check_restore_space(resume, rank, counter=None)
+    assert opened == []
+
+
+def test_a_download_error_other_than_a_full_disk_is_raised_as_it_is(tmp_path, monkeypatch):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    free_disk(monkeypatch, 2**40)
+
+    def reset(*args, **kwargs):
+        raise OSError(errno.ECONNRESET, "Connection reset by peer")
+
+    monkeypatch.setattr(pyarrow.fs, "copy_files", reset)
+    with pytest.raises(OSError, match="Connection reset by peer"):
+        with shards._rank_files(remote_checkpoint(tmp_path / "ckpt", 1000, []), rank=0):
+            pass
+    assert os.listdir(tmp_path / "tmp") == []
+
+
+def test_a_checkpoint_on_a_local_or_shared_filesystem_is_read_in_place(tmp_path, monkeypatch):
+    from ray.train import Checkpoint
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    path = remote_checkpoint(tmp_path / "ckpt", 1000, []).path
+    with shards._rank_files(Checkpoint(path), rank=0) as local:
+        assert local == path
+    assert os.listdir(tmp_path / "tmp") == [] and len(os.listdir(f"{path}/step_00000004")) == 4

@@ -1,8 +1,9 @@
 """Which checkpoint a run resumes, decided on the driver before any worker (raytrain.driver.run:
 `resume_checkpoint`, `check_resume`, `_place`; raytrain.checkpoint.layout for Ray Train's record):
 the continue command of a run started with --resume-from, --fresh, a record naming a deleted
-checkpoint, and --dry-run reporting what a real run would refuse. Runs with real training, resumed
-for real: tests/integration/test_fault_tolerance.py."""
+checkpoint, and --dry-run reporting what a real run would refuse; then the checkpoint each worker
+loads (raytrain.checkpoint.shards.resume_point). Runs with real training, resumed for real:
+tests/integration/test_fault_tolerance.py."""
 
 import asyncio
 import json
@@ -94,6 +95,28 @@ def test_a_run_started_from_a_checkpoint_continues_from_it_with_the_printed_comm
     with pytest.raises(ConfigError, match=rf"checkpoint.resume_from={other} is set but run 'ft' already exists in "
                                           rf".*\(started from {source}\).*choose a new checkpoint.name"):
         place(tmp_path / "runs", "checkpoint.name=ft", f"checkpoint.resume_from={other}")
+
+
+def test_a_worker_loads_ray_trains_latest_checkpoint_else_resume_from_as_written_or_through_a_universal_copy(
+        tmp_path):
+    from ray.train import Checkpoint  # a plain class: no Ray cluster is started
+
+    from raytrain.checkpoint.reshard import universal_uri
+    from raytrain.checkpoint.shards import resume_point
+
+    source = checkpoint(tmp_path / "old" / "checkpoint_step_00000004", 4, *TWO)
+    latest = checkpoint(tmp_path / "runs" / "r" / "checkpoint_step_00000008", 8, *TWO)
+    spec = RunSpec.place(resolved(*TWO), run_name="r", storage_path=str(tmp_path / "runs"), resume_from=source)
+    fresh = RunSpec.place(resolved(*TWO), run_name="r", storage_path=str(tmp_path / "runs"), resume_from=None)
+    assert resume_point(fresh, None, 2) is None  # nothing to continue from: a fresh start
+    point = resume_point(spec, None, 2)  # the run's first group: --resume-from, loaded as written by 2 workers
+    assert (point.checkpoint.path, point.step, point.written_by, point.universal) == (source, 4, 2, None)
+    for run in (spec, fresh):  # a restart: Ray Train's latest checkpoint wins
+        point = resume_point(run, Checkpoint(latest), 3)
+        assert (point.checkpoint.path, point.step, point.written_by) == (latest, 8, 2)
+        # written by 2 workers, loaded by 3: through its universal copy in this run's directory
+        assert point.universal == universal_uri(spec.run_uri, latest, layout.read_metadata(Checkpoint(latest)))
+        assert point.universal.startswith(f"{tmp_path / 'runs' / 'r'}/")
 
 
 @pytest.mark.usefixtures("no_ray_driver")
