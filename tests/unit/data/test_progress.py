@@ -189,6 +189,7 @@ def test_a_setup_mistake_on_several_nodes_is_one_mistake_said_once():
     summary = counter.summary()
     assert str(summary.bad_record) == f"node a: {what}: {fix}" and isinstance(summary.bad_record, SetupMistake)
     assert pickle.loads(pickle.dumps(summary.bad_record)).line() == summary.bad_record.line()
+    assert SetupMistake("node b", what, fix).same(SetupMistake("node a", what, fix))
     assert not SetupMistake("node a", what, fix).same(BadRecord("node a", what, fix))
 
 
@@ -200,6 +201,8 @@ def test_data_progress_off_counts_no_reads_but_the_counter_still_has_a_name():
 
 
 def test_counter_keeps_the_first_bad_record_counts_the_rest_and_the_skips():
+    import pickle
+
     from raytrain.data.bad_records import BadRecord
 
     counter = Counter()
@@ -213,6 +216,7 @@ def test_counter_keeps_the_first_bad_record_counts_the_rest_and_the_skips():
     counter.reached(12)
     summary = counter.summary()
     assert str(summary.bad_record) == "a.jsonl line 3: not valid JSON (and 6 more bad records): fix or remove it"
+    assert pickle.loads(pickle.dumps(summary.bad_record)).line() == str(summary.bad_record)  # on to the driver
     assert summary.step == 12
     assert summary.skipped_line() == (
         "raytrain: data: 3 empty documents skipped (null, \"\", a missing key, an empty file or id list), the first "

@@ -103,6 +103,19 @@ def test_in_a_run_the_first_bad_record_is_reported_the_rest_counted_and_nothing_
     assert counter["skipped"] == [(str(f), {"empty": 1, "invalid_utf8": 0, "lone_surrogate": 0})] and not caplog.text
 
 
+def test_a_tasks_first_bad_record_is_reported_at_once_and_every_other_counted_with_the_values_behind_it(counter):
+    from raytrain.data.bad_records import BadRecord, BadRecords
+
+    bad = BadRecords("run-counter")
+    first, second = (BadRecord(f"a.parquet row {n}", "a null token id in input_ids", "write token ids without nulls")
+                     for n in (3, 40))
+    bad.found(first, more=2)  # a batch: row 3 and 2 more rows behind it
+    assert bad.found_any and counter["bad"] == [first] and counter["more"] == []
+    bad.found(second, more=3)
+    bad.close()  # the task's end: one count of all but the first
+    assert counter["bad"] == [first] and counter["more"] == [2 + 1 + 3]
+
+
 def test_invalid_utf8_under_error_is_a_bad_record_of_its_line_in_a_run(tmp_path, counter):
     f = tmp_path / "a.txt"
     f.write_bytes(b"fine\nbad \xff here\nalso \xc3 bad\nok\n")
@@ -281,6 +294,11 @@ def test_a_worker_that_finds_no_step_or_no_eval_row_waits_for_the_abort_instead_
                                                                   "the training data yields no step"]
     with pytest.raises(ConfigError, match="^the eval data yields not one row"):  # outside a run: raised at once
         no_eval_rows(None)
+    # an abort that never comes (the counter gone with its node): after the wait, the record is raised after all
+    monkeypatch.setattr(bad_records, "_wait_for_abort", lambda wait_s: None)
+    with pytest.raises(ConfigError, match="^the eval data yields not one row"):
+        no_eval_rows("c")
+    assert len(counter["bad"]) == 3
 
 
 def rows_of(path, **kwargs):
