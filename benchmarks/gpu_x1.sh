@@ -28,6 +28,11 @@
 # moe:       a Mixtral-shaped 4.8B MoE (transformers' experts) at micro-batch 4 and at the planner's pick: peak and tokens/s vs predicted.
 # twin1b:    the shipped 1.1B setting on the bench's plain-DeepSpeed and raytrain paths (fused layers), then
 #            plain DeepSpeed with transformers' layers (~4 min).
+# fa4:       attention alone at the shipped shape per backend, time and energy (benchmarks/attention_backends.py),
+#            then the shipped 1.1B step on the plain-DeepSpeed path with cuDNN SDPA and with FlashAttention-4 (~4 min);
+#            fa4rt: the same step on raytrain's path, FlashAttention-4 and SDPA twice each (~8 min); fa4main: the shipped
+#            config through raytrain.main, 16 steps with each (~5 min). All need flash-attn-4 on PYTHONPATH
+#            (benchmarks/fa4_setup.sh; docs/benchmarks.md, "FlashAttention-4").
 # convert1b: a 4-step 1.1B run's checkpoint through DeepSpeed's ds_to_universal, timed (elastic resizes run it).
 # plan7b:    the 7.24B shape with micro-batch, checkpointing and offload "auto", deepspeed + raytrain (~4.5 min).
 # plan1b:    1.1B with the GPU capped at 24 GiB (the full optimizer states plus the shipped micro-batch
@@ -58,7 +63,7 @@
 # Every bench record carries the planner's prediction ("predicted"), the GPU peak (max_memory_allocated)
 # and the host's used memory sampled every 2 s; host_used_mib.txt samples the whole part the same way.
 set -u
-part=${1:?reader, offload, alloc1b, compile, compile-noliger, checks, zeropp, superoffload, zenflow, stage2, hostexp, cap20b, offload-max, plan13b, plan13b-twin, plan13b-nooff, plan7b, plan1b, caps1b, eta1b, eta2, fp16, mfu62, fp8, fp8main, fp8-13b, fp8-13b-twin, main1b, files1b, moe, twin1b, convert1b, activ, profile or layers}
+part=${1:?reader, offload, alloc1b, compile, compile-noliger, checks, zeropp, superoffload, zenflow, stage2, hostexp, cap20b, offload-max, plan13b, plan13b-twin, plan13b-nooff, plan7b, plan1b, caps1b, eta1b, eta2, fp16, mfu62, fp8, fp8main, fp8-13b, fp8-13b-twin, main1b, files1b, moe, twin1b, fa4, fa4rt, fa4main, convert1b, activ, profile or layers}
 OUT=${OUT:-/tmp/out}; W=/tmp/bench_$part; mkdir -p "$OUT" "$W"
 END=$(( $(date +%s) + ${BUDGET_S:-560} ))
 export TORCH_EXTENSIONS_DIR=/tmp/torch_ext
@@ -93,7 +98,7 @@ cap20_here() {  # CAP20 of this GPU, and refmb: the reference's micro-batch (24 
 AUTO24=(--paths deepspeed "${AUTO[@]}" --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" --gpu-memory-fraction $CAP24 --no-profile)
 RUNNERUP24=(--paths deepspeed --micro-batch 55 --grad-accum 4 "${STEPS4[@]}" "${Z[@]}" --offload
   --set model.gradient_checkpointing=true --set scaling.cpus_per_worker=14 --gpu-memory-fraction $CAP24 --no-profile)
-case $part in plan*|zenflow|stage2|hostexp|cap20b|caps1b|alloc1b|eta*|fp16|fp8*|mfu62|main1b|files1b|activ|moe|twin1b|convert1b|profile|layers|superoffload)
+case $part in plan*|zenflow|stage2|hostexp|cap20b|caps1b|alloc1b|eta*|fp16|fp8*|mfu62|main1b|files1b|activ|moe|twin1b|fa4*|convert1b|profile|layers|superoffload)
   (while true; do free -m | awk 'NR==2{print $3}'; sleep 2; done) > "$W/host_used_mib.txt" & hostmem=$!
   # The GPU's SM clock, power and why its clock is held down, every second: the same step made 58.3-62.1%
   # MFU on different H200s of one power limit and max clock, so what each one ran at under load is recorded
@@ -294,6 +299,36 @@ twin1b)  # the shipped 1.1B setting on both bench paths (fused layers, "auto"), 
   E=(--micro-batch $refmb --grad-accum 4 --steps 4 --warmup-steps 2 --window 2 "${Z[@]}" --set scaling.cpus_per_worker=14 --no-profile)
   variant 1b-fused-both 170 --paths deepspeed,raytrain "${E[@]}"
   variant 1b-plain-layers 80 --paths deepspeed "${E[@]}" --set model.fused_layers=false
+  ;;
+fa4)  # attention alone, then the shipped step with cuDNN SDPA (what "auto" runs) and with FlashAttention-4, one call
+  cap20_here
+  timeout 200 python benchmarks/attention_backends.py --batch $refmb > "$W/attention.jsonl" 2> "$W/attention.log"
+  echo "attention_backends: rc=$?" >> "$W/status.txt"; cat "$W/attention.jsonl" >> "$W/status.txt"
+  E=(--paths deepspeed --micro-batch $refmb --grad-accum 4 --steps 4 --warmup-steps 2 --window 2 "${Z[@]}"
+    --set scaling.cpus_per_worker=14 --no-profile)
+  variant 1b-sdpa 100 "${E[@]}"
+  variant 1b-fa4 150 "${E[@]}" --set model.attn_implementation=flash_attention_4
+  variant 1b-sdpa-again 100 "${E[@]}"
+  ;;
+fa4rt)  # the same step on raytrain's path (Ray Train worker), alternating, each backend twice
+  cap20_here
+  E=(--paths raytrain --micro-batch $refmb --grad-accum 4 --steps 4 --warmup-steps 2 --window 2 "${Z[@]}"
+    --set scaling.cpus_per_worker=14 --no-profile)
+  for v in fa4 sdpa fa4b sdpab; do
+    a=(); [[ $v == fa4* ]] && a=(--set model.attn_implementation=flash_attention_4)
+    variant rt-$v 140 "${E[@]}" "${a[@]}"
+  done
+  ;;
+fa4main)  # configs/llama-1b-1gpu.yaml through raytrain.main, 16 steps with FlashAttention-4, then with SDPA: the losses
+  cap20_here
+  for v in flash_attention_4 sdpa; do
+    t0=$(date +%s); rm -rf /tmp/runs-fa4main  # one run's 12 GiB checkpoint at a time (the device's disk)
+    timeout 270 python -m raytrain.main --config configs/llama-1b-1gpu.yaml training.max_steps=16 \
+      training.micro_batch_size_per_gpu=$refmb training.log_every_n_steps=2 checkpoint.every_n_steps=1000 \
+      checkpoint.storage_path=/tmp/runs-fa4main data.progress_every_s=0 model.attn_implementation=$v > "$W/$v.log" 2>&1
+    echo "$v raytrain.main rc=$? in $(( $(date +%s) - t0 ))s" >> "$W/status.txt"
+    grep -E "step [0-9]+/16 |raytrain: done" "$W/$v.log" | tail -9 >> "$W/status.txt"
+  done
   ;;
 fp8)  # FP8 GEMMs in the fused layers (model.fp8: raytrain.worker.fp8) beside the same bf16 step, plain
   # DeepSpeed path: the shipped 1.1B setting (casts compiled, then eager), then ONLY=7b: the 7.24B at the pick of session 35
