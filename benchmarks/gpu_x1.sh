@@ -302,8 +302,10 @@ twin1b)  # the shipped 1.1B setting on both bench paths (fused layers, "auto"), 
   ;;
 fa4)  # attention alone, then the shipped step with cuDNN SDPA (what "auto" runs) and with FlashAttention-4, one call
   cap20_here
-  timeout 200 python benchmarks/attention_backends.py --batch $refmb > "$W/attention.jsonl" 2> "$W/attention.log"
-  echo "attention_backends: rc=$?" >> "$W/status.txt"; cat "$W/attention.jsonl" >> "$W/status.txt"
+  if [[ -z ${ONLY:-} ]]; then  # ONLY='^1b-sdpa$|^1b-fa4$': the step's pair alone
+    timeout 200 python benchmarks/attention_backends.py --batch $refmb > "$W/attention.jsonl" 2> "$W/attention.log"
+    echo "attention_backends: rc=$?" >> "$W/status.txt"; cat "$W/attention.jsonl" >> "$W/status.txt"
+  fi
   E=(--paths deepspeed --micro-batch $refmb --grad-accum 4 --steps 4 --warmup-steps 2 --window 2 "${Z[@]}"
     --set scaling.cpus_per_worker=14 --no-profile)
   variant 1b-sdpa 100 "${E[@]}"
