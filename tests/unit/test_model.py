@@ -20,8 +20,9 @@ from transformers import (BambaConfig, BertConfig, BertGenerationConfig, BloomCo
 
 import raytrain
 from raytrain.config import ConfigError, ModelConfig, RunConfig
-from raytrain.model import (byte_tokenizer, causal_lm_class_name, config_from_facts, flops_per_token, load_model_config,
-                            load_tokenizer, model_source, token_id_warning_held, token_ids_outside_vocab)
+from raytrain.model import (BUILTIN_LLAMA, byte_tokenizer, causal_lm_class, causal_lm_class_name, config_from_facts,
+                            flops_per_token, load_generation_config, load_model_config, load_tokenizer, model_source,
+                            token_id_warning_held, token_ids_outside_vocab)
 from raytrain.planning.resolve import advice, resolve_run, shape_from_config
 from raytrain.run_spec import ClusterShape
 from tests.helpers import forget_said_warnings, transformers_log
@@ -81,6 +82,39 @@ def test_a_model_directory_without_tokenizer_files_is_refused_not_read_as_an_emp
         load_tokenizer(ModelConfig(name_or_path=str(tmp_path / "model")))
     with pytest.raises(ConfigError, match="^model.tokenizer=.* has no vocabulary .*; give a directory or hub id"):
         load_tokenizer(ModelConfig(tokenizer=str(tmp_path / "model")))
+
+
+def _slow_tokenizer(path):
+    from transformers import ByT5Tokenizer
+
+    ByT5Tokenizer().save_pretrained(path)  # a Python tokenizer: AutoTokenizer loads it as it is (is_fast false)
+
+
+def _tokenizer_without_eos(path):
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"a": 0, "b": 1, "<unk>": 2},
+                                                                        unk_token="<unk>"))).save_pretrained(path)
+
+
+_SLOW = " has a slow tokenizer: raytrain needs a fast (Rust) tokenizer"
+_NO_EOS = ": its tokenizer has no eos_token: documents are separated by EOS; "
+
+
+@pytest.mark.parametrize("save, key, said", [
+    (_slow_tokenizer, "tokenizer", _SLOW),
+    (_slow_tokenizer, "name_or_path", _SLOW + "; set model.tokenizer to one"),
+    (_tokenizer_without_eos, "tokenizer", _NO_EOS + "use a tokenizer with one"),
+    (_tokenizer_without_eos, "name_or_path", _NO_EOS + "set model.tokenizer to a tokenizer with one"),
+], ids=["slow", "slow-model", "no-eos", "no-eos-model"])
+def test_a_slow_tokenizer_or_one_without_an_eos_is_refused_in_one_line_naming_its_key(tmp_path, save, key, said):
+    """The data pipeline encodes with a fast tokenizer and packing separates documents with its EOS: either would
+    fail in every tokenize task. The fix names model.tokenizer where the tokenizer came from model.name_or_path."""
+    save(tmp_path / "tok")
+    with pytest.raises(ConfigError) as e:
+        load_tokenizer(ModelConfig(**{key: str(tmp_path / "tok")}))
+    assert str(e.value) == f"model.{key}={str(tmp_path / 'tok')!r}{said}"
 
 
 def _saved(tmp_path):
@@ -172,6 +206,9 @@ def test_a_file_a_missing_directory_remote_code_and_an_unreachable_hub_id_name_t
         load_tokenizer(ModelConfig(tokenizer=f"{path}/tokenizer.json"))
     with pytest.raises(ConfigError, match=f"there is no directory {tmp_path}/nothing: check the path$"):
         load_model_config(ModelConfig(name_or_path=str(tmp_path / "nothing")))
+    with pytest.raises(ConfigError, match=f"^model.tokenizer='{tmp_path}/nothing': cannot load its tokenizer "
+                                          f"\\(.*\\); there is no directory {tmp_path}/nothing: check the path$"):
+        load_tokenizer(ModelConfig(tokenizer=str(tmp_path / "nothing")))  # the same fix, naming its own key
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match=f"^model.name_or_path='{tmp_path}/empty': cannot load its config \\(.*\\); "
                                           f"give a directory written by save_pretrained \\(with config.json\\), or a "
@@ -192,6 +229,16 @@ def test_a_file_a_missing_directory_remote_code_and_an_unreachable_hub_id_name_t
     # trusted, its causal LM class is its own (no class of transformers' for its config)
     trusted = ModelConfig(name_or_path=str(tmp_path / "code"), trust_remote_code=True)
     assert load_model_config(trusted).vocab_size == 320
+    assert causal_lm_class(load_model_config(trusted), trust_remote_code=True).__name__ == "MyLM"
+    # and each worker rebuilds the driver's config with that code's class; a config without auto_map (the built-in
+    # model's) with transformers' own, trust_remote_code or not
+    tokenizer = str(_saved(tmp_path))
+    for own, config_class in ((ModelConfig(name_or_path=str(tmp_path / "code"), trust_remote_code=True,
+                                           tokenizer=tokenizer), "MyConfig"),
+                              (ModelConfig(trust_remote_code=True), "LlamaConfig")):
+        cfg = RunConfig(model=own)
+        rebuilt = config_from_facts(resolve_run(cfg, shape_from_config(cfg)).model, own)
+        assert (type(rebuilt).__name__, rebuilt.vocab_size) == (config_class, 320)
     import huggingface_hub.constants
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # as HF_HUB_OFFLINE=1: no request made
@@ -209,6 +256,11 @@ def test_a_file_a_missing_directory_remote_code_and_an_unreachable_hub_id_name_t
     for spec in ("raytrain-test/absent/sub", "./absent", "~/absent"):  # a path, not there
         assert model._load_fix(spec, OSError("404"), "model.tokenizer") == (
             f"there is no directory {spec}: check the path")
+    # transformers' refusal of remote code, in either wording, names the setting whatever the spec
+    for said in ("Please pass the argument `trust_remote_code=True` to allow custom code to be run.",
+                 "The repository for x contains custom code which must be executed", "set trust_remote_code=True"):
+        assert model._load_fix("./absent", ValueError(said), "model.name_or_path").startswith(
+            "its config names its own Python code (auto_map): set model.trust_remote_code=true to run it")
     # a hub the driver cannot reach is said at once (the whole line: test_an_unreachable_hub_is_one_line_...),
     # and a local directory named like a hub id is read from disk, never asked of the hub
     monkeypatch.setattr(model, "hub_unreachable", lambda repo_id, repo_type="model": "http://127.0.0.1:9: refused")
@@ -246,6 +298,21 @@ def test_a_model_built_from_a_config_takes_the_token_ids_of_the_tokenizer_it_tra
                                                       config={"eos_token_id": 256}))) if "EOS" in n]
 
 
+@pytest.mark.parametrize("after, said", [
+    ({"a": (2, 4), "b": (4,)}, "a [2, 3] -> [2, 4]"),
+    ({"a": (2, 3), "b": (3,)}, "b [4] -> [3]"),
+    ({"a": (2, 3), "b": (4,), "c": (1,)}, "adds c, randomly initialised"),
+    ({"a": (2, 3), "b": (4,), "c": (1,), "d": (1,)}, "adds c and 1 more, randomly initialised"),
+    ({"a": (2, 3)}, "drops b"),
+    ({}, "drops a and 1 more"),
+], ids=["shape", "second-shape", "adds-one", "adds-two", "drops-one", "drops-two"])
+def test_the_weight_change_an_override_makes_is_its_first_difference(after, said):
+    """What model.pretrained's refusal says an override does to the checkpoint's weights ({name: shape})."""
+    from raytrain.model import _shape_change
+
+    assert _shape_change({"a": (2, 3), "b": (4,)}, after) == said
+
+
 def test_a_pretrained_model_is_built_in_training_mode(tmp_path):
     """from_pretrained returns eval mode; a fine-tune must train (dropout, checkpointing's recompute and Liger's
     fused loss all run only when module.training is true)."""
@@ -263,8 +330,51 @@ def test_a_pretrained_model_is_built_in_training_mode(tmp_path):
         model = build_model(cfg, LlamaConfig.from_pretrained(tmp_path), {"zero_optimization": {"stage": 0}})
     assert model.training and all(m.training for m in model.modules())
     assert model.is_activation_checkpointing
+    assert model.model._gradient_checkpointing_func.keywords == {"use_reentrant": False}  # non-reentrant
     # transformers 5.25's deprecated name printed two lines per rank in every checkpointed run
     assert not [w for w in caught if "checkpointing" in str(w.message)], [str(w.message) for w in caught]
+    assert model.config.use_cache is False  # no KV cache in training: it only costs memory
+    # model.gradient_checkpointing=false (the default): no recompute, and a model built from its config trains too
+    model = build_model(ModelConfig(name_or_path=str(tmp_path)), LlamaConfig.from_pretrained(tmp_path),
+                        {"zero_optimization": {"stage": 0}})
+    assert model.training and not model.is_activation_checkpointing
+
+
+def test_a_pretrained_build_reads_the_saved_weights_unless_a_checkpoint_replaces_them(tmp_path):
+    """build_model(from_checkpoint=True) builds from the config alone (the checkpoint's restore replaces every
+    weight: no read of the model's own); the attention backend is the one asked for, "auto" left to transformers."""
+    import torch
+
+    from raytrain.model import build_model
+
+    saved = LlamaForCausalLM(LlamaConfig(**TINY))
+    saved.save_pretrained(tmp_path)
+    stage0 = {"zero_optimization": {"stage": 0}}
+
+    def build(**model):
+        return build_model(ModelConfig(name_or_path=str(tmp_path), **model), LlamaConfig.from_pretrained(tmp_path),
+                           stage0)
+
+    def loaded(model):
+        return torch.equal(model.lm_head.weight, saved.lm_head.weight)
+
+    assert loaded(build(pretrained=True)) and not loaded(build())
+    assert not loaded(build_model(ModelConfig(name_or_path=str(tmp_path), pretrained=True),
+                                  LlamaConfig.from_pretrained(tmp_path), stage0, from_checkpoint=True))
+    assert build(attn_implementation="eager").config._attn_implementation == "eager"
+    assert build().config._attn_implementation == "sdpa"  # transformers' default for a class that has it
+
+
+def test_the_parameter_facts_are_those_of_the_model_the_config_builds():
+    """param_stats, from a meta-device build: what the planner sizes ZeRO-3's gathers and sub-groups by."""
+    from raytrain.model import param_stats
+
+    for config in (LlamaConfig(**TINY), LlamaConfig(**TINY, tie_word_embeddings=True)):
+        params = list(LlamaForCausalLM(config).parameters())  # a tied lm_head is the embedding: counted once
+        stats = param_stats(config)
+        assert stats.param_numels == tuple(p.numel() for p in params) and stats.num_params == sum(stats.param_numels)
+        assert stats.param_ndims == tuple(p.dim() for p in params)
+        assert stats.largest_layer_params == 320 * 16  # the embedding (or the untied lm_head), the biggest module
 
 
 def _resolve(tmp_path, config, shape=None, **model):
@@ -456,6 +566,7 @@ def test_overrides_are_checked_by_the_config_class_and_the_model_as_a_worker_bui
                                           r"transformers knows: \(known: .*\blinear\b"):
         load(rope_scaling={"rope_type": "zzzz", "factor": 2.0})
     assert load(pad_token_id=0).pad_token_id == 0
+    assert load(rope_scaling=None).rope_parameters["rope_theta"] == 500000.0  # null: no RoPE type to check
     # a good rope_scaling keeps the model's rope_theta (set as an attribute it became None: a TypeError in
     # every worker's rotary embedding), and the run config's own dict is left as written
     scaling = {"rope_type": "linear", "factor": 2.0}
@@ -709,12 +820,40 @@ def test_a_generation_config_json_pad_token_id_outside_the_vocabulary_has_its_ow
             f"model.config.pad_token_id={fix} (the run's generation config takes model.config's token ids)")
 
 
+def test_the_generation_config_is_the_model_directorys_file_or_none(tmp_path):
+    """generate()'s token ids come from generation_config.json where the model has one; the built-in model and a
+    directory without the file have none (the run's copy then derives one from config.json)."""
+    assert load_generation_config(ModelConfig()) is None
+    LlamaConfig(**TINY).save_pretrained(tmp_path)
+    assert load_generation_config(ModelConfig(name_or_path=str(tmp_path))) is None
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 7, "max_new_tokens": 9}))
+    generation = load_generation_config(ModelConfig(name_or_path=str(tmp_path)))
+    assert (generation.eos_token_id, generation.max_new_tokens) == (7, 9)
+
+
+def test_the_built_in_models_vocabulary_holds_the_byte_tokenizer_padded_to_a_multiple_of_64():
+    """A table that every byte token and the EOS index into, padded to a multiple of 64 rows, and key/value heads
+    that divide the query heads (the kv-head check is not run on it without overrides)."""
+    vocab = BUILTIN_LLAMA["vocab_size"]
+    assert vocab % 64 == 0 and len(byte_tokenizer()) <= vocab < len(byte_tokenizer()) + 64
+    assert BUILTIN_LLAMA["num_attention_heads"] % BUILTIN_LLAMA["num_key_value_heads"] == 0
+    assert load_model_config(ModelConfig()).vocab_size == vocab
+
+
 def _llama_style_tokenizer():
     """A Llama-style tokenizer, built in code (as tests/unit/data/test_packing.py's): <s> (1) before every text."""
     from transformers import LlamaTokenizer
 
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "\u2581": 3, **{ch: 4 + i for i, ch in enumerate("abcdefghij")}}
     return LlamaTokenizer(vocab=vocab, merges=[], add_bos_token=True)
+
+
+def test_a_documents_start_ids_are_what_the_tokenizer_puts_before_a_text():
+    """Packing puts them before every document: the BOS of a Llama-style tokenizer, nothing for the byte one."""
+    from raytrain.model import document_start_ids
+
+    assert document_start_ids(_llama_style_tokenizer()) == (1,)
+    assert document_start_ids(byte_tokenizer()) == ()
 
 
 @pytest.mark.parametrize("build, said", [
@@ -847,6 +986,9 @@ def test_checkpoints_from_pretrained_reads_as_they_are_pass(tmp_path):
     weights["layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(4)
     save_file(weights, tmp_path / "base" / "model.safetensors", metadata={"format": "pt"})
     assert loads(tmp_path / "base")
+    weights["lm_head.weight"] = weights.pop("embed_tokens.weight")  # a tied weight saved by its other name
+    save_file(weights, tmp_path / "base" / "model.safetensors", metadata={"format": "pt"})
+    assert loads(tmp_path / "base")
 
     gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=320, n_positions=64))
     gpt2.config.save_pretrained(tmp_path / "gpt2")  # the hub's gpt2 layout: no "transformer.", attn.bias buffers
@@ -880,6 +1022,7 @@ def test_the_class_name_written_as_architectures_is_the_remote_codes_only_when_i
                                            "AutoModelForCausalLM": "org/repo--modeling.MyForCausalLM"})
     assert causal_lm_class_name(config, trust_remote_code=True) == "MyForCausalLM"
     assert causal_lm_class_name(config) == causal_lm_class_name(LlamaConfig(**TINY), True) == "LlamaForCausalLM"
+    assert causal_lm_class(config) is causal_lm_class(LlamaConfig(**TINY), True) is LlamaForCausalLM
 
 
 def test_key_value_heads_that_do_not_divide_the_query_heads_are_refused_where_the_forward_would_fail(tmp_path):
@@ -887,7 +1030,7 @@ def test_key_value_heads_that_do_not_divide_the_query_heads_are_refused_where_th
     first forward fails. Only attention that repeats each key/value head num_attention_heads //
     num_key_value_heads times (Llama's, and most families') is refused: JetMoE's runs with it."""
     import torch
-    from transformers import AutoModelForCausalLM, JetMoeConfig
+    from transformers import AutoModelForCausalLM, JetMoeConfig, Phi3Config
 
     def forward(config):
         AutoModelForCausalLM.from_config(config)(torch.tensor([[1, 2, 3]]))
@@ -923,6 +1066,16 @@ def test_key_value_heads_that_do_not_divide_the_query_heads_are_refused_where_th
             "; correct num_key_value_heads in its config.json (a divisor of 4: 1, 2 or 4; the one the weights were "
             "saved with)") + "$"):
         load_model_config(ModelConfig(name_or_path=str(tmp_path / "json"), pretrained=True))
+
+    def phi3(kv):  # a fused qkv_proj (Phi-3): its key heads are the rows after the query heads', half of the rest
+        return Phi3Config(**{**TINY, "hidden_size": 32, "num_attention_heads": 4}, num_key_value_heads=kv,
+                          bos_token_id=None, eos_token_id=None, pad_token_id=None)
+
+    with pytest.raises(RuntimeError, match=r"The size of tensor a \(4\) must match the size of tensor b \(3\)"):
+        forward(phi3(3))
+    phi3(4).save_pretrained(tmp_path / "phi3")
+    with pytest.raises(ConfigError, match=r"^model.config.num_key_value_heads=3: .*, and Phi3Attention shares each "):
+        load_model_config(ModelConfig(name_or_path=str(tmp_path / "phi3"), config={"num_key_value_heads": 3}))
     jetmoe = JetMoeConfig(**{**TINY, "hidden_size": 32, "num_attention_heads": 4}, num_key_value_heads=3)
     forward(jetmoe)  # runs: its query heads are num_key_value_heads x num_experts_per_tok
     jetmoe.save_pretrained(tmp_path / "jetmoe")
@@ -953,6 +1106,20 @@ def test_falcons_fused_layout_refuses_key_value_heads_that_do_not_divide_the_que
     AutoModelForCausalLM.from_config(old)(torch.tensor([[1, 2, 3]]))  # runs: one key/value per query head
     old.save_pretrained(tmp_path / "old")
     assert load_model_config(ModelConfig(name_or_path=str(tmp_path / "old"))).num_kv_heads == 3
+
+
+@pytest.mark.parametrize("key, value, precision", [
+    ("dtype", "bfloat16", "bf16"), ("torch_dtype", "torch.float16", "fp16"), ("dtype", "float32", "fp32"),
+    ("torch_dtype", "int8", "bf16, fp16 or fp32"),
+])
+def test_a_dtype_given_as_a_config_field_points_to_training_precision(key, value, precision):
+    """The DeepSpeed config holds the precision: model.config.dtype would be ignored under ZeRO-3, or build the
+    model in it behind DeepSpeed's back below it. Refused, naming the training.precision that does what it asks."""
+    with pytest.raises(ConfigError) as e:
+        load_model_config(ModelConfig(config={key: value}))
+    assert str(e.value) == (f"model.config.{key}={value!r} does not set the training precision, which the DeepSpeed "
+                            f"config holds: remove it and set training.precision={precision} (or the DeepSpeed JSON's "
+                            f"bf16/fp16 sections)")
 
 
 def test_the_attention_backend_given_as_a_config_field_points_to_model_attn_implementation():
@@ -1005,6 +1172,55 @@ def test_an_unreachable_hub_is_one_line_in_seconds_not_a_minute_of_retry_lines(t
             ("model.tokenizer", "load its tokenizer", " --local-dir DIR) and set model.tokenizer=DIR"),
             ("data.path", "open the hub dataset", " --repo-type dataset --local-dir DIR) and set data.path to its "
                                                   "data files in DIR"))], done.stderr
+
+
+def test_a_hub_id_the_hub_cannot_be_reached_for_is_refused_in_one_line_before_any_load(tmp_path, monkeypatch):
+    """hub_unreachable in this process: the hub a closed local port (huggingface_hub's endpoint constants), its
+    cache an empty directory. Only a hub id with nothing of it in the cache is asked, and only when not offline;
+    the refusal names the key, the endpoint's answer and the fix for a model, a tokenizer or a dataset."""
+    import huggingface_hub.constants as hub
+
+    from raytrain.model import hub_unreachable, unreachable_fix
+
+    endpoint = "http://127.0.0.1:9"
+    monkeypatch.setattr(hub, "HUGGINGFACE_CO_URL_TEMPLATE", hub.HUGGINGFACE_CO_URL_TEMPLATE.replace(hub.ENDPOINT,
+                                                                                                    endpoint))
+    monkeypatch.setattr(hub, "ENDPOINT", endpoint)
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", False)
+    why = f"{endpoint}: [Errno 111] Connection refused"
+    assert hub_unreachable("raytrain-test/absent") == hub_unreachable("absent", repo_type="dataset") == why
+    # a path is not a hub id (the load says there is no such directory); a repo in the cache may be read from it
+    assert hub_unreachable("./raytrain-test/absent") is hub_unreachable("/raytrain-test/absent") is None
+    (tmp_path / "hub" / "models--raytrain-test--cached").mkdir(parents=True)
+    assert hub_unreachable("raytrain-test/cached") is None
+    assert hub_unreachable("raytrain-test/cached", repo_type="dataset") == why  # a model's copy is not the dataset
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)  # HF_HUB_OFFLINE=1: the cache alone is read, nothing asked
+    assert hub_unreachable("raytrain-test/absent") is None
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", False)
+    # a local directory named like a hub id is read from disk, the hub never asked
+    byte_tokenizer().save_pretrained(tmp_path / "raytrain-test" / "local")
+    monkeypatch.chdir(tmp_path)
+    assert load_tokenizer(ModelConfig(tokenizer="raytrain-test/local")).eos_token_id == 256
+
+    def line(key, spec, what):
+        return f"{key}={spec!r}: cannot {what}: {unreachable_fix(spec, why, key)}"
+
+    with pytest.raises(ConfigError) as e:
+        load_model_config(ModelConfig(name_or_path="raytrain-test/absent"))
+    assert str(e.value) == line("model.name_or_path", "raytrain-test/absent", "load its config")
+    for cfg, key in ((ModelConfig(tokenizer="raytrain-test/absent"), "model.tokenizer"),
+                     (ModelConfig(name_or_path="raytrain-test/absent"), "model.name_or_path")):
+        with pytest.raises(ConfigError) as e:
+            load_tokenizer(cfg)
+        assert str(e.value) == line(key, "raytrain-test/absent", "load its tokenizer")
+    fix = (f"no local directory 'org/x', so it is a Hugging Face hub id, but the hub cannot be reached ({why}) and the "
+           f"local hub cache ({tmp_path / 'hub'}) has no copy of it: check the network (or HF_ENDPOINT, HF_HUB_CACHE), "
+           f"or download it where there is one (hf download org/x")
+    assert unreachable_fix("org/x", why, "model.name_or_path") == (
+        f"{fix} --local-dir DIR) and set model.name_or_path=DIR")
+    assert unreachable_fix("org/x", why, "data.path", "dataset") == (
+        f"{fix} --repo-type dataset --local-dir DIR) and set data.path to its data files in DIR")
 
 
 def test_the_hub_hold_is_only_huggingface_hubs_retry_lines_and_only_inside_the_block():
