@@ -19,7 +19,7 @@ import os
 import re
 import socket
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 from raytrain.config import ConfigError, ModelConfig
 from raytrain.config_files import first_line
@@ -87,7 +87,7 @@ def load_model_config(cfg: ModelConfig):
 
         hf_config = _validated(builtin, cfg.config)
         if cfg.config:
-            _check_overrides_build(hf_config, cfg, builtin)
+            _check_builds(hf_config, cfg, builtin)
             _check_kv_heads(hf_config, cfg)
         return hf_config
     if os.path.isfile(cfg.name_or_path):
@@ -121,8 +121,7 @@ def load_model_config(cfg: ModelConfig):
         hf_config = _validated(build, cfg.config)
     _check_causal_lm(hf_config, cfg)
     _check_token_ids_build(hf_config, cfg, build if cfg.config else None)
-    if cfg.config:
-        _check_overrides_build(hf_config, cfg, build)
+    _check_builds(hf_config, cfg, build if cfg.config else None)
     _check_kv_heads(hf_config, cfg)
     if cfg.config and cfg.pretrained:
         _check_same_weights(loaded, hf_config, cfg, build)
@@ -210,7 +209,7 @@ def _check_token_ids_build(hf_config, cfg: ModelConfig, build=None) -> None:
     torch refuses past the table ("Padding_idx must be within num_embeddings"): a traceback from the
     driver's meta build, else from every worker. One line naming the key instead. Only when there is
     such an id: a meta-device build (cached), and one more without the ids on failure, to tell their
-    failure from any other (left to the overrides' check, `_check_overrides_build`, which names the key).
+    failure from any other (left to `_check_builds`, which names the key or config.json).
     `build(overrides)`: the config with `overrides` (model.config's are in `hf_config`), where there are any."""
     vocab = getattr(hf_config, "vocab_size", None)
     outside = token_ids_outside_vocab(hf_config.to_dict(), vocab)
@@ -230,7 +229,7 @@ def _check_token_ids_build(hf_config, cfg: ModelConfig, build=None) -> None:
     try:
         weight_shapes(hf_config, cfg.trust_remote_code)
     except Exception as e:  # whatever the model's constructor raises: AssertionError, IndexError, ...
-        if not builds(outside):  # not the ids' doing: left to the overrides' check (_check_overrides_build)
+        if not builds(outside):  # not the ids' doing: left to _check_builds
             ids = _id_overrides(cfg.config)
             if build is not None and ids != cfg.config:  # unless the ids fail without the other overrides too:
                 # the overrides' check would re-raise that failure (a traceback); the ids are named first
@@ -387,21 +386,23 @@ def _attends_ahead(hf_config, trust_remote_code: bool) -> bool:
     return _meta_build(*_config_key(hf_config), trust_remote_code).attends_ahead
 
 
-def _check_overrides_build(hf_config, cfg: ModelConfig, build) -> None:
-    """Anything else the model's constructor refuses (what each worker's from_config would raise),
-    one line naming the override: a meta-device build, no memory, that param_stats and
-    model.pretrained's comparison reuse. `build(overrides)` makes the config with `overrides`."""
+def _check_builds(hf_config, cfg: ModelConfig, build=None) -> None:
+    """Anything else the model's constructor refuses (what each worker's from_config would raise), one
+    line naming the override that makes it fail, else config.json: a meta-device build, no memory, that
+    param_stats and model.pretrained's comparison reuse. `build(overrides)` makes the config with
+    `overrides`, where model.config sets any."""
     try:
         weight_shapes(hf_config, cfg.trust_remote_code)
     except Exception as e:  # whatever the model's constructor raises: KeyError, AssertionError, ValueError, ...
         reason = f"{type(e).__name__}: {first_line(e)}"
+        if build is None:
+            _refuse_own_config(hf_config, cfg, e, reason)
 
         def builds(overrides):
             weight_shapes(build(overrides), cfg.trust_remote_code)
 
         # Without the overrides, or with only those of the ids (config.json's ids may fail its build: the token-id
         # check named them unless an override fixes them); failing both ways, it is not the overrides' doing
-        # (remote code missing a package, ...): raised as it is
         for baseline in ({}, _id_overrides(cfg.config)):
             try:
                 builds(baseline)
@@ -409,9 +410,23 @@ def _check_overrides_build(hf_config, cfg: ModelConfig, build) -> None:
             except Exception:
                 continue
         else:
-            raise e from None
+            _refuse_own_config(hf_config, cfg, e, reason)
         raise ConfigError(f"{_named(cfg.config, builds)}: the model cannot be built with it ({reason}): set a value "
                           f"{type(hf_config).__name__} accepts") from None
+
+
+def _refuse_own_config(hf_config, cfg: ModelConfig, error: Exception, reason: str) -> NoReturn:
+    """The model fails to build from model.name_or_path's own config.json (a value its constructor refuses:
+    torch's "negative dimension", an assertion) or its own code (a package it imports at build time): one line
+    on the driver instead of the same traceback from the driver's planner and every worker. The built-in
+    model always builds from its own sizes: a failure there is raised as it is."""
+    if cfg.name_or_path is None:
+        raise error
+    model_class = causal_lm_class_name(hf_config, cfg.trust_remote_code)
+    fix = ("install what it names on the driver and the GPU nodes" if isinstance(error, ImportError) else
+           "correct the value in config.json, or override it with model.config.KEY=VALUE")
+    raise ConfigError(f"model.name_or_path={cfg.name_or_path!r}: {model_class} cannot be built from its config.json "
+                      f"({reason}): {fix}") from None
 
 
 def _id_overrides(overrides: dict[str, Any]) -> dict[str, Any]:

@@ -634,6 +634,19 @@ def test_config_json_token_ids_outside_the_vocabulary_are_said_once_in_a_note_no
     assert [m for m in log if "eos_token_id must be `None` or an integer within the vocabulary" in m], log
 
 
+def test_a_config_json_the_model_cannot_be_built_from_is_one_line_naming_it(tmp_path):
+    """A value of config.json itself that the model's constructor refuses was a traceback from the driver's planner
+    (exit 1), then from every worker: only model.config's overrides were checked."""
+    LlamaConfig(**{**TINY, "intermediate_size": -3}).save_pretrained(tmp_path)
+    line = (rf"^model.name_or_path='{re.escape(str(tmp_path))}': LlamaForCausalLM cannot be built from its "
+            r"config.json \(RuntimeError: .*negative dimension -3.*\): correct the value in config.json, or override "
+            r"it with model.config.KEY=VALUE$")
+    for config in ({}, {"attention_dropout": 0.1}):  # an override that is not the cause is not named
+        with pytest.raises(ConfigError, match=line):
+            load_model_config(ModelConfig(name_or_path=str(tmp_path), config=config))
+    assert load_model_config(ModelConfig(name_or_path=str(tmp_path), config={"intermediate_size": 32}))  # the fix
+
+
 def test_a_pad_token_id_outside_the_vocabulary_is_an_error_or_a_frozen_row_not_a_traceback(tmp_path):
     # 500 past a table of 320: torch's "Padding_idx must be within num_embeddings" on the driver's meta build,
     # a traceback (and in every worker's build)
