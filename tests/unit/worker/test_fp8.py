@@ -10,7 +10,7 @@ import torch
 
 from raytrain.worker import fp8
 from raytrain.worker.fused import fuse_llama_layers
-from tests.unit.worker.test_fused import tiny_llama
+from tests.unit.worker.test_fused import raytrain_functions, tiny_llama
 
 
 def _dequantized(t, dtype):
@@ -18,10 +18,12 @@ def _dequantized(t, dtype):
     return q.float() * inverse
 
 
-def test_forward_and_both_gradients_are_the_quantized_operands_products():
+@pytest.mark.parametrize("frozen", [False, True], ids=["trained-weights", "frozen-weights"])
+def test_forward_and_both_gradients_are_the_quantized_operands_products(frozen):
+    """frozen: weights without gradients (the input still gets its own)."""
     torch.manual_seed(0)
     x = torch.randn(2, 32, 64, dtype=torch.bfloat16, requires_grad=True)
-    w1, w2 = (torch.randn(n, 64, dtype=torch.bfloat16, requires_grad=True) for n in (48, 16))
+    w1, w2 = (torch.randn(n, 64, dtype=torch.bfloat16, requires_grad=not frozen) for n in (48, 16))
     y = fp8.linear(x, w1, w2)
     dy = torch.randn_like(y)
     y.backward(dy)
@@ -30,11 +32,37 @@ def test_forward_and_both_gradients_are_the_quantized_operands_products():
     want = {"y": _dequantized(x, fp8.E4M3) @ _dequantized(w, fp8.E4M3).t(),
             "dx": _dequantized(g, fp8.E5M2) @ _dequantized(w, fp8.E4M3),
             "dw": _dequantized(g, fp8.E5M2).t() @ _dequantized(x, fp8.E4M3)}
-    got = {"y": y.reshape(-1, 64), "dx": x.grad.reshape(-1, 64), "dw": torch.cat([w1.grad, w2.grad])}
+    got = {"y": y.reshape(-1, 64), "dx": x.grad.reshape(-1, 64)}
+    if frozen:
+        assert w1.grad is None and w2.grad is None
+        del want["dw"]
+    else:
+        got["dw"] = torch.cat([w1.grad, w2.grad])
+        assert w1.grad.dtype == torch.bfloat16
     for name in want:  # equal up to the bf16 rounding of the output (2**-8 of the largest value)
         assert (got[name].float() - want[name]).abs().max() <= want[name].abs().max() * 2 ** -7, name
-    assert y.dtype == x.grad.dtype == w1.grad.dtype == torch.bfloat16
+    assert y.dtype == x.grad.dtype == torch.bfloat16
     assert fp8.supported(x, (w1, w2)) and not fp8.supported(x[:, :7], (w1,))  # 14 rows: not a multiple of 16
+
+
+@pytest.mark.parametrize("x_shape, rows, supported", [
+    ((2, 7, 64), (48, 16), False),  # 14 rows
+    ((2, 16, 24), (16,), False),    # k = 24
+    ((2, 16, 16), (8,), False),     # n = 8
+    ((2, 16, 16), (8, 8), True),    # one GEMM over the concatenation: n = 16
+], ids=["rows", "k", "n", "n-of-the-concatenation"])
+def test_shapes_scaled_mm_cannot_take_stay_in_the_activations_dtype(x_shape, rows, supported):
+    """Every GEMM dimension a multiple of 16, or F.linear in x's dtype (exactly)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(*x_shape, generator=g)
+    weights = [torch.randn(n, x_shape[-1], generator=g) for n in rows]
+    assert fp8.supported(x, weights) is supported
+    y = fp8.linear(x, *weights)
+    assert torch.equal(y, torch.nn.functional.linear(x, torch.cat(weights))) is not supported
+
+
+def test_cpu_can_run_fp8_gemms():
+    assert fp8.unsupported_here(torch.device("cpu")) is None
 
 
 def test_a_fused_model_on_fp8_gemms_trains_like_the_bf16_one():
@@ -46,12 +74,14 @@ def test_a_fused_model_on_fp8_gemms_trains_like_the_bf16_one():
     assert fp8.enable(fast) == 2
     assert type(fast.model.layers[0].self_attn.o_proj).__name__ == "Fp8LinearModule"
     ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(1))
-    losses = []
+    losses, functions = [], []
     for model in (plain, fast):
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         losses.append(loss.item())
+        functions.append(raytrain_functions(loss))
     assert losses[1] == pytest.approx(losses[0], rel=0.02)
+    assert functions[1] == {"Fp8LinearBackward": 8, "QKVRopeBackward": 2}  # per layer q|k|v, o, gate|up, down
     for (name, p), (_, q) in zip(plain.named_parameters(), fast.named_parameters()):
         cos = torch.nn.functional.cosine_similarity(p.grad.flatten(), q.grad.flatten(), dim=0)
         assert cos > 0.98, (name, cos.item())

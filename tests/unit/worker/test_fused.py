@@ -5,6 +5,7 @@ partitioned over 2 ranks (gloo, CPU). The GPU kernels (Liger's) are checked agai
 an H200 by benchmarks/profile_step.py (`check_fused_layers`, run before every `layers` variant).
 """
 
+import collections
 import copy
 import json
 import pathlib
@@ -14,12 +15,13 @@ import sys
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from raytrain.config import ConfigError, ModelConfig, load_config
 from raytrain.model import fused_layers_enabled
 from raytrain.planning.resolve import resolve_run
 from raytrain.run_spec import ClusterShape
-from raytrain.worker.fused import fuse_llama_layers
+from raytrain.worker.fused import CatLinear, fuse_llama_layers, rope_inplace
 
 CHILD = pathlib.Path(__file__).with_name("fused_child.py")
 REPO = pathlib.Path(__file__).resolve().parents[3]
@@ -38,6 +40,20 @@ def tiny_llama(**overrides):
     return LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa").train()
 
 
+def raytrain_functions(loss):
+    """How many times each of raytrain's autograd Functions (fused.py, fp8.py) is in loss's graph."""
+    count, seen, todo = collections.Counter(), set(), [loss.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if type(node).__name__ in ("CatLinearBackward", "QKVRopeBackward", "Fp8LinearBackward"):
+            count[type(node).__name__] += 1
+        todo += [f for f, _ in node.next_functions]
+    return dict(count)
+
+
 @pytest.mark.parametrize("per_document", [False, True], ids=["positions", "per-document-positions"])
 def test_same_loss_gradients_and_names_as_transformers_layers(per_document):
     """per_document: positions restart inside each row (data.position_ids=per_document), so RoPE's cos/sin
@@ -52,14 +68,70 @@ def test_same_loss_gradients_and_names_as_transformers_layers(per_document):
     positions = torch.cat([torch.arange(12), torch.arange(20)]).repeat(2, 1) if per_document else None
     if per_document:
         positions[1] = torch.cat([torch.arange(25), torch.arange(7)])
-    losses = []
+    losses, functions = [], []
     for model in (plain, fused):
         loss = model(input_ids=ids, labels=ids, position_ids=positions).loss
         loss.backward()
         losses.append(loss.item())
+        functions.append(raytrain_functions(loss))
     assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+    # per layer: q|k|v one GEMM and gate|up one GEMM (down_proj's, with the residual, is an addmm), RoPE on q|k
+    assert functions == [{}, {"CatLinearBackward": 4, "QKVRopeBackward": 2}]
     for (name, p), (_, q) in zip(plain.named_parameters(), fused.named_parameters()):
         assert q.grad is not None and torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-6), name
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["training", "eval"])
+def test_attention_dropout_as_in_transformers_layers(training):
+    """config.attention_dropout applies in training (the same random mask for the same seed), not in eval."""
+    plain = tiny_llama(attention_dropout=0.5).train(training)
+    fused = copy.deepcopy(plain)
+    fuse_llama_layers(fused)
+    ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(1))
+    losses = []
+    for model in (plain, fused):
+        torch.manual_seed(5)
+        losses.append(model(input_ids=ids, labels=ids).loss.item())
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+
+
+@pytest.mark.parametrize("layout", ["batch-seq", "batch-seq-1", "seq", "batch-1-seq"])
+def test_rope_in_place_is_transformers_rotation_for_each_cos_layout(layout):
+    """cos/sin as (batch, seq, d) (one row per sequence; also seq 1), (seq, d) or (batch, 1, seq, d): the q and k
+    columns of the fused buffer rotated as transformers' apply_rotary_pos_emb does, v untouched; backward=True
+    is the inverse rotation."""
+    b, s, n_q, n_kv, d = 2, 1 if layout == "batch-seq-1" else 5, 4, 2, 8
+    g = torch.Generator().manual_seed(0)
+    angles = torch.rand(1 if layout in ("seq", "batch-1-seq") else b, s, d // 2, generator=g) * 6
+    cos, sin = torch.cat([angles.cos()] * 2, dim=-1), torch.cat([angles.sin()] * 2, dim=-1)
+    buf = torch.randn(b, s, (n_q + 2 * n_kv) * d, generator=g)
+    heads = buf.view(b, s, -1, d).transpose(1, 2)
+    want_q, want_k = apply_rotary_pos_emb(heads[:, :n_q], heads[:, n_q:n_q + n_kv], cos, sin)
+    given = {"seq": (cos[0], sin[0]), "batch-1-seq": (cos[:, None], sin[:, None])}.get(layout, (cos, sin))
+    got = buf.clone()
+    rope_inplace(got, *given, n_q, n_kv, d, backward=False)
+    got_heads = got.view(b, s, -1, d).transpose(1, 2)
+    assert torch.allclose(got_heads[:, :n_q], want_q, atol=1e-6)
+    assert torch.allclose(got_heads[:, n_q:n_q + n_kv], want_k, atol=1e-6)
+    assert torch.equal(got_heads[:, n_q + n_kv:], heads[:, n_q + n_kv:])
+    rope_inplace(got, *given, n_q, n_kv, d, backward=True)
+    assert torch.allclose(got, buf, atol=1e-6)
+
+
+@pytest.mark.parametrize("x_grad, w_grad", [(True, True), (True, False), (False, True)],
+                         ids=["both", "frozen-weights", "frozen-input"])
+def test_cat_linear_gradients_are_f_linear_of_the_concatenated_weights(x_grad, w_grad):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 8, generator=g).requires_grad_(x_grad)
+    weights = [torch.randn(n, 8, generator=g).requires_grad_(w_grad) for n in (4, 2, 2)]
+    dy = torch.randn(2, 3, 8, generator=g)
+    CatLinear.apply(x, *weights).backward(dy)
+    got = [x.grad, *(w.grad for w in weights)]
+    for t in (x, *weights):
+        t.grad = None
+    torch.nn.functional.linear(x, torch.cat(weights)).backward(dy)
+    for a, b in zip(got, [x.grad, *(w.grad for w in weights)]):
+        assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, atol=1e-6))
 
 
 def test_generation_with_a_kv_cache_takes_transformers_forward():
@@ -83,11 +155,25 @@ def test_autocast_takes_transformers_forward():
     assert losses[0] == losses[1]
 
 
-def test_layers_with_biases_keep_transformers_forward():
-    model = tiny_llama(attention_bias=True)
+@pytest.mark.parametrize("overrides, norm, why", [
+    (dict(attention_bias=True), None, "q_proj has a bias"),
+    (dict(mlp_bias=True), None, "gate_proj has a bias"),
+    (dict(hidden_act="gelu"), None, "the MLP's activation is not SiLU"),
+    ({}, "post_attention_layernorm", "post_attention_layernorm is not Llama's RMSNorm"),
+], ids=["attention-bias", "mlp-bias", "gelu", "norm-without-weight"])
+def test_layers_that_cannot_be_fused_keep_transformers_forward(overrides, norm, why):
+    """norm: that norm of every layer replaced by an RMSNorm without a weight."""
+    model = tiny_llama(**overrides)
+    for layer in model.model.layers if norm else ():
+        setattr(layer, norm, torch.nn.RMSNorm(64, elementwise_affine=False))
     result = fuse_llama_layers(model)
-    assert result == {"fused": 0, "skipped": {0: "q_proj has a bias", 1: "q_proj has a bias"}}
+    assert result == {"fused": 0, "skipped": {0: why, 1: why}}
     assert type(model.model.layers[0]).__name__ == "LlamaDecoderLayer"
+
+
+def test_layers_with_swish_are_fused():
+    """swish is SiLU."""
+    assert fuse_llama_layers(tiny_llama(hidden_act="swish")) == {"fused": 2, "skipped": {}}
 
 
 def test_zero3_over_two_ranks_trains_the_same_as_transformers_layers(tmp_path):
