@@ -165,6 +165,8 @@ _NORM_KERNEL_ARGS = {
                                             "W_row_stride", "RSTD_ptr", "RSTD_row_stride", "dW_ptr", "dW_row_stride",
                                             "n_rows", "n_cols", "offset", "rows_per_program", "casting_mode",
                                             "BLOCK_SIZE", "has_dS_out", "COMPUTE_DW"]}
+
+
 @functools.cache
 def _liger_norm() -> dict[str, Any]:
     """Liger's RMSNorm and fused add+RMSNorm forward functions and backward kernels, if liger-kernel is
