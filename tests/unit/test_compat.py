@@ -25,6 +25,13 @@ def test_ray_trains_torch_backend_starts_the_process_group_in_on_start():
     assert list(inspect.signature(compat.TorchBackend.on_start).parameters) == ["self", "worker_group", "backend_config"]
 
 
+def test_compat_has_no_other_lazy_attribute():
+    # PEP 562's __getattr__ serves TorchBackend only: hasattr() and a typo still see a missing name
+    with pytest.raises(AttributeError, match="module 'raytrain.compat' has no attribute 'TorchBackends'"):
+        compat.TorchBackends
+    assert not hasattr(compat, "torch_backend")
+
+
 def test_ray_trains_deleted_checkpoint_error_is_where_layout_catches_it():
     from ray.train.v2._internal.exceptions import RayTrainError
 
@@ -116,8 +123,38 @@ def test_the_policy_hears_of_a_started_group_from_rays_own_states():
     policy = Policy(ScalingConfig(num_workers=(2, 3)))
     policy.after_controller_state_update(SchedulingState(ResizeDecision(3, {"CPU": 1})), RunningState())
     policy.after_controller_state_update(RunningState(), ReschedulingState(training_failed_error=None))
+    # a group that failed to schedule never started
+    policy.after_controller_state_update(SchedulingState(ResizeDecision(2, {"CPU": 1})),
+                                         ReschedulingState(training_failed_error=None))
     assert started == [3]
     assert policy.start_group(2) == ResizeDecision(num_workers=2, resources_per_worker={"CPU": 1})
+
+
+def test_the_policy_reads_the_cluster_at_most_once_per_rays_interval(monkeypatch, caplog):
+    import logging
+    import time
+
+    from ray.train import ScalingConfig
+    from ray.train.v2._internal.execution.scaling_policy import ElasticScalingPolicy, NoopDecision
+
+    assert compat.ElasticPolicyBase.RESERVATION_INTERVAL_S == ElasticScalingPolicy.GET_RESERVED_RESOURCES_INTERVAL_S
+    policy = compat.ElasticPolicyBase(ScalingConfig(num_workers=(1, 3)))
+    assert isinstance(policy.no_decision(), NoopDecision)
+    # the controller has not started: no coordinator to ask, so Ray's handling (log, decide nothing this round)
+    monkeypatch.setattr(logging.getLogger("ray.train"), "propagate", True)
+    with caplog.at_level(logging.WARNING, logger="ray.train"):
+        assert policy.placeable_workers() is None
+    assert [r.getMessage() for r in caplog.records] == ["raytrain: could not read the cluster's reserved resources"]
+    # within the interval the last reservation answers: 4 CPUs for 1-CPU workers, capped at the maximum of 3
+    policy._raytrain_reserved_at = time.monotonic()
+    monkeypatch.setattr(compat.ElasticPolicyBase, "RESERVATION_INTERVAL_S", 3600.0)
+    policy._latest_reserved_resources = {"node-1": {"CPU": 4.0}}
+    assert policy.placeable_workers() == 3
+    policy._latest_reserved_resources = {"node-1": {"CPU": 2.0}}
+    assert policy.placeable_workers() == 2
+    # past the interval it asks again
+    policy._raytrain_reserved_at = time.monotonic() - 7200.0
+    assert policy.placeable_workers() is None and len(caplog.records) == 2
 
 
 def test_fit_builds_its_scaling_policy_through_the_trainer_modules_name():
@@ -154,6 +191,8 @@ def test_deepspeeds_universal_load_still_shares_group_0s_settings_and_one_step_t
     assert 'optim_sd[OPTIMIZER_STATE_DICT]["param_groups"][0].items()' in source
     assert "self.optimizer.state[fp32_param]['step'] = state_step" in source
     assert "self.optimizer.param_groups" in source and "self.optimizer = " in inspect.getsource(DeepSpeedZeroOptimizer_Stage3.__init__)
+
+
 def test_deepspeed_builds_the_gpu_side_optimizer_with_a_copy_of_group_0():
     """The bug compat.share_backup_optimizer_param_groups works around (DeepSpeed 0.19.8, stage3.py:313-326):
     group 0's hyper-parameters are copied into a new AdamW, groups 1+ are the CPU optimizer's dicts. When
@@ -295,9 +334,13 @@ def test_the_autoscaling_request_warning_keeps_its_message_in_one_line():
     line = logging.Formatter("%(levelname)s %(message)s").format(record)
     assert line == ("WARNING Failed to send resource request for train-1. "
                     "(GetTimeoutError: Get timed out: some object(s) not ready.)")
+    # a warning without an exception passes as it is
+    plain = logging.LogRecord(client.logger.name, logging.WARNING, __file__, 1, "Slow: %s.", ("train-1",), None)
+    assert compat._exception_in_one_line(plain) and (plain.msg, plain.args) == ("Slow: %s.", ("train-1",))
 
 
 def test_ray_init_prints_worker_logs_through_the_handler_compat_removes(monkeypatch):
+    import ray
     from ray._private import worker
     from ray._private.ray_logging import WorkerStandardStreamDispatcher
 
@@ -311,10 +354,40 @@ def test_ray_init_prints_worker_logs_through_the_handler_compat_removes(monkeypa
     printed = []
     dispatcher.add_handler("ray_print_logs", printed.append)
     dispatcher.emit({"lines": ["x"]})
-    compat.stop_printing_worker_logs()
+    undo = compat.stop_printing_worker_logs()
     dispatcher.emit({"lines": ["y"]})
     compat.stop_printing_worker_logs()  # idempotent
     assert printed == [{"lines": ["x"]}]
+    undo()
+    # the undo puts Ray's printer back only while this process is a connected driver (not in a unit run
+    # alone: ray.init there registers its own again)
+    assert dispatcher.handlers == ([] if not ray.is_initialized() else [("ray_print_logs", printed.append)])
+
+
+def test_only_the_run_snapshot_line_is_dropped_and_only_within_the_block():
+    import logging
+
+    logger = logging.getLogger(compat.CHECKPOINT_MANAGER_LOGGER)
+
+    def record(msg):
+        return logging.LogRecord(logger.name, logging.INFO, __file__, 1, msg, None, None)
+
+    snapshot = "A run snapshot was found in storage folder at /tmp/run"
+    with compat.no_run_snapshot_line():
+        assert not logger.filter(record(snapshot))
+        assert logger.filter(record("Restoring the checkpoint manager")) and logger.filter(record(ValueError("x")))
+    assert logger.filter(record(snapshot))
+
+
+def test_optimizers_other_than_zero_3s_are_left_as_they_are():
+    """engine.optimizer is no ZeRO-3 optimizer at stages 0-2: no backup optimizer to share, no host scan to drop
+    (the ZeRO-3 cases run on real DeepSpeed in tests/unit/worker/test_engine_offload.py)."""
+    import torch
+
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))])
+    assert compat.share_backup_optimizer_param_groups(optimizer) is False
+    assert compat.skip_host_overflow_scan(optimizer) is False
+    assert compat.host_overflow_scan_dropped(optimizer) is False
 
 
 def test_the_run_snapshot_line_and_the_printers_list_are_where_compat_reads_them():
