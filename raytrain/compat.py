@@ -396,6 +396,8 @@ def repair_universal_load(engine, settings: list[dict]) -> None:
         step = state.get("step")
         if hasattr(step, "clone"):
             state["step"] = step.clone()
+
+
 def share_backup_optimizer_param_groups(zero_optimizer) -> bool:
     """Make the GPU side of a partial optimizer offload follow the LR schedule; True if there was one.
 

@@ -205,7 +205,6 @@ class TrainingConfig:
     """Dense bf16 peak of one GPU, for MFU (989 for H100/H200 SXM). MFU is not shown on CPU."""
 
 
-
 @section("scaling")
 class ScalingConfig:
     """How many Ray Train workers, and what each one holds."""
@@ -237,7 +236,6 @@ class ScalingConfig:
     to rehearse a smaller GPU (the benchmarks' capped runs)."""
 
 
-
 @section("checkpoint")
 class CheckpointConfig:
     """Where the run lives and how often it is saved."""
@@ -260,7 +258,6 @@ class CheckpointConfig:
     """Start from this checkpoint directory (`--resume-from PATH`); the run's own latest wins after a restart."""
     export_dir: NonEmptyStr | None = None
     """At the end, write the final checkpoint as a Hugging Face model directory here."""
-
 
 
 @section("cluster")

@@ -24,6 +24,7 @@ from raytrain.data.progress import DataProgress
 from raytrain.data.readers import read_documents, read_parquet_rows
 from raytrain.data.sources import Source, Sources
 
+
 def build_datasets(data: DataConfig, model: ModelConfig, seed: int, sources: Sources, vocab_size: int,
                    progress: DataProgress | None = None) -> dict[str, Any]:
     """{"train": ...(, "eval": ...)}: packed rows of {"input_ids": int32[seq_len]} (+ "position_ids").

@@ -57,6 +57,7 @@ FUSED_ROTATED_QKV = ("gpt_neox", "phi3")
 # softmax in the model's dtype (transformers 5.25 registers no SDPA for XGLM: raytrain resolves it to "eager").
 BMM_ATTENTION = ("xglm",)
 
+
 class DropoutProbabilities(NamedTuple):
     """Where a decoder drops values in training, and with what probability (0: no dropout there)."""
     embeddings: float

@@ -18,6 +18,7 @@ from raytrain.driver.cluster import preflight_cluster
 from raytrain.network.preflight_report import (
     DEFAULT_MIN_IB_BUSBW_GBS, DEFAULT_MIN_NVLINK_BUSBW_GBS, LINK_RATE_FRACTION, parse_sizes)
 
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = ArgumentParser(
         prog="python -m raytrain.tools.preflight", formatter_class=argparse.ArgumentDefaultsHelpFormatter,

@@ -18,6 +18,7 @@ from raytrain.console import parse_progress
 
 pytestmark = pytest.mark.integration
 
+
 @pytest.fixture(scope="module")
 def default_run(ray_cluster, tmp_path_factory):
     storage = tmp_path_factory.mktemp("runs")

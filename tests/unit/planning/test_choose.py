@@ -201,7 +201,6 @@ def test_zenflow_at_stage_2_names_what_it_needs(change, match):
     assert "\n" not in str(e.value)
 
 
-
 @pytest.mark.parametrize("change", ["deepspeed.zero_optimization.stage=1",
                                     'deepspeed.optimizer={"type": "Adam", "params": {"lr": "auto"}}'],
                          ids=["stage1", "adam"])
