@@ -281,7 +281,9 @@ def _unopened_sqlite_store(uri: str) -> str | None:
 def _holds_mlflow_tables(uri: str, path: str, lock_wait_s: float = 5.0) -> bool:
     """Whether the SQLite file `path` holds MLflow's experiments table, read through SQLite's read-only mode
     (Python's sqlite3: no journal, no tables created). A database another process holds locked for over
-    `lock_wait_s` (SQLite's default wait) is taken for one: MLflow's own open asks it again."""
+    `lock_wait_s` (SQLite's default wait) is taken for one: MLflow's own open asks it again. So is one that a writer
+    killed mid-write (a run stopped while logging) left with a hot journal, which only a writer can roll back (the
+    read-only mode says "attempt to write a readonly database"): MLflow's own open rolls it back."""
     import sqlite3
 
     read_only = f"{pathlib.Path(path).resolve().as_uri()}?mode=ro"
@@ -290,8 +292,8 @@ def _holds_mlflow_tables(uri: str, path: str, lock_wait_s: float = 5.0) -> bool:
             table = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'experiments'")
             return table.fetchone() is not None
     except sqlite3.DatabaseError as e:  # not a database, unreadable (OperationalError is one), or locked
-        if isinstance(e, sqlite3.OperationalError) and "locked" in str(e):
-            return True  # another process writes to it (a run logging): asked as before
+        if isinstance(e, sqlite3.OperationalError) and ("locked" in str(e) or "readonly" in str(e)):
+            return True  # another process writes to it (a run logging), or one left a hot journal: asked as before
         raise ConfigError(f"tracking.mlflow_tracking_uri={uri}: {path} is not an SQLite database this driver can "
                           f"read ({e}): name a new file, or an MLflow database") from None
 

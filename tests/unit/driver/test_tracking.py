@@ -140,6 +140,7 @@ def test_a_new_sqlite_database_is_checked_without_being_created(tmp_path):
 def test_what_opening_a_new_sqlite_database_would_refuse_is_asked_without_writing(tmp_path):
     """The filesystem half of the check above, which needs no SQLAlchemy: a directory where the file should be,
     and whether a file holds MLflow's tables, read in SQLite's read-only mode (the file is left as it was)."""
+    import shutil
     import sqlite3
 
     from raytrain.driver.tracking import _check_new_sqlite_store, _holds_mlflow_tables
@@ -159,6 +160,18 @@ def test_what_opening_a_new_sqlite_database_would_refuse_is_asked_without_writin
     with contextlib.closing(sqlite3.connect(tmp_path / "mlflow.db", isolation_level=None)) as writer:
         writer.execute("BEGIN EXCLUSIVE")
         assert _holds_mlflow_tables("sqlite:///x", str(tmp_path / "mlflow.db"), lock_wait_s=0.1)
+    # a writer killed mid-write (a run stopped while logging) left a hot journal, which only a writer rolls back (as
+    # MLflow's own open does): a database, asked as before, not "not a database (attempt to write a readonly ...)"
+    with contextlib.closing(sqlite3.connect(tmp_path / "mlflow.db", isolation_level=None)) as writer:
+        writer.execute("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 5000) "
+                       "INSERT INTO experiments SELECT i FROM n")  # a few pages, in one transaction
+        writer.execute("PRAGMA cache_size=1")  # the change spills to the file before its commit: the journal is hot
+        writer.execute("BEGIN")
+        writer.execute("UPDATE experiments SET id = -id")
+        for suffix in (".db", ".db-journal"):  # the files as a killed writer leaves them
+            shutil.copy(tmp_path / f"mlflow{suffix}", tmp_path / f"killed{suffix}")
+    assert _holds_mlflow_tables("sqlite:///x", str(tmp_path / "killed.db"))
+    assert (tmp_path / "killed.db-journal").exists()  # left for MLflow's open to roll back
     (tmp_path / "notes.txt").write_text("not a database, but a long enough text file to be read as a header\n" * 4)
     with pytest.raises(ConfigError, match=r"notes.txt is not an SQLite database this driver can read \(file is not "
                                           r"a database\): name a new file, or an MLflow database"):
