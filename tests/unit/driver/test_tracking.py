@@ -126,6 +126,7 @@ def test_a_new_sqlite_database_is_checked_without_being_created(tmp_path):
 
     assert check_tracking(config(f"sqlite:///{tmp_path}/sub/mlflow.db")) == []
     assert os.listdir(tmp_path) == []  # neither sub/ nor the database
+    assert check_tracking(config("sqlite://")) == []  # in memory: no file to look at, asked as MLflow opens it
     (tmp_path / "notes.db").write_text("a text file, not a database")
     with pytest.raises(ConfigError, match=r"notes.db is not an SQLite database this driver can read \(file is not a "
                                           r"database\): name a new file, or an MLflow database"):
@@ -232,6 +233,28 @@ def test_a_continued_run_whose_record_the_store_cannot_serve_is_refused(store, t
     with pytest.raises(ConfigError, match=refusal):
         check_tracking(cfg)
     assert check_tracking(cfg, fresh=True) == []  # --fresh sets the record aside
+
+
+def test_a_recorded_run_the_store_cannot_read_is_mlflows_own_line_not_a_missing_run(store, tmp_path):
+    """The store holds the recorded run but cannot read it (its directory moved by hand into another experiment's):
+    MLflow's own error, in one line, not "does not hold", which would send the user to look for another store."""
+    import shutil
+
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=store)
+    experiment_id, elsewhere = client.create_experiment("raytrain"), client.create_experiment("elsewhere")
+    run_id = client.create_run(experiment_id).info.run_id
+    root = pathlib.Path(store.removeprefix("file://"))
+    shutil.move(root / experiment_id / run_id, root / elsewhere / run_id)
+    cfg = config(store, f"checkpoint.storage_path={tmp_path / 'runs'}", "checkpoint.name=r")
+    (tmp_path / "runs" / "r").mkdir(parents=True)
+    (tmp_path / "runs" / "r" / RECORD).write_text(json.dumps({"mlflow": {
+        "tracking_uri": store, "experiment": "raytrain", "run_id": run_id}}))
+    with pytest.raises(ConfigError) as e:
+        check_tracking(cfg)
+    assert str(e.value).startswith(f"tracking.mlflow_tracking_uri={store}: MLflow cannot use it (Run '{run_id}' ")
+    assert "does not hold" not in str(e.value) and "\n" not in str(e.value)
 
 
 def test_a_server_that_is_down_is_tried_twice_not_eight_times(monkeypatch):
