@@ -232,7 +232,7 @@ def _check_token_ids_build(hf_config, cfg: ModelConfig, build=None) -> None:
         if not builds(outside):  # not the ids' doing: left to _check_builds
             ids = _id_overrides(cfg.config)
             if build is not None and ids != cfg.config:  # unless the ids fail without the other overrides too:
-                # the overrides' check would re-raise that failure (a traceback); the ids are named first
+                # _check_builds would name only config.json for that failure; the ids are named first, more precisely
                 _check_token_ids_build(build(ids), dataclasses.replace(cfg, config=ids))
             return
         # the ids the build fails on (Llama's pad_token_id, not its eos_token_id), each tried alone; all if it

@@ -668,7 +668,7 @@ def test_a_pad_token_id_outside_the_vocabulary_is_an_error_or_a_frozen_row_not_a
     with pytest.raises(ConfigError, match=r"^model.config.intermediate_size=-3: the model cannot be built with it"):
         load_model_config(ModelConfig(name_or_path=str(tmp_path / "eos"), config={"intermediate_size": -3}))
     # both mistakes at once, config.json's id that fails its build and an override that fails too: the file's id
-    # is named first (the overrides' check re-raised torch's assertion: a traceback)
+    # is named first (the build check alone would name only config.json)
     with pytest.raises(ConfigError, match=r"^.*/past has pad_token_id=500 in its config.json, outside the model's "
                                           r"vocabulary \(vocab_size=320\): .*; set model.config.pad_token_id=null"):
         load_model_config(ModelConfig(name_or_path=str(tmp_path / "past"), config={"intermediate_size": -3}))
