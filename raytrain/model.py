@@ -87,6 +87,7 @@ def load_model_config(cfg: ModelConfig):
 
         hf_config = _validated(builtin, cfg.config)
         if cfg.config:
+            _check_rope_nulls(builtin({}), hf_config, cfg.config)
             _check_builds(hf_config, cfg, builtin)
             _check_kv_heads(hf_config, cfg)
         return hf_config
@@ -119,6 +120,7 @@ def load_model_config(cfg: ModelConfig):
                 return _with_overrides(loaded, written, overrides)
 
         hf_config = _validated(build, cfg.config)
+        _check_rope_nulls(loaded, hf_config, cfg.config)
     _check_causal_lm(hf_config, cfg)
     _check_token_ids_build(hf_config, cfg, build if cfg.config else None)
     _check_builds(hf_config, cfg, build if cfg.config else None)
@@ -701,6 +703,44 @@ def _check_override_keys(hf_config, overrides: dict[str, Any]) -> None:
                     hint = f"did you mean {close[0]}? " if close else ""
                     raise ConfigError(f"model.config.{key}: rope_type={rope_type!r} is not a RoPE type transformers "
                                       f"knows: {hint}(known: {', '.join(rope_types)})")
+
+
+def _rope_layers(rope) -> dict[str, dict]:
+    """rope_parameters per layer type: {"": it} for one dict, itself where it is nested (Gemma 3's full and
+    sliding attention, each its own dict)."""
+    if not isinstance(rope, dict):
+        return {}
+    nested = rope and all(isinstance(v, dict) for v in rope.values())
+    return dict(rope) if nested else {"": rope}
+
+
+def _check_rope_nulls(before, after, overrides: dict[str, Any]) -> None:
+    """model.config.rope_scaling=null or rope_parameters=null, on a transformers that keeps RoPE's theta and
+    scaling together in rope_parameters (5.x): rope_scaling=null leaves a scaling there as it was (5.25 reads
+    rope_scaling only as the old name of a dict), and rope_parameters=null resets rope_theta to the class default
+    (Llama: 10000). Either trains another model than the one meant without a word: refused, naming the dict that
+    says "no scaling, the model's own theta". A null that changes nothing (no scaling to keep, the same theta)
+    passes."""
+    layers = _rope_layers(getattr(before, "rope_parameters", None))
+    if not layers:  # transformers 4, or a model without RoPE
+        return
+    fix = {name: {"rope_type": "default", **({"rope_theta": r["rope_theta"]} if "rope_theta" in r else {})}
+           for name, r in layers.items()}
+    fix_text = json.dumps(fix.get("", fix), default=str)
+    now = json.dumps(getattr(before, "rope_parameters"), default=str)
+    after_layers = _rope_layers(getattr(after, "rope_parameters", None))
+    if ("rope_scaling" in overrides and overrides["rope_scaling"] is None and "rope_parameters" not in overrides
+            and any(r.get("rope_type", "default") != "default" for r in after_layers.values())):
+        raise ConfigError(f"model.config.rope_scaling=null leaves the model's RoPE scaling as it is: this transformers "
+                          f"keeps it in rope_parameters (now {now}); to train without it set "
+                          f"model.config.rope_parameters={fix_text}")
+    thetas = {name: r.get("rope_theta") for name, r in layers.items()}
+    after_thetas = {name: r.get("rope_theta") for name, r in after_layers.items()}
+    if ("rope_parameters" in overrides and overrides["rope_parameters"] is None
+            and not isinstance(overrides.get("rope_scaling"), dict) and after_thetas != thetas):
+        raise ConfigError(f"model.config.rope_parameters=null resets the model's rope_theta to the class default "
+                          f"(now {now}, then {json.dumps(after.rope_parameters, default=str)}): to train without "
+                          f"scaling at the model's own theta set model.config.rope_parameters={fix_text}")
 
 
 def _validated(build, overrides: dict[str, Any]):

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 from transformers import (BambaConfig, BertConfig, BertGenerationConfig, BloomConfig, FalconH1Config, Gemma2Config,
-                          GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, LlamaConfig, LlamaForCausalLM, NemotronHConfig,
-                          RoFormerConfig, T5Config, ViTConfig)
+                          Gemma3TextConfig, GPT2Config, GPT2LMHeadModel, GPTNeoXConfig, LlamaConfig, LlamaForCausalLM,
+                          NemotronHConfig, RoFormerConfig, T5Config, ViTConfig)
 
 import raytrain
 from raytrain.config import ConfigError, ModelConfig, RunConfig
@@ -567,6 +567,13 @@ def test_overrides_are_checked_by_the_config_class_and_the_model_as_a_worker_bui
         load(rope_scaling={"rope_type": "zzzz", "factor": 2.0})
     assert load(pad_token_id=0).pad_token_id == 0
     assert load(rope_scaling=None).rope_parameters["rope_theta"] == 500000.0  # null: no RoPE type to check
+    # null where it would change the model without a word: rope_parameters=null resets the theta to the class's
+    with pytest.raises(ConfigError, match=re.escape(
+            'model.config.rope_parameters=null resets the model\'s rope_theta to the class default (now '
+            '{"rope_theta": 500000.0, "rope_type": "default"}, then {"rope_theta": 10000.0, "rope_type": "default"}): '
+            'to train without scaling at the model\'s own theta set model.config.rope_parameters={"rope_type": '
+            '"default", "rope_theta": 500000.0}')):
+        load(rope_parameters=None)
     # a good rope_scaling keeps the model's rope_theta (set as an attribute it became None: a TypeError in
     # every worker's rotary embedding), and the run config's own dict is left as written
     scaling = {"rope_type": "linear", "factor": 2.0}
@@ -580,6 +587,45 @@ def test_overrides_are_checked_by_the_config_class_and_the_model_as_a_worker_bui
     with pytest.raises(ConfigError, match=r"^model.config.num_attention_head: GPT2Config has no such field; did you "
                                           r"mean model.config.num_attention_heads\?$"):
         load_model_config(ModelConfig(name_or_path=str(tmp_path / "gpt2"), config={"num_attention_head": 4}))
+
+
+def test_a_null_rope_scaling_that_would_be_ignored_is_refused_with_the_dict_that_means_it(tmp_path):
+    """transformers 5 keeps RoPE's theta and scaling in rope_parameters: model.config.rope_scaling=null (the
+    transformers 4 way to drop a scaling) left a linear or YaRN scaling in place without a word, and
+    rope_parameters=null reset the theta. The fix named is the dict that drops the scaling and keeps each theta,
+    and it builds; a null that changes nothing (Gemma 3's per-layer defaults) passes."""
+    scaled = {"rope_type": "linear", "factor": 2.0, "rope_theta": 500000.0}
+    LlamaConfig(**TINY, rope_parameters=scaled).save_pretrained(tmp_path / "llama")
+    fix = '{"rope_type": "default", "rope_theta": 500000.0}'
+
+    def load(path, **config):
+        return load_model_config(ModelConfig(name_or_path=str(path), config=config))
+
+    with pytest.raises(ConfigError, match=re.escape(
+            "model.config.rope_scaling=null leaves the model's RoPE scaling as it is: this transformers keeps it in "
+            'rope_parameters (now {"factor": 2.0, "rope_theta": 500000.0, "rope_type": "linear"}); to train without it '
+            f"set model.config.rope_parameters={fix}")) as e:
+        load(tmp_path / "llama", rope_scaling=None)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=re.escape(f"set model.config.rope_parameters={fix}")):
+        load(tmp_path / "llama", rope_parameters=None)
+    assert load(tmp_path / "llama", rope_parameters=json.loads(fix)).rope_parameters == json.loads(fix)
+    # both given: the dict says what is meant, and the null beside it is the old name's
+    both = load(tmp_path / "llama", rope_parameters=json.loads(fix), rope_scaling=None)
+    assert both.rope_parameters == json.loads(fix)
+    # nested per layer type: the fix keeps each layer type's theta
+    gemma = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    Gemma3TextConfig(hidden_size=16, num_attention_heads=2, num_key_value_heads=2, intermediate_size=32, head_dim=8,
+                     num_hidden_layers=2, vocab_size=320, rope_parameters=gemma).save_pretrained(tmp_path / "gemma")
+    with pytest.raises(ConfigError) as e:
+        load(tmp_path / "gemma", rope_scaling=None)
+    nested_fix = json.loads(str(e.value).rsplit("model.config.rope_parameters=", 1)[1])
+    assert nested_fix == {"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    assert load(tmp_path / "gemma", rope_parameters=nested_fix).rope_parameters == nested_fix
+    # Gemma 3's class defaults are these thetas: rope_parameters=null drops the scaling and changes no theta
+    assert load(tmp_path / "gemma", rope_parameters=None).rope_parameters == nested_fix
 
 
 def test_the_planner_and_the_workers_count_a_tokens_flops_with_one_function():
