@@ -98,3 +98,37 @@ def test_malformed_yaml_is_reported_with_its_line(tmp_path, run_main):
     bad.write_text("training:\n  max_steps: 5\n  seed: [1\n")
     p = run_main("--dry-run", "--config", str(bad))
     assert p.returncode == 2 and "run.yaml is not valid YAML" in p.stderr and "line" in p.stderr
+
+
+@pytest.mark.parametrize("tool", ["plan", "preflight", "export", "bench", "bench_data"])
+def test_the_first_rounds_tool_names_run_the_tools(tool, monkeypatch, capsys):
+    """`python -m raytrain.plan` and the other first-round names (issues 3, 5, 6, 8; issue 14's 13B target still
+    says raytrain.plan) run the tools that moved to raytrain.tools, as `python -m` runs them (runpy, __main__)."""
+    import runpy
+
+    monkeypatch.setattr("sys.argv", [tool, "--help"])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_module(f"raytrain.{tool}", run_name="__main__", alter_sys=True)
+    assert e.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: python -m raytrain.tools.{tool} ")
+
+
+def test_the_old_plan_name_prints_the_13b_plan_as_the_tool_does(monkeypatch, capsys):
+    """Issue 14's command, word for word: the 13B config fits one H200 (exit 0), the same lines as the tool's."""
+    import pathlib
+    import runpy
+
+    from raytrain.tools.plan import main as plan_main
+
+    monkeypatch.chdir(pathlib.Path(__file__).resolve().parents[2])
+    args = ["--config", "configs/llama-13b-1gpu.yaml", "--gpu-memory-gib", "139", "--host-memory-gib", "125",
+            "--gpus-per-node", "1"]
+    assert plan_main(args) == 0
+    direct = capsys.readouterr()
+    monkeypatch.setattr("sys.argv", ["raytrain.plan", *args])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_module("raytrain.plan", run_name="__main__", alter_sys=True)
+    assert e.value.code == 0
+    alias = capsys.readouterr()
+    assert (alias.out, alias.err) == (direct.out, direct.err)
+    assert "raytrain: plan: chose micro-batch" in direct.out + direct.err
