@@ -23,7 +23,7 @@ from raytrain.model import (attention_backends, causal_lm_class, causal_lm_class
                             document_start_ids, embedding_padding_row, flash_attention_version,
                             fused_layers_enabled, load_generation_config, load_model_config, load_tokenizer,
                             param_stats, token_ids_from_tokenizer, token_ids_outside_vocab)
-from raytrain.planning.activations import active_parameters
+from raytrain.planning.activations import ATTENTION_ONLY_DROPOUT, DROPOUT_KEYS, active_parameters, dropout_probabilities
 from raytrain.planning.choose import resolve_auto
 from raytrain.planning.deepspeed_check import check_deepspeed
 from raytrain.run_spec import ClusterShape, ModelFacts, ResolvedRun, WorldSizePlan
@@ -490,6 +490,25 @@ def _check_attention(cfg: RunConfig, hf_config, shape: ClusterShape) -> None:
     if name == "flex_attention" and not is_torch_flex_attn_available():
         raise ConfigError(f"model.attn_implementation=flex_attention needs torch's flex attention, which this torch "
                           f"lacks: set model.attn_implementation={fix}")
+    _check_attention_dropout(name, version, hf_config, fix)
+
+
+def _check_attention_dropout(name: str, version: int | None, hf_config, fix: str) -> None:
+    """An attention dropout the backend cannot apply. FlashAttention-3 and -4 take no dropout (their functions have
+    no dropout_p, so transformers 5.25 passes none and only warns once per process): the run would train without the
+    dropout its config asks for. flex_attention raises in every worker's first forward. Both are refused here, as
+    one line naming the config key, since raytrain trains in training mode (dropout on)."""
+    if not (version in (3, 4) or name == "flex_attention"):
+        return
+    probability = dropout_probabilities(hf_config).attention
+    if probability <= 0:
+        return
+    key = DROPOUT_KEYS.get(getattr(hf_config, "model_type", None), ATTENTION_ONLY_DROPOUT)[2]
+    effect = ("would train without it (transformers passes its kernels no dropout)" if version
+              else "fails in every worker's first forward")
+    raise ConfigError(f"model.attn_implementation={name} has no attention dropout, and the model's config has "
+                      f"{key}={probability:g}: the run {effect}; set model.config.{key}=0.0 to train without it, or "
+                      f"model.attn_implementation={fix} to keep it")
 
 
 def _check_cpus_for_data(cfg: RunConfig, shape: ClusterShape) -> None:

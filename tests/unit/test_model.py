@@ -474,6 +474,44 @@ def test_a_hub_kernel_and_flex_attention_pass_the_attention_check_where_they_can
     assert check("flex_attention") is None
 
 
+@pytest.mark.parametrize("hf_config, name, key", [
+    (LlamaConfig(**TINY, attention_dropout=0.1), "flash_attention_4", "attention_dropout"),
+    (GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=320), "flash_attention_3", "attn_pdrop"),  # 0.1 default
+    (LlamaConfig(**TINY, attention_dropout=0.1), "flex_attention", "attention_dropout"),
+], ids=["llama-fa4", "gpt2-fa3", "llama-flex"])
+def test_an_attention_dropout_the_backend_cannot_apply_is_refused_naming_the_key(hf_config, name, key):
+    """FlashAttention-3 and -4 take no dropout: transformers passes them none and warns once, so the run trained
+    without the dropout its config asks for; flex_attention raises in every worker's forward. Without the dropout,
+    or with a backend that applies it (FlashAttention-2, SDPA), the check passes."""
+    from raytrain.planning.resolve import _check_attention
+
+    gpus_elsewhere = ClusterShape(num_workers=1, use_gpu=True, gpus_per_node=1, driver_on_worker_node=False)
+
+    def check(attn, config):
+        return _check_attention(RunConfig(model=ModelConfig(attn_implementation=attn)), config, gpus_elsewhere)
+
+    effect = ("fails in every worker's first forward" if name == "flex_attention" else
+              "would train without it (transformers passes its kernels no dropout)")
+    with pytest.raises(ConfigError, match=re.escape(
+            f"model.attn_implementation={name} has no attention dropout, and the model's config has {key}=0.1: the "
+            f"run {effect}; set model.config.{key}=0.0 to train without it, or model.attn_implementation=sdpa to "
+            f"keep it")):
+        check(name, hf_config)
+    assert check("flash_attention_2", hf_config) is None and check("sdpa", hf_config) is None
+    hf_config = type(hf_config).from_dict({**hf_config.to_dict(), key: 0.0})
+    assert check(name, hf_config) is None
+
+
+def test_flex_attention_with_an_attention_dropout_fails_in_the_forward_as_the_refusal_says():
+    """The premise of the flex_attention refusal above, on this transformers: a training-mode forward raises."""
+    import torch
+
+    model = LlamaForCausalLM._from_config(LlamaConfig(**TINY, attention_dropout=0.1),
+                                          attn_implementation="flex_attention").train()
+    with pytest.raises(ValueError, match="`flex_attention` does not support `dropout`"):
+        model(torch.zeros(1, 8, dtype=torch.long))
+
+
 @pytest.mark.parametrize("model, model_type, use_gpu, refused", [
     (dict(compile=True, liger_kernel="loss"), "llama", True,
      "model.compile=true does not work with model.liger_kernel=loss (torch.compile fails on Liger's kernels)"),
