@@ -111,6 +111,7 @@ def resolve_run(cfg: RunConfig, shape: ClusterShape, sources: Sources | None = N
             raise
         raise ConfigError(f"{_range(shape)}, at world size {shape.num_workers}: {e}") from None
     facts = DeepSpeedFacts.of(ds)
+    _check_attention_precision(cfg, facts, hf_config)
     derived = not isinstance(written_batch, int)  # "auto" or absent: the error says what it was derived from
     check_shards(cfg.data.num_shards, shape, facts.train_batch_size, facts if derived else None, written_batch)
     world_sizes = resolve_world_sizes(cfg, shape, facts, hidden) if shape.elastic else ()
@@ -491,6 +492,19 @@ def _check_attention(cfg: RunConfig, hf_config, shape: ClusterShape) -> None:
         raise ConfigError(f"model.attn_implementation=flex_attention needs torch's flex attention, which this torch "
                           f"lacks: set model.attn_implementation={fix}")
     _check_attention_dropout(name, version, hf_config, fix)
+
+
+def _check_attention_precision(cfg: RunConfig, facts: DeepSpeedFacts, hf_config) -> None:
+    """FlashAttention's kernels (2, 3 and 4) take fp16 and bf16 only: under ZeRO-3 in fp32 (training.precision=fp32,
+    or a DeepSpeed JSON with neither section on) every worker's first forward fails in the kernel's dtype assert,
+    retried as a worker failure. Checked once the precision is resolved (the JSON's sections and "auto")."""
+    name = cfg.model.attn_implementation
+    if flash_attention_version(name) and facts.precision == "fp32":
+        supported = attention_backends(causal_lm_class(hf_config, cfg.model.trust_remote_code))
+        fix = "sdpa" if "sdpa" in supported else "eager"
+        raise ConfigError(f"model.attn_implementation={name} runs in bf16 or fp16 only, and this run trains in fp32 "
+                          f"(training.precision, or the DeepSpeed config's bf16/fp16 sections): set "
+                          f"training.precision=bf16, or model.attn_implementation={fix}")
 
 
 def _check_attention_dropout(name: str, version: int | None, hf_config, fix: str) -> None:

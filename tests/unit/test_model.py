@@ -502,6 +502,34 @@ def test_an_attention_dropout_the_backend_cannot_apply_is_refused_naming_the_key
     assert check(name, hf_config) is None
 
 
+@pytest.mark.parametrize("precision, deepspeed", [
+    ("fp32", None),
+    (None, {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1}),  # no bf16/fp16 section on
+], ids=["training.precision", "deepspeed-json"])
+def test_flash_attention_in_fp32_is_refused_once_the_precision_is_resolved(tmp_path, precision, deepspeed):
+    """FlashAttention's kernels assert fp16 or bf16 inputs: in fp32 every worker's first forward failed. The precision
+    is the resolved one, so a JSON that turns neither section on counts as fp32; the fix named (bf16) passes."""
+    LlamaConfig(**TINY).save_pretrained(tmp_path / "model")
+    gpus_elsewhere = ClusterShape(num_workers=1, use_gpu=True, gpus_per_node=1, driver_on_worker_node=False)
+
+    def resolve(attn, **training):
+        cfg = RunConfig.from_dict({
+            "model": {"name_or_path": str(tmp_path / "model"), "tokenizer": str(_saved(tmp_path)),
+                      "attn_implementation": attn},
+            "training": {"micro_batch_size_per_gpu": 1, **training},
+            **({"deepspeed": deepspeed} if deepspeed else {})})
+        return resolve_run(cfg, gpus_elsewhere)
+
+    fp32 = {"precision": precision} if precision else {}
+    with pytest.raises(ConfigError, match=re.escape(
+            "model.attn_implementation=flash_attention_4 runs in bf16 or fp16 only, and this run trains in fp32 "
+            "(training.precision, or the DeepSpeed config's bf16/fp16 sections): set training.precision=bf16, or "
+            "model.attn_implementation=sdpa")):
+        resolve("flash_attention_4", **fp32)
+    assert resolve("sdpa", **fp32).deepspeed.precision == "fp32"
+    assert resolve("flash_attention_4", precision="bf16").deepspeed.precision == "bf16"  # the fix named
+
+
 def test_flex_attention_with_an_attention_dropout_fails_in_the_forward_as_the_refusal_says():
     """The premise of the flex_attention refusal above, on this transformers: a training-mode forward raises."""
     import torch
