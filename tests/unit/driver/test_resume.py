@@ -284,6 +284,7 @@ def test_resuming_with_other_data_settings_notes_what_differs(tmp_path, capsys):
                                f"(data.seq_len=128 -> 64, data.shuffle_buffer_size=0 -> 100, training.seed=1234 -> 7): "
                                f"its data position (the epoch and the rows read from each data shard by step 8) is "
                                f"applied to this run's data as it is")
+    assert "set them back" not in notes[0]  # another run's checkpoint: its settings are not this run's to restore
     # continuing the run itself with other data: the same note, and setting them back is the fix
     run_with_checkpoints(tmp_path / "runs", "r1", [4])
     (tmp_path / "other.txt").write_text("another corpus\n")
@@ -556,6 +557,9 @@ def test_a_relative_or_home_model_directory_reaches_the_workers_absolute(tmp_pat
     assert (cfg.model.name_or_path, cfg.model.tokenizer) == (str(tmp_path / "model"), str(tmp_path / "home" / "tok"))
     hub = _local_paths(load_config(None, ["model.name_or_path=org/name", "model.tokenizer=gpt2"]))
     assert (hub.model.name_or_path, hub.model.tokenizer) == ("org/name", "gpt2")
+    # rank 0 opens a local MLflow store from Ray's working directory too
+    tracked = _local_paths(load_config(None, ["tracking.mlflow_tracking_uri=mlruns"]))
+    assert tracked.tracking.mlflow_tracking_uri == str(tmp_path / "mlruns")
 
 
 @pytest.mark.usefixtures("no_ray_driver")
@@ -595,3 +599,185 @@ def test_a_dry_run_says_what_a_real_run_would_do_with_the_runs_storage(tmp_path,
     place(runs, "checkpoint.name=r1")
     assert (f"raytrain: run 'r1' exists in {runs}: continuing from its latest checkpoint (step 12) (pass --fresh"
             in capsys.readouterr().out)
+
+
+BATCH = ["data.num_shards=6", "training.micro_batch_size_per_gpu=2", "deepspeed.train_batch_size=12"]
+"""6 shards and a global batch of 12: a checkpoint of 2 workers that 2, 3 or [2, 3] workers can resume (3:
+tests/unit/checkpoint/test_reshard.py)."""
+
+
+@pytest.mark.parametrize("workers, notes", [
+    ("2", []),
+    ("[2, 3]", ["resuming step 8 (written by 2 workers); a worker group of another size converts it to DeepSpeed's "
+                "universal checkpoint first"]),
+])
+def test_resuming_on_the_same_workers_says_nothing_and_on_an_elastic_range_notes_the_conversion(
+        workers, notes, tmp_path):
+    from ray.train import Checkpoint
+
+    from raytrain.driver.run import check_resume
+
+    source = checkpoint(tmp_path / "old" / "checkpoint_step_00000008", 8, *BATCH)
+    run = resolved(f"scaling.num_workers={workers}", "training.max_steps=40", *BATCH,
+                   f"checkpoint.resume_from={source}")
+    assert check_resume(Checkpoint(source), run, own_run=False) == notes
+
+
+SCHEDULER = 'deepspeed.scheduler={"type": "WarmupLR", "params": {"warmup_num_steps": "auto", "warmup_max_lr": "auto"}}'
+
+
+@pytest.mark.parametrize("then, now, step, noted", [
+    (["training.max_steps=20"], [], 20, True),  # raytrain's warmup + cosine both times, trained further: the rate jumps
+    (["training.max_steps=60"], ["training.max_steps=30"], 40, False),  # the run is done: it trains nothing
+    (["training.max_steps=20", SCHEDULER], [SCHEDULER], 20, False),  # DeepSpeed's scheduler: its own settings, state
+    (["training.max_steps=20", SCHEDULER], [], 20, False),
+    (["training.max_steps=20"], [SCHEDULER], 20, False),
+])
+def test_a_schedule_change_is_noted_only_for_raytrains_schedule_on_a_run_that_trains(then, now, step, noted, tmp_path):
+    from raytrain.driver.run import check_resume
+
+    storage = f"checkpoint.storage_path={tmp_path / 'runs'}"
+    run = run_with_checkpoints(tmp_path / "runs", "r1", [step], storage, *then)
+    notes = check_resume(layout.latest_checkpoint(run), resolved(*TWO, storage, "checkpoint.name=r1", *now),
+                         own_run=True)
+    assert notes == (["note: the learning rate schedule changed since the checkpoint (training.max_steps 20 -> 40): "
+                      "the warmup + cosine schedule is recomputed for the new settings, so step 21 trains at a "
+                      "learning rate of 0.000775 where the checkpoint's schedule stood at 0.0001, with no warmup in "
+                      "between"] if noted else [])
+
+
+def test_a_checkpoint_that_does_not_record_whether_it_had_a_deepspeed_scheduler_gets_no_schedule_note(tmp_path):
+    from ray.train import Checkpoint
+
+    from raytrain.driver.run import _schedule_change
+
+    source = checkpoint(tmp_path / "old" / "checkpoint_step_00000020", 20, "training.max_steps=20")
+    meta = layout.read_metadata(Checkpoint(source))
+    assert len(_schedule_change(meta, resolved(*TWO))) == 1  # recorded: raytrain's schedule, stretched to 40 steps
+    del meta["spec"]["deepspeed"]["has_scheduler"]  # an older raytrain's record: its rate at step 20 is unknown
+    assert _schedule_change(meta, resolved(*TWO)) == []
+
+
+def recorded_config(*overrides, **edits):
+    """A run config as raytrain.json holds it, with `edits` ("section.key": value) written into it."""
+    config = json.loads(json.dumps(load_config(None, list(overrides)).to_dict()))
+    for key, value in edits.items():
+        section, name = key.split(".")
+        config[section][name] = value
+    return config
+
+
+@pytest.mark.parametrize("then, now, changes", [
+    ({}, {}, []),
+    ({"data.num_builtin_documents": 4000}, {"data.num_builtin_documents": 100},
+     ["data.num_builtin_documents=4000 -> 100"]),  # the built-in corpus: its size decides its rows
+    ({"data.path": "/d.txt", "data.num_builtin_documents": 4000},
+     {"data.path": "/d.txt", "data.num_builtin_documents": 100}, []),  # unused with a data path
+    ({}, {"data.path": "/e.txt", "data.num_builtin_documents": 100}, ["data.path=None -> /e.txt"]),
+    ({}, {"model.tokenizer": "/tok"}, ["tokenizer None -> /tok"]),
+    ({"model.name_or_path": "/m"}, {"model.name_or_path": "/m", "model.tokenizer": "/m"}, []),  # the model's own
+    ({"model.tokenizer": "/tok"}, {"model.name_or_path": "/tok"}, []),
+])
+def test_the_data_settings_that_place_the_rows_are_compared(then, now, changes):
+    from raytrain.driver.run import _data_changes
+
+    assert _data_changes(recorded_config(**then), recorded_config(**now)) == changes
+
+
+def test_a_setting_the_checkpoint_does_not_record_is_not_compared():
+    from raytrain.driver.run import _data_changes
+
+    older = recorded_config()  # an older raytrain's raytrain.json: no model.tokenizer, no data.hf_split
+    del older["model"]["tokenizer"], older["data"]["hf_split"]
+    assert _data_changes(older, recorded_config(**{"model.tokenizer": "/tok", "data.hf_split": "test"})) == []
+
+
+def test_a_checkpoint_in_cloud_storage_is_named_with_its_scheme(tmp_path):
+    # Ray's Checkpoint.path of s3://bucket/runs/r1/... is bucket/runs/r1/...: printed as it is, it reads as a local
+    # path. (An anonymous S3 filesystem object: nothing is read from it.)
+    import pyarrow.fs
+    from ray.train import Checkpoint
+
+    from raytrain.driver.run import _shown
+
+    s3 = pyarrow.fs.S3FileSystem(anonymous=True, region="us-east-1")
+    latest = Checkpoint("bucket/runs/r1/checkpoint_step_00000004", filesystem=s3)
+    cfg = load_config(None, ["checkpoint.storage_path=s3://bucket/runs", "checkpoint.name=r1"])
+    assert _shown(latest, cfg, own_run=True) == "s3://bucket/runs/r1/checkpoint_step_00000004"
+    source = "s3://bucket/old/checkpoint_step_00000004"  # resume_from: as the user wrote it
+    given = load_config(None, ["checkpoint.storage_path=s3://bucket/runs", "checkpoint.name=r1",
+                               f"checkpoint.resume_from={source}"])
+    assert _shown(Checkpoint("bucket/old/checkpoint_step_00000004", filesystem=s3), given, own_run=False) == source
+
+
+def test_the_run_storage_is_created_where_local_and_left_to_the_store_where_a_uri(tmp_path, monkeypatch):
+    from raytrain.driver.run import _storage_path
+
+    monkeypatch.chdir(tmp_path)
+    assert _storage_path("a/runs") == str(tmp_path / "a" / "runs") and (tmp_path / "a" / "runs").is_dir()
+    assert _storage_path("s3://bucket/runs") == "s3://bucket/runs" and os.listdir(tmp_path) == ["a"]
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(ConfigError, match=r"^checkpoint.storage_path=file/runs: cannot create it \(Not a directory\); "
+                                          r"choose a writable directory or a cloud URI$"):
+        _storage_path("file/runs")
+
+
+def test_only_stopped_runs_with_generated_names_and_these_settings_are_offered_to_continue(tmp_path):
+    storage = str(tmp_path / "runs")
+    same = f"checkpoint.storage_path={storage}"
+    run_with_checkpoints(storage, "raytrain-20260101-000001", [4], same)
+    run_with_checkpoints(storage, "raytrain-20260101-000002", [4], same, "training.learning_rate=3e-4")
+    run_with_checkpoints(storage, "raytrain-20260101-000003", [40], same)  # done: training.max_steps=40
+    run_with_checkpoints(storage, "mine", [4], same)  # a chosen name: its own command continues it
+    new = resolved(*TWO, same, "checkpoint.name=ignored")  # what names a run is not a setting
+    assert unfinished_runs(storage, new, "raytrain-20990101-000000") == [("raytrain-20260101-000001", 4)]
+    assert unfinished_runs(storage, new, "raytrain-20260101-000001") == []  # the run being started
+    assert unfinished_runs(storage, new, "raytrain-20990101-000000", look_at=2) == []  # only the 2 newest are read
+    os.makedirs(os.path.join(storage, "raytrain-20260102-000000", "tensorboard"))  # stopped before a checkpoint
+    assert unfinished_runs(storage, new, "raytrain-20990101-000000", look_at=4) == [("raytrain-20260101-000001", 4)]
+    assert unfinished_runs(str(tmp_path / "missing"), new, "raytrain-20990101-000000") == []  # nothing to list
+
+
+def test_a_refused_resume_names_the_fix_for_a_checkpoint_given_or_the_runs_own(tmp_path):
+    from ray.train import Checkpoint
+
+    from raytrain.driver.run import check_resume
+
+    storage = f"checkpoint.storage_path={tmp_path / 'runs'}"
+    run = run_with_checkpoints(tmp_path / "runs", "r1", [4])
+    own = layout.latest_checkpoint(run)
+    with pytest.raises(ConfigError, match=r"^checkpoint .*/r1/checkpoint_step_00000004 holds another model "
+                                          r"\(num_hidden_layers=4, .*\): set the model back to the run's "
+                                          r"\(model.name_or_path, model.config\), or pass --fresh to start over$"):
+        check_resume(own, resolved(*TWO, storage, "checkpoint.name=r1", "model.config={num_hidden_layers: 5}"),
+                     own_run=True)
+    other = checkpoint(tmp_path / "other" / "checkpoint_step_00000008", 8, "model.config={num_hidden_layers: 5}")
+    with pytest.raises(ConfigError, match=rf"^checkpoint {other} holds another model \(num_hidden_layers=5, .*\): give "
+                                          r"checkpoint.resume_from a checkpoint of this model, or set the model to the "
+                                          r"checkpoint's \(model.name_or_path, model.config\)$"):
+        check_resume(Checkpoint(other), resolved(*TWO, f"checkpoint.resume_from={other}"), own_run=False)
+    source = checkpoint(tmp_path / "old" / "checkpoint_step_00000008", 8)
+    with pytest.raises(ConfigError, match=rf"^checkpoint.resume_from={source} is set but run 'r1' already exists in "
+                                          r".* \(started without one\), and it would continue"):
+        place(tmp_path / "runs", "checkpoint.name=r1", f"checkpoint.resume_from={source}")
+    # 4 shards on 2 workers, resumed with one shard per worker
+    sharded = checkpoint(tmp_path / "sharded" / "checkpoint_step_00000008", 8, "data.num_shards=4")
+    with pytest.raises(ConfigError) as e:
+        check_resume(Checkpoint(sharded), resolved(*TWO, f"checkpoint.resume_from={sharded}"), own_run=False)
+    assert str(e.value) == (f"checkpoint {sharded} was written with 4 data shards and this run has 2 (one per "
+                            f"worker) on as many workers: its data position is the rows read from each of its shards, "
+                            f"which another count cannot place: set data.num_shards back to 4")
+
+
+def test_what_fresh_sets_aside_is_a_file_or_a_directory_that_holds_anything(tmp_path):
+    from raytrain.driver.run import _not_empty
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "full" / "tensorboard").mkdir(parents=True)
+    (tmp_path / "file").write_text("x")
+    assert [_not_empty(str(tmp_path / p)) for p in ("empty", "full", "file", "missing")] == [False, True, True, False]
+    # storage pyarrow cannot open (an unknown scheme: ArrowInvalid): False where asked to be quiet, else its error
+    assert _not_empty("nosuchscheme://bucket/out", quiet=True) is False
+    with pytest.raises(ValueError, match="nosuchscheme"):
+        _not_empty("nosuchscheme://bucket/out")
+
