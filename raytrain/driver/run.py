@@ -442,10 +442,12 @@ def check_resume(checkpoint, resolved: ResolvedRun, own_run: bool = False) -> li
                           f"training.max_steps={cfg.training.max_steps}: nothing to train; training.max_steps counts "
                           f"the checkpoint's steps too: set it above {meta['step']} (training.max_steps="
                           f"{meta['step'] + cfg.training.max_steps} trains {cfg.training.max_steps} more)")
+    # a done run trains nothing: its engine is never built, no worker starts and no data is read
+    done = own_run and meta["step"] >= cfg.training.max_steps
     old_world, old_shards = written_by(meta)
     shape, num_shards = resolved.cluster, resolved.config.data.num_shards
     new_shards = num_shards or shape.num_workers
-    if old_shards != new_shards and old_world == shape.num_workers:
+    if old_shards != new_shards and old_world == shape.num_workers and not done:
         # the same workers, another shard count: the advice about worker counts below does not apply
         before = meta["spec"]["config"]["data"].get("num_shards")
         now = f"data.num_shards={num_shards}" if num_shards is not None else "one per worker"
@@ -454,13 +456,12 @@ def check_resume(checkpoint, resolved: ResolvedRun, own_run: bool = False) -> li
         raise ConfigError(f"checkpoint {shown} was written with {old_shards} data shards and this run has "
                           f"{new_shards} ({now}) on as many workers: its data position is the rows read from each "
                           f"of its shards, which another count cannot place: {fix}")
-    if old_shards != new_shards:
+    if old_shards != new_shards and not done:
         where = f"data.num_shards={meta['spec']['config']['data'].get('num_shards')}"
         raise ConfigError(f"checkpoint {shown} was written by {old_world} workers with {where} ({old_shards} "
                           f"data shards), and this run has {shape.num_workers} workers and {new_shards} shards: resuming "
                           f"on another number of workers needs the same data.num_shards, divisible by both (start runs "
                           f"with e.g. data.num_shards=48 to allow it), else resume on {old_world} workers")
-    done = own_run and meta["step"] >= cfg.training.max_steps  # a done run trains nothing: its engine is never built
     unloadable = _layout_changes(meta["spec"].get("deepspeed", {}), resolved.deepspeed)
     if unloadable and not done:
         fix = "set them back, or pass --fresh to start over (the old run is kept under another name), or" if own_run \
@@ -479,10 +480,10 @@ def check_resume(checkpoint, resolved: ResolvedRun, own_run: bool = False) -> li
                           f"with a new optimizer: export it (python -m raytrain.tools.export) and start a new run "
                           f"with model.name_or_path=OUT_DIR model.pretrained=true")
     notes = []
-    if shape.elastic:
+    if shape.elastic and not done:
         notes.append(f"resuming step {meta['step']} (written by {old_world} workers); a worker group of another "
                      f"size converts it to DeepSpeed's universal checkpoint first")
-    elif old_world != shape.num_workers:
+    elif old_world != shape.num_workers and not done:
         notes.append(f"resuming step {meta['step']} on {shape.num_workers} workers (written by {old_world}): the "
                      f"workers convert it to DeepSpeed's universal checkpoint first")
     if not done:

@@ -781,3 +781,17 @@ def test_what_fresh_sets_aside_is_a_file_or_a_directory_that_holds_anything(tmp_
     with pytest.raises(ValueError, match="nosuchscheme"):
         _not_empty("nosuchscheme://bucket/out")
 
+
+@pytest.mark.usefixtures("no_ray_driver")
+@pytest.mark.parametrize("argv", [["scaling.num_workers=3"], ["scaling.num_workers=2", "data.num_shards=4"]])
+def test_a_done_run_on_another_number_of_workers_or_shards_says_it_is_done(argv, tmp_path, capsys):
+    # was: refused, naming data.num_shards ("... else resume on 2 workers"), though a done run starts no worker and
+    # reads no data: the same command on a cluster of another size (scaling.num_workers unset) exports it
+    runs = tmp_path / "runs"
+    run_with_checkpoints(runs, "r1", [40])  # 2 workers, one data shard each
+    rc, err = dry(capsys, f"checkpoint.storage_path={runs}", "checkpoint.name=r1", "training.max_steps=40", *argv)
+    assert rc == 0, err
+    assert [line for line in err if "a real run now" in line or "resuming step" in line] == [
+        f"raytrain: note: a real run now finds run 'r1' in {runs} is already done at step 40 (training.max_steps=40): "
+        f"nothing to train (raise training.max_steps to train further, or pass --fresh to start over; the old run is "
+        f"kept under another name)"]
