@@ -388,7 +388,8 @@ def _not_empty(uri: str, quiet: bool = False) -> bool:
         info = fs.get_file_info(path)
         return info.type == pyarrow.fs.FileType.File or (
             info.type == pyarrow.fs.FileType.Directory and bool(fs.get_file_info(pyarrow.fs.FileSelector(path))))
-    except (OSError, ValueError):  # pyarrow: an unknown scheme (ArrowInvalid), no credentials or network
+    except (OSError, ValueError, pyarrow.lib.ArrowException):
+        # pyarrow: an unknown scheme (ArrowInvalid), no credentials or network (Azure's: a bare ArrowException)
         if quiet:
             return False
         raise

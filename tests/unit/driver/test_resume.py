@@ -795,3 +795,15 @@ def test_a_done_run_on_another_number_of_workers_or_shards_says_it_is_done(argv,
         f"raytrain: note: a real run now finds run 'r1' in {runs} is already done at step 40 (training.max_steps=40): "
         f"nothing to train (raise training.max_steps to train further, or pass --fresh to start over; the old run is "
         f"kept under another name)"]
+
+
+@pytest.mark.usefixtures("no_ray_driver")
+def test_a_done_run_whose_export_dir_cannot_be_reached_is_one_line(tmp_path, capsys):
+    # was: pyarrow's traceback (exit 1): without Azure credentials its abfs:// filesystem raises a bare
+    # ArrowException, which the look at a done run's export_dir let through instead of leaving it to the path checks
+    runs = tmp_path / "runs"
+    run_with_checkpoints(runs, "r1", [40])  # TWO: training.max_steps=40
+    out = "abfs://raytrain@acct.dfs.core.windows.net/out"
+    rc, err = dry(capsys, f"checkpoint.storage_path={runs}", "checkpoint.name=r1", f"checkpoint.export_dir={out}", *TWO)
+    assert rc == 2 and len(err) == 1, err
+    assert err[0].startswith(f"raytrain: error: checkpoint.export_dir={out}: cannot reach it ("), err
