@@ -86,8 +86,7 @@ def load_model_config(cfg: ModelConfig):
             return LlamaConfig(**{**BUILTIN_LLAMA, **copy.deepcopy(overrides)})  # (the constructor edits dicts)
 
         hf_config = _validated(builtin, cfg.config)
-        if cfg.config:
-            _check_rope_nulls(builtin({}), hf_config, cfg.config)
+        if cfg.config:  # (no RoPE null check: the built-in model has no scaling and the class's theta)
             _check_builds(hf_config, cfg, builtin)
             _check_kv_heads(hf_config, cfg)
         return hf_config
@@ -721,6 +720,8 @@ def _check_rope_nulls(before, after, overrides: dict[str, Any]) -> None:
     (Llama: 10000). Either trains another model than the one meant without a word: refused, naming the dict that
     says "no scaling, the model's own theta". A null that changes nothing (no scaling to keep, the same theta)
     passes."""
+    if not any(key in overrides and overrides[key] is None for key in ("rope_scaling", "rope_parameters")):
+        return
     layers = _rope_layers(getattr(before, "rope_parameters", None))
     if not layers:  # transformers 4, or a model without RoPE
         return

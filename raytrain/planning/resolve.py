@@ -440,9 +440,13 @@ def _resolve_attention(cfg: RunConfig, hf_config) -> RunConfig:
     transformers 5.25), as transformers' own default chooses."""
     if cfg.model.attn_implementation != "auto":
         return cfg
-    supported = attention_backends(causal_lm_class(hf_config, cfg.model.trust_remote_code))
-    chosen = "sdpa" if "sdpa" in supported else "eager"
+    chosen = _default_attention(hf_config, cfg.model.trust_remote_code)
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, attn_implementation=chosen))
+
+
+def _default_attention(hf_config, trust_remote_code: bool) -> str:
+    """SDPA where the model's class supports it, else eager: what "auto" becomes, and the fix a refusal names."""
+    return "sdpa" if "sdpa" in attention_backends(causal_lm_class(hf_config, trust_remote_code)) else "eager"
 
 
 def _check_attention(cfg: RunConfig, hf_config, shape: ClusterShape) -> None:
@@ -500,8 +504,7 @@ def _check_attention_precision(cfg: RunConfig, facts: DeepSpeedFacts, hf_config)
     retried as a worker failure. Checked once the precision is resolved (the JSON's sections and "auto")."""
     name = cfg.model.attn_implementation
     if flash_attention_version(name) and facts.precision == "fp32":
-        supported = attention_backends(causal_lm_class(hf_config, cfg.model.trust_remote_code))
-        fix = "sdpa" if "sdpa" in supported else "eager"
+        fix = _default_attention(hf_config, cfg.model.trust_remote_code)
         raise ConfigError(f"model.attn_implementation={name} runs in bf16 or fp16 only, and this run trains in fp32 "
                           f"(training.precision, or the DeepSpeed config's bf16/fp16 sections): set "
                           f"training.precision=bf16, or model.attn_implementation={fix}")
