@@ -331,6 +331,7 @@ def test_flash_attention_the_driver_lacks_is_refused_only_where_the_driver_runs_
     assert not runs_workers([head, gpu], "h", use_gpu=True)  # the CPU head node
     assert not runs_workers([head, gpu], None, use_gpu=True)  # a Ray Client: the driver is on no node
     assert runs_workers([head, gpu], "h", use_gpu=False)  # a CPU run's workers may run on the head
+    assert runs_workers([{"NodeID": "g", "Resources": {"CPU": 1.0, "GPU": 1.0}}], "g", use_gpu=True)  # one is a GPU
     # before ray.init: a local cluster is this machine, refused; a cluster joined is judged once connected
     local = load_config(None, flash)
     with pytest.raises(ConfigError, match=r"flash_attention_2 needs the flash-attn package, which is not installed "
