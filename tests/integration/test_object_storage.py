@@ -59,7 +59,9 @@ def history(s3, step):
 def test_the_run_trains_on_s3_data_and_prints_its_checkpoint_as_a_uri(runs, s3):
     out = runs["first"]
     size = s3.filesystem().get_file_info(f"{s3.bucket}/data/train.jsonl").size
-    read = re.findall(r"^raytrain: data: pass 1: [\d.]+ kB of ([\d.]+) kB \(\d+%\)", out, re.M)
+    # Any pass's line: the 20 kB are read within a second, and under load the first 1 s reading of the counter
+    # came after the second pass had begun (no "pass 1" line: a CI failure of session 58).
+    read = re.findall(r"^raytrain: data: pass \d+: [\d.]+ kB of ([\d.]+) kB \(\d+%\)", out, re.M)
     assert read and float(read[-1]) == pytest.approx(size / 1000, abs=0.1), (size, out[-3000:])  # the S3 object's bytes
     assert f"raytrain: checkpoint {runs['storage']}/cloud/checkpoint_step_00000003\n" in out, out[-3000:]
     fs = s3.filesystem()
