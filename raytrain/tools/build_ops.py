@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 
     unknown = [name for name in args.ops if name not in ALL_OPS]
     if unknown:
-        say(f"raytrain: error: {', '.join(unknown)}: not an op of DeepSpeed's {get_accelerator()._name} accelerator "
+        say(f"raytrain: error: {', '.join(unknown)}: not an op of DeepSpeed's {get_accelerator().device_name()} accelerator "
             f"here; its ops: {', '.join(sorted(ALL_OPS))}", err=True)
         return 2
     unbuildable = [name for name in args.ops if not ALL_OPS[name].is_compatible(verbose=False)]
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     ops = [name for name in args.ops if name not in unbuildable]
     fix_cuda_arch_list(say)
     ensure_built([type(ALL_OPS[name]).__name__ for name in ops], log=say)
-    say(f"raytrain: ops ready: {', '.join(ops) or 'none'} ({get_accelerator()._name} accelerator)")
+    say(f"raytrain: ops ready: {', '.join(ops) or 'none'} ({get_accelerator().device_name()} accelerator)")
     return 0
 
 

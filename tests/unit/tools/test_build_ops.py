@@ -4,14 +4,10 @@ setup command runs it), into a TORCH_EXTENSIONS_DIR of the test's; a mistake is 
 import os
 import subprocess
 import sys
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[3]
 
 
 def build_ops(*args, extensions_dir, **extra_env):
-    env = {**os.environ, **extra_env, "TORCH_EXTENSIONS_DIR": str(extensions_dir),
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    env = {**os.environ, **extra_env, "TORCH_EXTENSIONS_DIR": str(extensions_dir)}
     return subprocess.run([sys.executable, "-m", "raytrain.tools.build_ops", *args], capture_output=True, text=True,
                           env=env, timeout=600)
 
@@ -23,7 +19,7 @@ def test_an_op_is_built_once_and_then_found(tmp_path):
     lines = first.stdout.splitlines()
     assert lines[0].startswith(f"raytrain: compiling DeepSpeed's pin_memory op (PinMemoryBuilder) into {tmp_path}")
     assert lines[-1] == "raytrain: ops ready: pin_memory (cpu accelerator)", lines
-    assert list(tmp_path.glob("*/pin_memory/*.so")) or list(tmp_path.glob("pin_memory/*.so")), list(tmp_path.rglob("*"))
+    assert (tmp_path / "pin_memory" / "pin_memory.so").is_file(), list(tmp_path.rglob("*"))
     again = build_ops("pin_memory", extensions_dir=tmp_path)
     assert again.returncode == 0 and again.stdout.splitlines() == [lines[-1]], again.stdout + again.stderr
 
