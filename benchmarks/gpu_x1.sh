@@ -31,7 +31,10 @@
 # fa4:       attention alone at the shipped shape per backend, time and energy (benchmarks/attention_backends.py),
 #            then the shipped 1.1B step on the plain-DeepSpeed path with cuDNN SDPA and with FlashAttention-4 (~4 min);
 #            fa4rt: the same step on raytrain's path, FlashAttention-4 and SDPA twice each (~8 min); fa4main: the shipped
-#            config through raytrain.main, 16 steps with each (~5 min). All need flash-attn-4 on PYTHONPATH
+#            config through raytrain.main, 16 steps with each (~5 min); fa4doc: raytrain's path with
+#            data.position_ids=per_document (transformers then runs FlashAttention-4's varlen kernel, one document
+#            per attention span; SDPA keeps attending across documents), FlashAttention-4, SDPA, FlashAttention-4
+#            (~7 min). All need flash-attn-4 on PYTHONPATH
 #            (benchmarks/fa4_setup.sh; docs/benchmarks.md, "FlashAttention-4").
 # convert1b: a 4-step 1.1B run's checkpoint through DeepSpeed's ds_to_universal, timed (elastic resizes run it).
 # plan7b:    the 7.24B shape with micro-batch, checkpointing and offload "auto", deepspeed + raytrain (~4.5 min).
@@ -63,7 +66,7 @@
 # Every bench record carries the planner's prediction ("predicted"), the GPU peak (max_memory_allocated)
 # and the host's used memory sampled every 2 s; host_used_mib.txt samples the whole part the same way.
 set -u
-part=${1:?reader, offload, alloc1b, compile, compile-noliger, checks, zeropp, superoffload, zenflow, stage2, hostexp, cap20b, offload-max, plan13b, plan13b-twin, plan13b-nooff, plan7b, plan1b, caps1b, eta1b, eta2, fp16, mfu62, fp8, fp8main, fp8-13b, fp8-13b-twin, main1b, files1b, moe, twin1b, fa4, fa4rt, fa4main, convert1b, activ, profile or layers}
+part=${1:?reader, offload, alloc1b, compile, compile-noliger, checks, zeropp, superoffload, zenflow, stage2, hostexp, cap20b, offload-max, plan13b, plan13b-twin, plan13b-nooff, plan7b, plan1b, caps1b, eta1b, eta2, fp16, mfu62, fp8, fp8main, fp8-13b, fp8-13b-twin, main1b, files1b, moe, twin1b, fa4, fa4rt, fa4main, fa4doc, convert1b, activ, profile or layers}
 OUT=${OUT:-/tmp/out}; W=/tmp/bench_$part; mkdir -p "$OUT" "$W"
 END=$(( $(date +%s) + ${BUDGET_S:-560} ))
 export TORCH_EXTENSIONS_DIR=/tmp/torch_ext
@@ -319,6 +322,16 @@ fa4rt)  # the same step on raytrain's path (Ray Train worker), alternating, each
   for v in fa4 sdpa fa4b sdpab; do
     a=(); [[ $v == fa4* ]] && a=(--set model.attn_implementation=flash_attention_4)
     variant rt-$v 140 "${E[@]}" "${a[@]}"
+  done
+  ;;
+fa4doc)  # raytrain's path, positions per document: the built-in corpus's documents are ~300 tokens, so each
+  # 2048-token row is ~7 of them and varlen attention does ~1/7 of the causal attention's work (MFU still counts all)
+  cap20_here
+  E=(--paths raytrain --micro-batch $refmb --grad-accum 4 --steps 4 --warmup-steps 2 --window 2 "${Z[@]}"
+    --set scaling.cpus_per_worker=14 --set data.position_ids=per_document --no-profile)
+  for v in fa4 sdpa fa4b; do
+    a=(); [[ $v == fa4* ]] && a=(--set model.attn_implementation=flash_attention_4)
+    variant doc-$v 150 "${E[@]}" "${a[@]}"
   done
   ;;
 fa4main)  # configs/llama-1b-1gpu.yaml through raytrain.main, 16 steps with FlashAttention-4, then with SDPA: the losses
