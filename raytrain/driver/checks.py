@@ -502,7 +502,8 @@ def _idle_data_and_training(cfg: RunConfig) -> list[str]:
             and not data.eval_fraction:
         notes.append(f"data.eval_every_n_steps={data.eval_every_n_steps} has no effect: it sets how often the held-out "
                      f"data is evaluated, and this run has none: set data.eval_path or data.eval_fraction")
-    if data.text_column != data_defaults.text_column and data.path is None:
+    # data.eval_path's files are read by data.text_column too, whatever the training data is
+    if data.text_column != data_defaults.text_column and data.path is None and data.eval_path is None:
         notes.append(f"data.text_column={data.text_column!r} has no effect: it names the documents' column in "
                      f"data.path's files, and this run trains on the built-in corpus (data.path is null)")
     if training.warmup_steps != training_defaults.warmup_steps and training.warmup_steps > training.max_steps:

@@ -422,6 +422,10 @@ def test_data_training_and_offload_settings_that_do_nothing_get_a_note_each():
         "deepspeed.zero_optimization.offload_optimizer.ratio=0.5 has no effect: it is the share of the optimizer "
         "states offloaded, and offload_optimizer.device is none: set the device to cpu to offload that share, or "
         "drop ratio"]
+    # held-out data is read by data.text_column beside the built-in corpus: the column takes effect there (the
+    # note said "no effect", and removing the key made the eval file's first record an error)
+    assert idle_settings(load_config(None, ["data.text_column=body", "data.eval_path=held.jsonl"]),
+                         use_gpu=False) == []
     # only what the user set: the default warmup (10) beyond a short run, and settings that take effect, are not named
     assert idle_settings(load_config(None, [
         "training.max_steps=3", "data.eval_fraction=0.1", "data.eval_every_n_steps=2", "training.warmup_steps=3",
