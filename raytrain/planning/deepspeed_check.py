@@ -602,6 +602,15 @@ def _raytrain_rules(ds: dict[str, Any], world_size: int, seq_len: int, use_gpu: 
         # DeepSpeed builds the hpZ groups inside deepspeed.initialize and fails there.
         raise ConfigError(f"deepspeed.zero_optimization.zero_hpz_partition_size={hpz} does not divide world size "
                           f"{world_size}: use the GPUs per node or a divisor of {world_size}")
+    sequence_parallel = ds.get("sequence_parallel_size")
+    if sequence_parallel is not None and sequence_parallel != 1:
+        # deepspeed.initialize and zero.Init count world size / sequence_parallel_size data-parallel ranks
+        # (runtime/config.py, 0.19.8), so the batch assertion fails in every worker, a retried failure; raytrain
+        # feeds every rank whole sequences and never wraps the attention, as Ulysses would need.
+        raise ConfigError(f"deepspeed.sequence_parallel_size={json.dumps(sequence_parallel)}: raytrain does not run "
+                          f"DeepSpeed's sequence parallelism (every worker trains on whole sequences), and DeepSpeed "
+                          f"would count world size {world_size} / {sequence_parallel} data-parallel ranks and fail its "
+                          f"batch check in every worker: remove it")
     if stage == 3 and not use_gpu:
         _refuse_zero_quantization_on_cpu(zero)
     _check_steps_per_print(ds.get("steps_per_print"))

@@ -50,6 +50,7 @@ def zero(**keys):
     {"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 100, "warmup_num_steps": 10}}},
     {"optimizer": {"type": "Muon", "params": {"lr": 0.02}}},  # not in ZeRO's list: DeepSpeed adds it when it checks
     {"gradient_clipping": 0},  # no clipping, as DeepSpeed reads it
+    {"sequence_parallel_size": 1},  # no sequence parallelism: DeepSpeed's data-parallel world is the whole world
     {"optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "zero_optimization": {}},  # no stage: 0, no list
     # a scheduler's other arguments: a string, and -1 for a fresh start
     {"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10, "warmup_type": "linear",
@@ -177,6 +178,9 @@ def test_what_deepspeed_accepts_passes(extra):
     (zero(offload_param={"device": "nvme"}), "^deepspeed.zero_optimization.offload_param.device is nvme but "
                                              "nvme_path is missing: set zero_optimization.offload_param.nvme_path"),
     (zero(zero_hpz_partition_size=3), "zero_hpz_partition_size=3 does not divide world size 4"),
+    # DeepSpeed divides the world size by it: its batch assertion failed in every worker, retried by Ray Train
+    ({"sequence_parallel_size": 2}, "^deepspeed.sequence_parallel_size=2: raytrain does not run DeepSpeed's sequence "
+                                    "parallelism .* world size 4 / 2 data-parallel ranks"),
     (zero(stage=True), "^deepspeed.zero_optimization.stage is true, but it is a stage number: write 3 "),
     (zero(stage=False), "^deepspeed.zero_optimization.stage is false, but it is a stage number: write 3 "),
     ({"gradient_clipping": -1.0}, "^deepspeed.gradient_clipping=-1.0 is negative, which DeepSpeed reads as no "
