@@ -611,6 +611,16 @@ def _raytrain_rules(ds: dict[str, Any], world_size: int, seq_len: int, use_gpu: 
                           f"DeepSpeed's sequence parallelism (every worker trains on whole sequences), and DeepSpeed "
                           f"would count world size {world_size} / {sequence_parallel} data-parallel ranks and fail its "
                           f"batch check in every worker: remove it")
+    tensor_parallel = ds.get("tensor_parallel")
+    autotp = tensor_parallel.get("autotp_size") if isinstance(tensor_parallel, dict) else None
+    if isinstance(autotp, (int, float)) and not isinstance(autotp, bool) and autotp > 1:
+        # AutoTP wants one batch for every rank of a tensor-parallel group and checks it at each forward
+        # (runtime/engine.py, 0.19.8): raytrain hands each worker its own data shard, so every worker fails at
+        # its first step with "Data inconsistency within the TP group".
+        raise ConfigError(f"deepspeed.tensor_parallel.autotp_size={autotp}: raytrain does not run DeepSpeed's AutoTP "
+                          f"(each worker reads its own data shard, and AutoTP needs one batch on all {autotp} ranks of "
+                          f"a tensor-parallel group: every worker would fail at its first step): remove it (ZeRO-3 "
+                          f"already shards the model over all workers)")
     if stage == 3 and not use_gpu:
         _refuse_zero_quantization_on_cpu(zero)
     _check_steps_per_print(ds.get("steps_per_print"))

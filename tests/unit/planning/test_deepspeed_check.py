@@ -50,6 +50,7 @@ def zero(**keys):
     {"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 100, "warmup_num_steps": 10}}},
     {"optimizer": {"type": "Muon", "params": {"lr": 0.02}}},  # not in ZeRO's list: DeepSpeed adds it when it checks
     {"gradient_clipping": 0},  # no clipping, as DeepSpeed reads it
+    {"tensor_parallel": {"autotp_size": 1}},  # AutoTP off (DeepSpeed builds its TP groups only above 1)
     {"sequence_parallel_size": 1},  # no sequence parallelism: DeepSpeed's data-parallel world is the whole world
     {"optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "zero_optimization": {}},  # no stage: 0, no list
     # a scheduler's other arguments: a string, and -1 for a fresh start
@@ -181,6 +182,9 @@ def test_what_deepspeed_accepts_passes(extra):
     # DeepSpeed divides the world size by it: its batch assertion failed in every worker, retried by Ray Train
     ({"sequence_parallel_size": 2}, "^deepspeed.sequence_parallel_size=2: raytrain does not run DeepSpeed's sequence "
                                     "parallelism .* world size 4 / 2 data-parallel ranks"),
+    # each worker's own shard under AutoTP: "Data inconsistency within the TP group" in every worker at step 1
+    ({"tensor_parallel": {"autotp_size": 2}}, "^deepspeed.tensor_parallel.autotp_size=2: raytrain does not run "
+                                              "DeepSpeed's AutoTP"),
     (zero(stage=True), "^deepspeed.zero_optimization.stage is true, but it is a stage number: write 3 "),
     (zero(stage=False), "^deepspeed.zero_optimization.stage is false, but it is a stage number: write 3 "),
     ({"gradient_clipping": -1.0}, "^deepspeed.gradient_clipping=-1.0 is negative, which DeepSpeed reads as no "
