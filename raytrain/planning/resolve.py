@@ -119,6 +119,12 @@ def resolve_run(cfg: RunConfig, shape: ClusterShape, sources: Sources | None = N
         # DeepSpeed reads the flag only inside engine.compile(); without it the run would be eager.
         raise ConfigError("deepspeed.compile.deepcompile=true takes effect only when the model is compiled: "
                           "set model.compile=true (or drop deepcompile)")
+    missing = _missing_monitor_packages(ds) if shape.driver_on_worker_node else []
+    if missing:  # this environment is the workers' (see _check_attention); elsewhere `advice` notes it
+        section, package = missing[0]
+        raise ConfigError(f"deepspeed.{section}.enabled=true needs the {package} package, which is not installed "
+                          f"here: install it on the cluster's nodes (pip install {package}), or set "
+                          f"deepspeed.{section}.enabled=false")
     sources = sources or inspect_sources(cfg.data)
     num_params = param_stats(hf_config, cfg.model.trust_remote_code).num_params
     model = ModelFacts(config_class=type(hf_config).__name__, model_type=hf_config.model_type, hidden_size=hidden,
@@ -174,6 +180,11 @@ def advice(resolved: ResolvedRun) -> list[str]:
         notes.append(f"model.attn_implementation={model.attn_implementation} needs {missing}, which this "
                      f"driver's node lacks; the workers run on other nodes, not checked from here: it must be "
                      f"installed on the GPU nodes, or the run stops as its workers start")
+    if not shape.driver_on_worker_node:
+        for section, package in _missing_monitor_packages(resolved.config.deepspeed):
+            notes.append(f"deepspeed.{section}.enabled=true needs the {package} package, which this driver's node "
+                         f"lacks; the workers run on other nodes, not checked from here: it must be installed there, "
+                         f"or rank 0 fails in deepspeed.initialize")
     if shape.elastic:
         sizes = ", ".join(f"{p.world_size} x {p.deepspeed.gradient_accumulation_steps}" for p in resolved.world_sizes)
         notes.append(f"scaling.num_workers=[{shape.min_workers}, {shape.num_workers}] is elastic (workers x gradient "
@@ -240,6 +251,26 @@ def _token_ids_note(resolved: ResolvedRun, outside: dict[str, Any], generation_p
     return (f"{model.name_or_path} has {ids} {where} outside the model's vocabulary (0 to "
             f"{facts.vocab_size - 1}), which transformers only warns about: {'; '.join(said)}; the exported "
             f"config.json keeps {them}: set {' '.join(fixes)}")
+
+
+# DeepSpeed's monitors that rank 0 builds in deepspeed.initialize, each importing its package there
+# (deepspeed/monitor/, 0.19.8): without it an ImportError on rank 0, retried as a worker failure.
+_MONITOR_PACKAGES = {"wandb": "wandb", "comet": "comet_ml"}
+
+
+def _missing_monitor_packages(ds: dict[str, Any]) -> list[tuple[str, str]]:
+    """(section, package) for each monitor the DeepSpeed dict turns on whose package this process cannot import.
+    Imported, not only found, as DeepSpeed does: costs the package's import, only for a monitor turned on."""
+    import importlib
+
+    missing = []
+    for section, package in _MONITOR_PACKAGES.items():
+        if isinstance(ds.get(section), dict) and ds[section].get("enabled") is True:
+            try:
+                importlib.import_module(package)
+            except ImportError:
+                missing.append((section, package))
+    return missing
 
 
 def check_shards(num_shards: int | None, shape: ClusterShape, train_batch_size: int | None,

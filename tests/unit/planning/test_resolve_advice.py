@@ -1,10 +1,15 @@
 """The notes raytrain.planning.resolve.advice prints before a run (settings that run, but not as the user
-may expect): here a pretrained model whose config has no EOS at all, and an optimizer offloaded to
-few CPU threads."""
+may expect): here a pretrained model whose config has no EOS at all, an optimizer offloaded to
+few CPU threads, and a DeepSpeed monitor whose package the driver lacks (refused where its packages
+are the workers')."""
 
+import dataclasses
+import sys
+
+import pytest
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from raytrain.config import ModelConfig, RunConfig, load_config
+from raytrain.config import ConfigError, ModelConfig, RunConfig, load_config
 from raytrain.model import byte_tokenizer
 from raytrain.planning.resolve import advice, resolve_run, shape_from_config
 
@@ -42,3 +47,20 @@ def test_an_optimizer_offloaded_to_fewer_than_4_cpus_per_worker_gets_the_cpu_ada
         "docs/benchmarks.md); raise scaling.cpus_per_worker"]
     assert notes(offload, "scaling.cpus_per_worker=4") == []
     assert notes("scaling.cpus_per_worker=1") == []  # no offload: the optimizer steps on the GPU
+
+
+def test_a_deepspeed_monitor_without_its_package_is_refused_where_the_driver_runs_on_a_workers_node(monkeypatch):
+    # DeepSpeed's WandbMonitor imports wandb in rank 0's deepspeed.initialize: the run passed the driver, then rank 0
+    # failed with ModuleNotFoundError, a traceback retried as a worker failure
+    monkeypatch.setitem(sys.modules, "wandb", None)  # cannot be imported here, installed or not
+    cfg = load_config(None, ['deepspeed={"zero_optimization": {"stage": 3}, "wandb": {"enabled": true}}'])
+    with pytest.raises(ConfigError, match=r"^deepspeed.wandb.enabled=true needs the wandb package, which is not "
+                                          r"installed here: install it on the cluster's nodes \(pip install wandb\)"):
+        resolve_run(cfg, shape_from_config(cfg))
+    # a driver on no node of the workers (a laptop, a CPU head node): its packages are not theirs, so a note
+    elsewhere = dataclasses.replace(shape_from_config(cfg), driver_on_worker_node=False)
+    assert [n for n in advice(resolve_run(cfg, elsewhere)) if "wandb" in n] == [
+        "deepspeed.wandb.enabled=true needs the wandb package, which this driver's node lacks; the workers run on "
+        "other nodes, not checked from here: it must be installed there, or rank 0 fails in deepspeed.initialize"]
+    off = load_config(None, ['deepspeed={"zero_optimization": {"stage": 3}, "wandb": {"enabled": false}}'])
+    assert [n for n in advice(resolve_run(off, shape_from_config(off))) if "wandb" in n] == []
