@@ -611,6 +611,15 @@ def _raytrain_rules(ds: dict[str, Any], world_size: int, seq_len: int, use_gpu: 
                           f"DeepSpeed's sequence parallelism (every worker trains on whole sequences), and DeepSpeed "
                           f"would count world size {world_size} / {sequence_parallel} data-parallel ranks and fail its "
                           f"batch check in every worker: remove it")
+    checkpoint = ds.get("checkpoint")
+    if isinstance(checkpoint, dict) and checkpoint.get("load_universal"):
+        # raytrain adds it itself where a checkpoint was written by another number of workers and converted
+        # (raytrain.checkpoint.reshard); set here, every load of a checkpoint as written (a continued run, Ray
+        # Train's restart after a worker failure) fails in every worker: "latest_universal does not exist".
+        raise ConfigError(f"deepspeed.checkpoint.load_universal={json.dumps(checkpoint['load_universal'])} is "
+                          f"raytrain's to set: it converts a checkpoint to DeepSpeed's universal form and loads that "
+                          f"when the number of workers changes; set here, continuing or restarting from a checkpoint "
+                          f"as written would fail in every worker: remove it")
     tensor_parallel = ds.get("tensor_parallel")
     autotp = tensor_parallel.get("autotp_size") if isinstance(tensor_parallel, dict) else None
     if isinstance(autotp, (int, float)) and not isinstance(autotp, bool) and autotp > 1:

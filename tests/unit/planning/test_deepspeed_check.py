@@ -51,7 +51,8 @@ def zero(**keys):
     {"optimizer": {"type": "Muon", "params": {"lr": 0.02}}},  # not in ZeRO's list: DeepSpeed adds it when it checks
     {"gradient_clipping": 0},  # no clipping, as DeepSpeed reads it
     {"tensor_parallel": {"autotp_size": 1}},  # AutoTP off (DeepSpeed builds its TP groups only above 1)
-    {"sequence_parallel_size": 1},  # no sequence parallelism: DeepSpeed's data-parallel world is the whole world
+    {"sequence_parallel_size": 1},
+    {"checkpoint": {"load_universal": False, "tag_validation": "FAIL"}},  # DeepSpeed's checkpoint keys  # no sequence parallelism: DeepSpeed's data-parallel world is the whole world
     {"optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "zero_optimization": {}},  # no stage: 0, no list
     # a scheduler's other arguments: a string, and -1 for a fresh start
     {"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10, "warmup_type": "linear",
@@ -185,6 +186,8 @@ def test_what_deepspeed_accepts_passes(extra):
     # each worker's own shard under AutoTP: "Data inconsistency within the TP group" in every worker at step 1
     ({"tensor_parallel": {"autotp_size": 2}}, "^deepspeed.tensor_parallel.autotp_size=2: raytrain does not run "
                                               "DeepSpeed's AutoTP"),
+    # passed, then every continue (or restart after a worker failure) failed: "latest_universal does not exist"
+    ({"checkpoint": {"load_universal": True}}, "^deepspeed.checkpoint.load_universal=true is raytrain's to set"),
     (zero(stage=True), "^deepspeed.zero_optimization.stage is true, but it is a stage number: write 3 "),
     (zero(stage=False), "^deepspeed.zero_optimization.stage is false, but it is a stage number: write 3 "),
     ({"gradient_clipping": -1.0}, "^deepspeed.gradient_clipping=-1.0 is negative, which DeepSpeed reads as no "
