@@ -24,7 +24,7 @@ import os
 import posixpath
 import re
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from raytrain import hardware
 from raytrain.checkpoint import layout
@@ -49,6 +49,7 @@ def check_before_ray(cfg: RunConfig) -> None:
     if cfg.checkpoint.export_dir:
         check_writable_dir(cfg.checkpoint.export_dir, "checkpoint.export_dir")
         check_out_dir(cfg.checkpoint.export_dir, "checkpoint.export_dir")  # before hours of training
+        check_export_outside_data(cfg.checkpoint.export_dir, cfg.data)
     check_ray_address(cfg.cluster.address)
 
 
@@ -60,27 +61,13 @@ def check_storage_outside_data(storage_path: str, name: str | None, data: DataCo
     resolved (~, relative to here, links: realpath; file:// is local), URIs by scheme and normalized
     key (gcs:// is gs://, no query). Data inside the run's directory (data.path=STORAGE/NAME/corpus)
     is left alone: the run writes beside it, not into it. Costs a realpath and an isdir per local path."""
-
-    def location(path: str) -> tuple[str, str]:
-        if "://" in path and not path.lower().startswith("file://"):
-            scheme, _, rest = path.partition("://")
-            return {"gcs": "gs"}.get(scheme.lower(), scheme.lower()), posixpath.normpath("/" + rest.split("?", 1)[0])
-        local = path[len("file://"):] if "://" in path else path
-        return "", os.path.realpath(os.path.expanduser(local))  # need not exist
-
-    def within(child: tuple[str, str], parent: tuple[str, str]) -> bool:
-        return child[0] == parent[0] and (child[1] == parent[1] or child[1].startswith(parent[1].rstrip("/") + "/"))
-
-    storage = location(storage_path)
+    storage = _location(storage_path)
     run = storage if not name else (storage[0], posixpath.join(storage[1], name))
-    for key, value in (("data.path", data.path), ("data.eval_path", data.eval_path)):
-        for path in [value] if isinstance(value, str) else list(value or ()):
-            held = location(path)
-            if not within(run, held) or (held[0] == "" and not os.path.isdir(held[1])):
-                continue  # a local path that is no directory here: a file, or a hub id (org/name)
+    for key, path, held in _data_directories(data):
+        if _within(run, held):
             shown = storage_path if storage[0] else storage[1]
             given = path if held[0] or path == held[1] else f"{path} ({held[1]})"
-            if within(storage, held):
+            if _within(storage, held):
                 where = f"checkpoint.storage_path={shown} is {'' if storage == held else 'inside '}{key}={given}"
             else:
                 where = (f"checkpoint.storage_path={shown} with checkpoint.name={name!r} puts the run's directory at "
@@ -89,6 +76,43 @@ def check_storage_outside_data(storage_path: str, name: str | None, data: DataCo
             raise ConfigError(f"{where}: the run's checkpoints, logs and summaries would be read as {read_as} data: "
                               f"move checkpoint.storage_path out of the data, or point {key} at a subdirectory "
                               f"holding only the data")
+
+
+def check_export_outside_data(export_dir: str, data: DataConfig) -> None:
+    """checkpoint.export_dir is not in data.path or data.eval_path: the export (config.json, tokenizer files,
+    safetensors) lands in the data after the run, and the next run on that data lists it as data (under
+    data.format=text it trains on the weights' bytes; under auto it stops at the export's config.json)."""
+    export = _location(export_dir)
+    for key, path, held in _data_directories(data):
+        if _within(export, held):
+            given = path if held[0] or path == held[1] else f"{path} ({held[1]})"
+            raise ConfigError(f"checkpoint.export_dir={export_dir} is {'' if export == held else 'inside '}{key}="
+                              f"{given}: the exported model's files would be read as data by the next run on it: "
+                              f"export outside the data, or point {key} at a subdirectory holding only the data")
+
+
+def _location(path: str) -> tuple[str, str]:
+    """(scheme, path) to compare: local paths resolved (~, relative to here, links; file:// is local; need not
+    exist), URIs by scheme and normalized key (gcs:// is gs://, no query)."""
+    if "://" in path and not path.lower().startswith("file://"):
+        scheme, _, rest = path.partition("://")
+        return {"gcs": "gs"}.get(scheme.lower(), scheme.lower()), posixpath.normpath("/" + rest.split("?", 1)[0])
+    local = path[len("file://"):] if "://" in path else path
+    return "", os.path.realpath(os.path.expanduser(local))
+
+
+def _within(child: tuple[str, str], parent: tuple[str, str]) -> bool:
+    return child[0] == parent[0] and (child[1] == parent[1] or child[1].startswith(parent[1].rstrip("/") + "/"))
+
+
+def _data_directories(data: DataConfig) -> Iterator[tuple[str, str, tuple[str, str]]]:
+    """(key, path as given, its _location) for each directory in data.path and data.eval_path: a local path
+    that is no directory here (a file, a hub id org/name) is left out."""
+    for key, value in (("data.path", data.path), ("data.eval_path", data.eval_path)):
+        for path in [value] if isinstance(value, str) else list(value or ()):
+            held = _location(path)
+            if held[0] or os.path.isdir(held[1]):
+                yield key, path, held
 
 
 def check_ray_address(address: str | None) -> None:

@@ -16,10 +16,10 @@ from raytrain.checkpoint import layout
 from raytrain.config import ConfigError, DataConfig, load_config
 from raytrain.data.sources import inspect_sources
 from raytrain.driver.checks import (_dir_bytes, _local_gpus, check_before_ray, check_dry_run_placement,
-                                    check_local_placement, check_memory, check_placement, check_ray_address,
-                                    check_storage_outside_data, check_writable_dir, dry_run_target, idle_settings,
-                                    local_cluster_cpus, plans_local_cluster, resolve_before_ray, tightest,
-                                    worker_bundle, zero_stage_note)
+                                    check_export_outside_data, check_local_placement, check_memory, check_placement,
+                                    check_ray_address, check_storage_outside_data, check_writable_dir, dry_run_target,
+                                    idle_settings, local_cluster_cpus, plans_local_cluster, resolve_before_ray,
+                                    tightest, worker_bundle, zero_stage_note)
 from raytrain.driver.cluster import (_plain_worker_prefixes, check_storage_shared, probe_node, runs_workers, sees_file,
                                      storage_marker, with_addable_nodes)
 from raytrain.main import main
@@ -140,6 +140,28 @@ def test_a_storage_path_inside_the_data_is_refused_before_ray(tmp_path, capsys, 
     (tmp_path / "dtx" / "text").mkdir()  # the fix: the data in a subdirectory of its own
     (tmp_path / "dtx" / "a.txt").rename(tmp_path / "dtx" / "text" / "a.txt")
     check_storage_outside_data("dtx/runs", None, DataConfig(path="dtx/text", format="text"))
+
+
+@pytest.mark.usefixtures("no_ray_driver")
+def test_an_export_dir_inside_the_data_is_refused_before_ray(tmp_path, capsys, monkeypatch):
+    # was: exit 0 and the export (config.json, tokenizer.json, model.safetensors) written into the data after the
+    # run: the next run on it under data.format=text trained on the weights' bytes, under auto stopped at config.json
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dtx").mkdir()
+    (tmp_path / "dtx" / "a.txt").write_text("a document\n")
+    argv = ["--dry-run", "--host-memory-gib", "64", f"checkpoint.storage_path={tmp_path / 'runs'}", "data.path=dtx",
+            "data.format=text"]
+    assert main([*argv, "checkpoint.export_dir=dtx/export"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"raytrain: error: checkpoint.export_dir={tmp_path / 'dtx' / 'export'} is inside data.path=dtx "
+        f"({tmp_path / 'dtx'}): the "
+        f"exported model's files would be read as data by the next run on it: export outside the data, or point "
+        f"data.path at a subdirectory holding only the data"]
+    with pytest.raises(ConfigError, match="^checkpoint.export_dir=s3://b/data is data.eval_path=s3://b/data/: "):
+        check_export_outside_data("s3://b/data", DataConfig(path="x.jsonl", eval_path="s3://b/data/"))
+    check_export_outside_data("s3://b/database", DataConfig(path="s3://b/data"))  # a sibling
+    assert main([*argv, "checkpoint.export_dir=export"]) == 0  # beside the data
+    assert not (tmp_path / "export").exists() and not (tmp_path / "dtx" / "export").exists()
 
 
 def test_storage_inside_data_is_compared_resolved_and_by_uri(tmp_path, monkeypatch):
