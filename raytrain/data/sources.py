@@ -750,8 +750,14 @@ def _check_json_column(source: Source, path: str, data: DataConfig, key: str, fi
         try:
             record = json.loads(_utf8(line, data, path, first_line=lineno))
         except json.JSONDecodeError as e:
-            raise ConfigError(f"{key}: {where} is not valid JSON ({e.msg}): "
-                              f"give JSON lines (one object per line)") from None
+            try:  # valid JSON over several lines (json.dump with indent): the line alone is not the mistake
+                json.JSONDecoder().raw_decode(body.decode("utf-8", "replace"))
+            except json.JSONDecodeError:
+                raise ConfigError(f"{key}: {where} is not valid JSON ({e.msg}): "
+                                  f"give JSON lines (one object per line)") from None
+            raise ConfigError(f"{key}: {path} holds JSON written over several lines (pretty-printed), which is "
+                              f"neither JSON lines nor one array of records: write one object per line (jq -c . "
+                              f"FILE; json.dumps without indent), or one array of objects") from None
     if not isinstance(record, dict):
         raise ConfigError(f"{key}: {where} is a {type(record).__name__}, not a JSON object: "
                           f"give JSON lines (one object per line)")

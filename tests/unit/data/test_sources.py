@@ -709,6 +709,10 @@ def test_a_json_files_first_record_is_checked_wherever_it_starts(tmp_path):
                               "data.text_column to the text key$")
     # the line a record is on counts the blank lines before it (line 3 here), as an editor does
     refused(b'\n\n{"text": oops}\n', "data.path: .*a.jsonl line 3 is not valid JSON \\(Expecting value\\)")
+    # valid JSON, pretty-printed: was "line 1 is not valid JSON (Expecting property name ...)" for a `{` line
+    refused(b'{\n  "data": [\n    {"text": "x"}\n  ]\n}\n', "^data.path: .*a.json holds JSON written over several "
+            "lines \\(pretty-printed\\), which is neither JSON lines nor one array of records: write one object per "
+            "line", "a.json")
     refused(b'{"body": "x"}', "is not a key of the records in .*a.jsonl")  # no newline at the end: read all the same
     # a first line longer than one 64 KiB read: read on to its end (up to 1 MiB)
     (tmp_path / "long.jsonl").write_text('{"text": "' + "x" * 100_000 + '"}\n{"text": "y"}\n')
