@@ -546,7 +546,27 @@ def _idle_data_and_training(cfg: RunConfig) -> list[str]:
                          f"share of the optimizer states offloaded, and offload_optimizer.device is none: set the "
                          f"device to cpu to offload that share, or drop ratio")
     notes += _peak_lr_replaced(ds, cfg.deepspeed)
+    for key, (on, reader) in _UNUSED_DEEPSPEED.items():
+        value = ds.get(key)
+        if key in ds and (not on or (isinstance(value, dict) and value.get("enabled") is True)):
+            notes.append(f"deepspeed.{key} has no effect: {reader}: remove it")
     return notes
+
+
+# DeepSpeed keys that only parts of DeepSpeed raytrain never runs read (deepspeed 0.19.8): the data loader
+# (engine.deepspeed_io: its drop_last and data_efficiency's curriculum sampling), the launcher's autotuner and
+# the pipeline engine. key -> (noted only when its "enabled" is true, what reads it)
+_UNUSED_DEEPSPEED = {
+    "dataloader_drop_last": (False, "only DeepSpeed's data loader reads it, and raytrain's data comes from Ray "
+                                    "Data (each tokenize batch's tail shorter than data.seq_len is dropped)"),
+    "data_efficiency": (True, "its curriculum sampling runs in DeepSpeed's data loader, which raytrain does not "
+                              "use (Ray Data feeds the workers), and its random-LTD needs layers DeepSpeed converted, "
+                              "which raytrain's models are not"),
+    "autotuning": (True, "DeepSpeed's launcher (deepspeed --autotuning) runs it, and raytrain starts its workers "
+                         "through Ray Train"),
+    "pipeline": (False, "only DeepSpeed's PipelineModule reads it, and raytrain trains the model as one stage on "
+                        "every worker"),
+}
 
 
 def _peak_lr_replaced(ds: dict, source) -> list[str]:

@@ -454,6 +454,22 @@ def test_data_training_and_offload_settings_that_do_nothing_get_a_note_each():
         "deepspeed.zero_optimization.offload_optimizer={device: cpu, ratio: 0.5}"]), use_gpu=False) == []
 
 
+def test_deepspeed_keys_that_only_parts_of_deepspeed_raytrain_never_runs_read_get_a_note():
+    # each passed without a word: DeepSpeed's data loader, autotuner and pipeline engine never run in raytrain
+    def notes(extra):
+        return idle_settings(load_config(None, ['deepspeed={"zero_optimization": {"stage": 3}, %s}' % extra]),
+                             use_gpu=False)
+
+    assert notes('"dataloader_drop_last": true') == [
+        "deepspeed.dataloader_drop_last has no effect: only DeepSpeed's data loader reads it, and raytrain's data "
+        "comes from Ray Data (each tokenize batch's tail shorter than data.seq_len is dropped): remove it"]
+    assert [n.split(":")[0] for n in notes('"data_efficiency": {"enabled": true}, "autotuning": {"enabled": true}, '
+                                           '"pipeline": {"stages": "auto"}')] == [
+        "deepspeed.data_efficiency has no effect", "deepspeed.autotuning has no effect",
+        "deepspeed.pipeline has no effect"]
+    assert notes('"data_efficiency": {"enabled": false}, "autotuning": {"enabled": false}') == []  # off already
+
+
 def test_an_optimizer_lr_that_the_scheduler_replaces_with_its_own_peak_gets_a_note(tmp_path):
     # WarmupDecayLR without warmup_max_lr warms up to DeepSpeed's 0.001, ten times this optimizer's lr, without a word
     # (DeepSpeed's documented default, so a note rather than a refusal; test_config pins the 0.001)
