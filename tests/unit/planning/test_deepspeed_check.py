@@ -51,8 +51,8 @@ def zero(**keys):
     {"optimizer": {"type": "Muon", "params": {"lr": 0.02}}},  # not in ZeRO's list: DeepSpeed adds it when it checks
     {"gradient_clipping": 0},  # no clipping, as DeepSpeed reads it
     {"tensor_parallel": {"autotp_size": 1}},  # AutoTP off (DeepSpeed builds its TP groups only above 1)
-    {"sequence_parallel_size": 1},
-    {"checkpoint": {"load_universal": False, "tag_validation": "FAIL"}},  # DeepSpeed's checkpoint keys  # no sequence parallelism: DeepSpeed's data-parallel world is the whole world
+    {"sequence_parallel_size": 1},  # no sequence parallelism: DeepSpeed's data-parallel world is the whole world
+    {"checkpoint": {"load_universal": False, "tag_validation": "FAIL"}},  # DeepSpeed's checkpoint keys, raytrain's off
     {"optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "zero_optimization": {}},  # no stage: 0, no list
     # a scheduler's other arguments: a string, and -1 for a fresh start
     {"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10, "warmup_type": "linear",
