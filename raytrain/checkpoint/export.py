@@ -102,7 +102,7 @@ def _export(checkpoint_dir: str, out_dir: str, max_shard_size: str, model_dir: s
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=os.path.basename(out_dir) + ".tmp-", dir=parent)
     try:
-        say(f"raytrain.export: [1/3] merging ZeRO-3 shards of {checkpoint_dir}")
+        say(f"raytrain.export: [1/3] merging the ZeRO shards of {checkpoint_dir}")
         write_weights(checkpoint_dir, tmp, max_shard_size, saved_layout(spec))
         say(f"raytrain.export: [2/3] config ({time.perf_counter() - start:.1f}s)")
         write_config(spec, model_dir, tmp)
