@@ -611,6 +611,15 @@ def _raytrain_rules(ds: dict[str, Any], world_size: int, seq_len: int, use_gpu: 
                           f"DeepSpeed's sequence parallelism (every worker trains on whole sequences), and DeepSpeed "
                           f"would count world size {world_size} / {sequence_parallel} data-parallel ranks and fail its "
                           f"batch check in every worker: remove it")
+    data_parallel = ds.get("data_parallel_size")
+    if data_parallel is not None and data_parallel != world_size:
+        # With sequence_parallel_size beside it, deepspeed.initialize builds a (data, sequence) device mesh of that
+        # shape: bigger than the world, torch refuses it in every worker; smaller, it leaves workers out. Alone,
+        # DeepSpeed ignores it. Either way the user expects a data-parallel degree raytrain does not run: every
+        # worker is a data-parallel rank.
+        raise ConfigError(f"deepspeed.data_parallel_size={json.dumps(data_parallel)} is not this run's world size "
+                          f"{world_size}: raytrain's data-parallel ranks are its workers (each reads its own data "
+                          f"shard), so it is scaling.num_workers that sets it: remove data_parallel_size")
     checkpoint = ds.get("checkpoint")
     if isinstance(checkpoint, dict) and checkpoint.get("load_universal"):
         # raytrain adds it itself where a checkpoint was written by another number of workers and converted

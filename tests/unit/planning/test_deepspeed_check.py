@@ -51,6 +51,7 @@ def zero(**keys):
     {"optimizer": {"type": "Muon", "params": {"lr": 0.02}}},  # not in ZeRO's list: DeepSpeed adds it when it checks
     {"gradient_clipping": 0},  # no clipping, as DeepSpeed reads it
     {"tensor_parallel": {"autotp_size": 1}},  # AutoTP off (DeepSpeed builds its TP groups only above 1)
+    {"sequence_parallel_size": 1, "data_parallel_size": 4},  # the world as DeepSpeed's (data, sequence) mesh
     {"sequence_parallel_size": 1},  # no sequence parallelism: DeepSpeed's data-parallel world is the whole world
     {"checkpoint": {"load_universal": False, "tag_validation": "FAIL"}},  # DeepSpeed's checkpoint keys, raytrain's off
     {"optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "zero_optimization": {}},  # no stage: 0, no list
@@ -183,6 +184,11 @@ def test_what_deepspeed_accepts_passes(extra):
     # DeepSpeed divides the world size by it: its batch assertion failed in every worker, retried by Ray Train
     ({"sequence_parallel_size": 2}, "^deepspeed.sequence_parallel_size=2: raytrain does not run DeepSpeed's sequence "
                                     "parallelism .* world size 4 / 2 data-parallel ranks"),
+    # a (1, 1) mesh for a world of 4 leaves 3 workers out of DeepSpeed's mesh; alone, silently ignored
+    ({"sequence_parallel_size": 1, "data_parallel_size": 1}, "^deepspeed.data_parallel_size=1 is not this run's "
+                                                             "world size 4: raytrain's data-parallel ranks are its "
+                                                             "workers .*: remove data_parallel_size$"),
+    ({"data_parallel_size": 8}, "^deepspeed.data_parallel_size=8 is not this run's world size 4"),
     # each worker's own shard under AutoTP: "Data inconsistency within the TP group" in every worker at step 1
     ({"tensor_parallel": {"autotp_size": 2}}, "^deepspeed.tensor_parallel.autotp_size=2: raytrain does not run "
                                               "DeepSpeed's AutoTP"),
