@@ -641,6 +641,8 @@ def _raytrain_rules(ds: dict[str, Any], world_size: int, seq_len: int, use_gpu: 
                           f"already shards the model over all workers)")
     if stage == 3 and not use_gpu:
         _refuse_zero_quantization_on_cpu(zero)
+    if not use_gpu:
+        _refuse_hybrid_engine_on_cpu(ds.get("hybrid_engine"))
     _check_steps_per_print(ds.get("steps_per_print"))
     micro = ds["train_micro_batch_size_per_gpu"]
     if micro * seq_len > MAX_TOKENS_PER_MICRO_BATCH:
@@ -667,6 +669,23 @@ def _refuse_zero_quantization_on_cpu(zero: dict[str, Any]) -> None:
                       f"ZeRO++'s quantization: \"This op had not been implemented on CPU backend\" in every worker), "
                       f"and this run is on CPU (scaling.use_gpu=false): set it to false, or run on GPUs with "
                       f"scaling.use_gpu=true")
+
+
+def _refuse_hybrid_engine_on_cpu(hybrid: Any) -> None:
+    """DeepSpeed-Chat's hybrid engine swaps DeepSpeed's inference kernels into the model inside deepspeed.initialize
+    (runtime/hybrid_engine.py, 0.19.8), and its CPU accelerator has none (InferenceBuilder is a NotImplementedBuilder):
+    every worker fails there, retried by Ray Train (measured: "This op had not been implemented on CPU backend").
+    Asked of DeepSpeed's CPU accelerator, like ZeRO++'s quantization. On GPUs it is left to DeepSpeed: not run here."""
+    if not (isinstance(hybrid, dict) and hybrid.get("enabled") is True):
+        return
+    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+
+    if CPU_Accelerator().get_op_builder("InferenceBuilder").__name__ != "NotImplementedBuilder":
+        return
+    raise ConfigError("deepspeed.hybrid_engine.enabled=true needs GPUs (DeepSpeed's hybrid engine swaps in its "
+                      "inference kernels, which have no CPU build: \"This op had not been implemented on CPU "
+                      "backend\" in every worker), and this run is on CPU (scaling.use_gpu=false): set it to false "
+                      "(raytrain's training does not use it)")
 
 
 def _check_steps_per_print(every: Any) -> None:

@@ -340,6 +340,16 @@ def test_zero_quantization_on_a_cpu_run_is_refused(key):
                             f"CPU (scaling.use_gpu=false): set it to false, or run on GPUs with scaling.use_gpu=true")
 
 
+def test_the_hybrid_engine_on_a_cpu_run_is_refused():
+    # was: every worker failed in deepspeed.initialize ("This op had not been implemented on CPU backend"), retried
+    check({"hybrid_engine": {"enabled": True}}, use_gpu=True)  # left to DeepSpeed on GPUs
+    check({"hybrid_engine": {"enabled": False}}, use_gpu=False)
+    with pytest.raises(ConfigError, match=r"^deepspeed.hybrid_engine.enabled=true needs GPUs \(DeepSpeed's hybrid "
+                                          r"engine swaps in its inference kernels, which have no CPU build: .*\), and "
+                                          r"this run is on CPU \(scaling.use_gpu=false\): set it to false"):
+        check({"hybrid_engine": {"enabled": True}}, use_gpu=False)
+
+
 # ---------------------------------------------------------------------------------------------
 # DeepSpeed's two names for one ZeRO setting (a field and its stage3_ alias) given together.
 
