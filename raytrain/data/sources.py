@@ -742,22 +742,23 @@ def _check_json_column(source: Source, path: str, data: DataConfig, key: str, fi
         # the first record's line from the line's start, not from its first non-blank byte: the readers
         # count an error's byte within the line
         start = len(unmarked) - len(body)
-        line, newline, _ = unmarked[unmarked.rfind(b"\n", 0, start) + 1:].partition(b"\n")
+        line, newline, rest = unmarked[unmarked.rfind(b"\n", 0, start) + 1:].partition(b"\n")
         if not newline and len(head) == 1 << 20:
             return True  # a huge first line: the reader checks each record
         lineno = unmarked[:start].count(b"\n") + 1
         where = f"{path} line {lineno}"
+        text = _utf8(line, data, path, first_line=lineno)
         try:
-            record = json.loads(_utf8(line, data, path, first_line=lineno))
+            record = json.loads(text)
         except json.JSONDecodeError as e:
-            try:  # valid JSON over several lines (json.dump with indent): the line alone is not the mistake
-                json.JSONDecoder().raw_decode(body.decode("utf-8", "replace"))
-            except json.JSONDecodeError:
-                raise ConfigError(f"{key}: {where} is not valid JSON ({e.msg}): "
-                                  f"give JSON lines (one object per line)") from None
-            raise ConfigError(f"{key}: {path} holds JSON written over several lines (pretty-printed), which is "
-                              f"neither JSON lines nor one array of records: write one object per line (jq -c . "
-                              f"FILE; json.dumps without indent), or one array of objects") from None
+            if rest.strip() and e.pos >= len(text.rstrip()):
+                # The line is valid as far as it goes and more lines follow: JSON written over several lines
+                # (json.dump with indent, a `{` line first), whatever the file's size (only its head is read).
+                raise ConfigError(f"{key}: {path} holds JSON written over several lines (pretty-printed), which is "
+                                  f"neither JSON lines nor one array of records: write one object per line (jq -c . "
+                                  f"FILE; json.dumps without indent), or one array of objects") from None
+            raise ConfigError(f"{key}: {where} is not valid JSON ({e.msg}): "
+                              f"give JSON lines (one object per line)") from None
     if not isinstance(record, dict):
         raise ConfigError(f"{key}: {where} is a {type(record).__name__}, not a JSON object: "
                           f"give JSON lines (one object per line)")

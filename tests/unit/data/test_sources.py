@@ -3,6 +3,7 @@ directories, and the one-line errors naming the key."""
 
 
 import gzip
+import json
 import re
 
 import pyarrow as pa
@@ -713,6 +714,12 @@ def test_a_json_files_first_record_is_checked_wherever_it_starts(tmp_path):
     refused(b'{\n  "data": [\n    {"text": "x"}\n  ]\n}\n', "^data.path: .*a.json holds JSON written over several "
             "lines \\(pretty-printed\\), which is neither JSON lines nor one array of records: write one object per "
             "line", "a.json")
+    # the same past the first read (only the head of a file is read): the `{` line alone says it
+    big = json.dumps({"data": [{"text": "x" * 50}] * 5000}, indent=2).encode()
+    assert len(big) > 1 << 18
+    refused(big, "^data.path: .*a.json holds JSON written over several lines \\(pretty-printed\\)", "a.json")
+    refused(b'{"text": "x",\n', "a.jsonl line 1 is not valid JSON")  # the file ends there: cut short, not spread
+    refused(b'{"text": "x"},\n{"text": "y"}\n', "a.jsonl line 1 is not valid JSON \\(Extra data\\)")
     refused(b'{"body": "x"}', "is not a key of the records in .*a.jsonl")  # no newline at the end: read all the same
     # a first line longer than one 64 KiB read: read on to its end (up to 1 MiB)
     (tmp_path / "long.jsonl").write_text('{"text": "' + "x" * 100_000 + '"}\n{"text": "y"}\n')
