@@ -659,11 +659,7 @@ def _refuse_zero_quantization_on_cpu(zero: dict[str, Any]) -> None:
     DeepSpeed's CPU accelerator, so the rule goes once a DeepSpeed version has them."""
     keys = [k for k in ("zero_quantized_weights", "zero_quantized_nontrainable_weights", "zero_quantized_gradients")
             if zero.get(k) is True]
-    if not keys:
-        return
-    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
-
-    if CPU_Accelerator().get_op_builder("QuantizerBuilder").__name__ != "NotImplementedBuilder":
+    if not keys or not _no_cpu_kernels("QuantizerBuilder"):
         return
     raise ConfigError(f"deepspeed.zero_optimization.{keys[0]}=true needs GPUs (DeepSpeed has no CPU kernels for "
                       f"ZeRO++'s quantization: \"This op had not been implemented on CPU backend\" in every worker), "
@@ -676,16 +672,20 @@ def _refuse_hybrid_engine_on_cpu(hybrid: Any) -> None:
     (runtime/hybrid_engine.py, 0.19.8), and its CPU accelerator has none (InferenceBuilder is a NotImplementedBuilder):
     every worker fails there, retried by Ray Train (measured: "This op had not been implemented on CPU backend").
     Asked of DeepSpeed's CPU accelerator, like ZeRO++'s quantization. On GPUs it is left to DeepSpeed: not run here."""
-    if not (isinstance(hybrid, dict) and hybrid.get("enabled") is True):
-        return
-    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
-
-    if CPU_Accelerator().get_op_builder("InferenceBuilder").__name__ != "NotImplementedBuilder":
+    if not (isinstance(hybrid, dict) and hybrid.get("enabled") is True) or not _no_cpu_kernels("InferenceBuilder"):
         return
     raise ConfigError("deepspeed.hybrid_engine.enabled=true needs GPUs (DeepSpeed's hybrid engine swaps in its "
                       "inference kernels, which have no CPU build: \"This op had not been implemented on CPU "
                       "backend\" in every worker), and this run is on CPU (scaling.use_gpu=false): set it to false "
                       "(raytrain's training does not use it)")
+
+
+def _no_cpu_kernels(builder: str) -> bool:
+    """DeepSpeed's CPU accelerator has no build of the op `builder` (a NotImplementedBuilder), asked of DeepSpeed
+    itself so that a rule built on it goes once a version has one."""
+    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+
+    return CPU_Accelerator().get_op_builder(builder).__name__ == "NotImplementedBuilder"
 
 
 def _check_steps_per_print(every: Any) -> None:
