@@ -254,8 +254,9 @@ def _token_ids_note(resolved: ResolvedRun, outside: dict[str, Any], generation_p
 
 
 # DeepSpeed's monitors that rank 0 builds in deepspeed.initialize, each importing its package there
-# (deepspeed/monitor/, 0.19.8): without it an ImportError on rank 0, retried as a worker failure.
-_MONITOR_PACKAGES = {"wandb": "wandb", "comet": "comet_ml"}
+# (deepspeed/monitor/, 0.19.8): without it an ImportError on rank 0, retried as a worker failure. Its tensorboard
+# monitor needs the `tensorboard` package, which raytrain's install does not bring (its own tracker is tensorboardX).
+_MONITOR_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "comet": "comet_ml"}
 
 
 def _missing_monitor_packages(ds: dict[str, Any]) -> list[tuple[str, str]]:

@@ -53,6 +53,10 @@ def test_a_deepspeed_monitor_without_its_package_is_refused_where_the_driver_run
     # DeepSpeed's WandbMonitor imports wandb in rank 0's deepspeed.initialize: the run passed the driver, then rank 0
     # failed with ModuleNotFoundError, a traceback retried as a worker failure
     monkeypatch.setitem(sys.modules, "wandb", None)  # cannot be imported here, installed or not
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # the test extra installs it; raytrain's install does not
+    board = load_config(None, ['deepspeed={"zero_optimization": {"stage": 3}, "tensorboard": {"enabled": true}}'])
+    with pytest.raises(ConfigError, match=r"^deepspeed.tensorboard.enabled=true needs the tensorboard package"):
+        resolve_run(board, shape_from_config(board))
     cfg = load_config(None, ['deepspeed={"zero_optimization": {"stage": 3}, "wandb": {"enabled": true}}'])
     with pytest.raises(ConfigError, match=r"^deepspeed.wandb.enabled=true needs the wandb package, which is not "
                                           r"installed here: install it on the cluster's nodes \(pip install wandb\)"):
