@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
 
     unknown = [name for name in args.ops if name not in ALL_OPS]
     if unknown:
-        say(f"raytrain: error: {', '.join(unknown)}: not an op of DeepSpeed's {get_accelerator().device_name()} accelerator "
-            f"here; its ops: {', '.join(sorted(ALL_OPS))}", err=True)
+        say(f"raytrain: error: {', '.join(unknown)}: not an op of DeepSpeed's {get_accelerator().device_name()} "
+            f"accelerator here; its ops: {', '.join(sorted(ALL_OPS))}", err=True)
         return 2
     unbuildable = [name for name in args.ops if not ALL_OPS[name].is_compatible(verbose=False)]
     if unbuildable:
