@@ -57,18 +57,20 @@ from raytrain.run_spec import RunSpec
 PROGRESS_EVERY_S = 5.0
 
 
-def export(checkpoint_dir: str, out_dir: str, max_shard_size: str = "5GB", model_dir: str | None = None) -> str:
+def export(checkpoint_dir: str, out_dir: str, max_shard_size: str = "5GB", model_dir: str | None = None,
+           key: str = "OUT_DIR") -> str:
     """Write the Hugging Face directory of `checkpoint_dir` to `out_dir` (each a local path or a URI).
 
     `model_dir`: the run's copy of the model's files (STORAGE/RUN/model/); default the `model`
-    directory next to the checkpoint, else the tokenizer the run was started with."""
+    directory next to the checkpoint, else the tokenizer the run was started with. `key`: what
+    out_dir is called in an error (checkpoint.export_dir at the end of a run)."""
     from ray.train import Checkpoint  # a plain class: no Ray cluster needed
     import pyarrow.fs
 
     # raytrain.json, `latest` and every rank's shards, before anything is created: DeepSpeed's reader
     # would otherwise stop mid-merge on a missing shard with a FileNotFoundError traceback.
     check_is_checkpoint(checkpoint_dir, "the checkpoint")
-    check_out_dir(out_dir)
+    check_out_dir(out_dir, key)
     source_fs, source = filesystem(checkpoint_dir)
     fs, out_path = filesystem(out_dir)
     with contextlib.ExitStack() as stack:

@@ -48,6 +48,7 @@ def check_before_ray(cfg: RunConfig) -> None:
         layout.check_is_checkpoint(cfg.checkpoint.resume_from, "checkpoint.resume_from")
     if cfg.checkpoint.export_dir:
         check_writable_dir(cfg.checkpoint.export_dir, "checkpoint.export_dir")
+        check_export_outside_run(cfg.checkpoint.export_dir, cfg.checkpoint.storage_path, cfg.checkpoint.name)
         check_out_dir(cfg.checkpoint.export_dir, "checkpoint.export_dir")  # before hours of training
         check_export_outside_data(cfg.checkpoint.export_dir, cfg.data)
     check_ray_address(cfg.cluster.address)
@@ -89,6 +90,23 @@ def check_export_outside_data(export_dir: str, data: DataConfig) -> None:
             raise ConfigError(f"checkpoint.export_dir={export_dir} is {'' if export == held else 'inside '}{key}="
                               f"{given}: the exported model's files would be read as data by the next run on it: "
                               f"export outside the data, or point {key} at a subdirectory holding only the data")
+
+
+def check_export_outside_run(export_dir: str, storage_path: str, name: str | None) -> None:
+    """checkpoint.export_dir does not hold the run's directory (STORAGE/NAME, or a new one under STORAGE when
+    checkpoint.name is None): the export refuses a directory that is not empty, and after training it would
+    find its own run's checkpoints there (seen: a 2-step run trained, then ended on "exists and is not
+    empty"). An export inside the run's directory is left alone: --fresh sets it aside with the run."""
+    export, storage = _location(export_dir), _location(storage_path)
+    run = (storage[0], posixpath.join(storage[1], name)) if name else storage
+    if _within(run, export):
+        shown = storage_path if storage[0] else storage[1]
+        what = (f"checkpoint.storage_path={shown}" if run == storage else
+                f"the run's directory (checkpoint.storage_path={shown}, checkpoint.name={name!r})")
+        inside = "is" if run == export else "holds"
+        raise ConfigError(f"checkpoint.export_dir={export_dir} {inside} {what}: the export never writes into a "
+                          f"directory that is not empty, and after training it would hold the run's checkpoints: "
+                          f"export elsewhere, e.g. checkpoint.export_dir={export_dir.rstrip('/')}-export")
 
 
 def _location(path: str) -> tuple[str, str]:

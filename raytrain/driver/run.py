@@ -156,7 +156,7 @@ def _wrap_up(checkpoint, spec: RunSpec, cfg: RunConfig, done_before: bool = Fals
     elif export_dir:
         try:
             with checkpoint.as_directory() as local, local_model_files(spec.run_uri) as model_dir:
-                export(local, export_dir, model_dir=model_dir)
+                export(local, export_dir, model_dir=model_dir, key="checkpoint.export_dir")
         except KeyboardInterrupt as e:  # the run is done: "interrupted before training started" would mislead
             raise ExportInterrupted(meta["step"], layout.checkpoint_uri(spec.run_uri, checkpoint), export_dir,
                                     signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT) from None

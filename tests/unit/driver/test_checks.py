@@ -16,7 +16,8 @@ from raytrain.checkpoint import layout
 from raytrain.config import ConfigError, DataConfig, load_config
 from raytrain.data.sources import inspect_sources
 from raytrain.driver.checks import (_dir_bytes, _local_gpus, check_before_ray, check_dry_run_placement,
-                                    check_export_outside_data, check_local_placement, check_memory, check_placement,
+                                    check_export_outside_data, check_export_outside_run,
+                                    check_local_placement, check_memory, check_placement,
                                     check_ray_address, check_storage_outside_data, check_writable_dir, dry_run_target,
                                     idle_settings, local_cluster_cpus, plans_local_cluster, resolve_before_ray,
                                     tightest, worker_bundle, zero_stage_note)
@@ -162,6 +163,29 @@ def test_an_export_dir_inside_the_data_is_refused_before_ray(tmp_path, capsys, m
     check_export_outside_data("s3://b/database", DataConfig(path="s3://b/data"))  # a sibling
     assert main([*argv, "checkpoint.export_dir=export"]) == 0  # beside the data
     assert not (tmp_path / "export").exists() and not (tmp_path / "dtx" / "export").exists()
+
+
+@pytest.mark.usefixtures("no_ray_driver")
+def test_an_export_dir_that_holds_the_run_is_refused_before_ray(tmp_path, capsys):
+    # was: a 2-step run trained and saved, then ended on "OUT_DIR STORAGE/r1 exists and is not empty" (its own
+    # checkpoints): export_dir=STORAGE/NAME, or STORAGE itself, holds the run's directory once training starts
+    argv = ["--dry-run", "--host-memory-gib", "64", f"checkpoint.storage_path={tmp_path / 's'}", "checkpoint.name=r1"]
+    assert main([*argv, f"checkpoint.export_dir={tmp_path / 's' / 'r1'}"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"raytrain: error: checkpoint.export_dir={tmp_path / 's' / 'r1'} is the run's directory "
+        f"(checkpoint.storage_path={tmp_path / 's'}, checkpoint.name='r1'): the export never writes into a directory "
+        f"that is not empty, and after training it would hold the run's checkpoints: export elsewhere, e.g. "
+        f"checkpoint.export_dir={tmp_path / 's' / 'r1'}-export"]
+    assert main([*argv, f"checkpoint.export_dir={tmp_path}"]) == 2
+    assert f"checkpoint.export_dir={tmp_path} holds the run's directory" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match=r"^checkpoint.export_dir=s3://b/runs/ is "
+                                          r"checkpoint.storage_path=s3://b/runs: "):
+        check_export_outside_run("s3://b/runs/", "s3://b/runs", None)  # the new run's directory goes under it
+    check_export_outside_run("s3://b/runs/hf", "s3://b/runs", None)  # beside the new run's directory
+    check_export_outside_run("gs://b/runs/r1-export", "gcs://b/runs", "r1")
+    for fine in (tmp_path / "s" / "r1-export", tmp_path / "s" / "r1" / "export"):  # beside or inside the run's own
+        assert main([*argv, f"checkpoint.export_dir={fine}"]) == 0
+    assert not (tmp_path / "s").exists()
 
 
 def test_storage_inside_data_is_compared_resolved_and_by_uri(tmp_path, monkeypatch):
