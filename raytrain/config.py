@@ -214,9 +214,13 @@ class ScalingConfig:
     group: it starts as many as it can place, continues on fewer when nodes are lost, down to min,
     and grows back when capacity returns, up to max; needs data.num_shards; README "Elastic
     training"). None: one per GPU in the cluster, or 2 on a CPU-only cluster."""
-    replacement_timeout_s: Annotated[Float, Field(ge=0)] = 120.0
+    # At most ~32 years: Ray's placement-group wait (this timeout, raytrain.driver.elastic) fails at once from
+    # ~9e15 s (its deadline in int64 milliseconds overflows, Ray 2.60), and every group start with it: a
+    # "wait for ever" of 1e18 retried the first group without end, tracebacks only.
+    replacement_timeout_s: Annotated[Float, Field(ge=0, le=10**9)] = 120.0
     """Elastic runs: after losing a node, wait this long for a replacement at the same size (a
-    restart, no resize) before continuing on the workers that remain (0: shrink at once)."""
+    restart, no resize) before continuing on the workers that remain (0: shrink at once; 1e9, the
+    largest, waits for ever in practice)."""
     resize_interval_s: Annotated[Float, Field(ge=0)] = 300.0
     """Elastic runs: a running group checks for returned capacity at most this often, and grows
     (Ray's elastic_resize_monitor_interval_s). A grow restarts every worker from the latest
