@@ -191,6 +191,13 @@ def advice(resolved: ResolvedRun) -> list[str]:
                      f"accumulation: {sizes}); every node lost without notice costs one of checkpoint.max_failures="
                      f"{resolved.config.checkpoint.max_failures} (a grow costs none): set it to the losses the run "
                      f"should survive")
+        if not resolved.config.checkpoint.every_n_steps and len(shape.world_sizes) > 1:
+            # Every resize, a grow that the run starts itself too, restarts from the latest checkpoint; with
+            # only the final one, that is where the run started (step 0) or resumed, each time capacity changes.
+            notes.append(f"scaling.num_workers=[{shape.min_workers}, {shape.num_workers}] restarts from the latest "
+                         f"checkpoint at every resize (a grow too), and checkpoint.every_n_steps=0 saves only at the "
+                         f"end: each resize would discard every step since the run started or resumed; set "
+                         f"checkpoint.every_n_steps (what a resize rolls back)")
     return notes
 
 

@@ -92,6 +92,21 @@ def test_a_range_of_one_size_may_fix_the_gradient_accumulation(capsys):
         == [(4, 3)]
 
 
+def test_a_range_that_checkpoints_only_at_the_end_is_told_what_each_resize_discards(capsys):
+    """Every resize restarts from the latest checkpoint: with checkpoint.every_n_steps=0 (the default) that is
+    where the run started, so each grow went back to step 0 without a word."""
+    told = ("raytrain: note: scaling.num_workers=[2, 4] restarts from the latest checkpoint at every resize (a grow "
+            "too), and checkpoint.every_n_steps=0 saves only at the end: each resize would discard every step since "
+            "the run started or resumed; set checkpoint.every_n_steps (what a resize rolls back)\n")
+    code, _, err = dry_run(capsys, *GOOD)
+    assert code == 0 and told in err, err
+    code, _, err = dry_run(capsys, *GOOD, "checkpoint.every_n_steps=20")
+    assert code == 0 and "every_n_steps" not in err, err
+    # [4, 4] never resizes: a restart after a failure is a fixed-size run's
+    code, _, err = dry_run(capsys, "scaling.num_workers=[4, 4]", *GOOD[1:])
+    assert code == 0 and "every_n_steps" not in err, err
+
+
 SPLITS_AT_THE_MAXIMUM_ONLY = (
     "raytrain: error: scaling.num_workers=[2, 3]: train_batch_size=24 with micro-batch 8 needs a whole gradient "
     "accumulation at every world size, and [2] do(es) not divide 3: use a train_batch_size that is a multiple of 48, "
