@@ -488,7 +488,7 @@ def check_resume(checkpoint, resolved: ResolvedRun, own_run: bool = False) -> li
         notes.append(f"resuming step {meta['step']} on {shape.num_workers} workers (written by {old_world}): the "
                      f"workers convert it to DeepSpeed's universal checkpoint first")
     if not done:
-        notes += _schedule_change(meta, resolved)
+        notes += _batch_change(meta, resolved) + _schedule_change(meta, resolved)
     changes = _data_changes(meta["spec"].get("config", {}), json.loads(json.dumps(cfg.to_dict())))
     starts = tuple(meta["spec"].get("model", {}).get("document_start_ids", ())), resolved.model.document_start_ids
     if starts[0] != starts[1]:  # the same settings, rows cut another way (raytrain before 2026-12-04 put no BOS)
@@ -506,6 +506,23 @@ def check_resume(checkpoint, resolved: ResolvedRun, own_run: bool = False) -> li
                      f"data from its start, export the checkpoint (python -m raytrain.tools.export) and start a new "
                      f"run with model.name_or_path=OUT_DIR model.pretrained=true (the optimizer state is not kept)")
     return notes
+
+
+def _batch_change(meta: dict[str, Any], resolved: ResolvedRun) -> list[str]:
+    """A note where the resumed run's global batch differs from the checkpoint's. A "auto" train_batch_size is
+    derived from the world size (micro-batch x accumulation x workers; an elastic range's at its maximum), so
+    continuing an elastic run, which kept its batch at every size, on a fixed number of workers, or a run on
+    another number of workers, changed the batch (16 -> 8 rows a step) without a word. Not a refusal: a new
+    batch may be wanted, and the data position (rows read per shard) holds at any batch."""
+    was = meta["spec"].get("deepspeed", {}).get("train_batch_size")
+    facts, shape = resolved.deepspeed, resolved.cluster
+    if was is None or was == facts.train_batch_size:
+        return []
+    workers = f"the range's maximum {shape.num_workers}" if shape.elastic else f"{shape.num_workers}"
+    return [f"note: the checkpoint was trained with train_batch_size {was}, and this run's is {facts.train_batch_size} "
+            f"(micro-batch {facts.micro_batch_per_gpu} x gradient accumulation {facts.gradient_accumulation_steps} x "
+            f"{workers} workers): from step {meta['step'] + 1} each step trains on {facts.train_batch_size} rows, at "
+            f"the same learning rates; to keep the checkpoint's batch, set deepspeed.train_batch_size={was}"]
 
 
 def _schedule_change(meta: dict[str, Any], resolved: ResolvedRun) -> list[str]:

@@ -623,6 +623,38 @@ def test_resuming_on_the_same_workers_says_nothing_and_on_an_elastic_range_notes
     assert check_resume(Checkpoint(source), run, own_run=False) == notes
 
 
+ELASTIC_BATCH = ["data.num_shards=2", "training.micro_batch_size_per_gpu=2"]
+
+
+@pytest.mark.parametrize("then, now, noted", [
+    # an elastic run (its batch, 4, kept at every size) continued on a fixed 1 worker: "auto" derived 2 x 1 x 1 = 2
+    (["scaling.num_workers=[1, 2]", *ELASTIC_BATCH], ["scaling.num_workers=1", *ELASTIC_BATCH], "4, and this run's is "
+     "2 (micro-batch 2 x gradient accumulation 1 x 1 workers): from step 9 each step trains on 2 rows, at the same "
+     "learning rates; to keep the checkpoint's batch, set deepspeed.train_batch_size=4"),
+    # a fixed run continued on a range: derived at its maximum
+    (["scaling.num_workers=2", *ELASTIC_BATCH], ["scaling.num_workers=[1, 2]", "data.num_shards=2",
+                                                 "training.micro_batch_size_per_gpu=4"],
+     "4, and this run's is 8 (micro-batch 4 x gradient accumulation 1 x the range's maximum 2 workers)"),
+    # the batch written: kept
+    (["scaling.num_workers=[1, 2]", *ELASTIC_BATCH], ["scaling.num_workers=1", *ELASTIC_BATCH,
+                                                      "deepspeed.train_batch_size=4"], None),
+])
+def test_resuming_with_another_global_batch_notes_both(then, now, noted, tmp_path):
+    """An "auto" train_batch_size follows the world size: continuing an elastic run, which kept its batch at
+    every size, as a fixed-size one (or the other way) changed the rows of every step without a word."""
+    from raytrain.driver.run import check_resume
+
+    storage = f"checkpoint.storage_path={tmp_path / 'runs'}"
+    run = run_with_checkpoints(tmp_path / "runs", "r1", [8], storage, *then)
+    now = resolved("training.max_steps=40", storage, "checkpoint.name=r1", *now)
+    notes = [n for n in check_resume(layout.latest_checkpoint(run), now, own_run=True) if "train_batch_size" in n]
+    if noted is None:
+        assert notes == []
+    else:
+        assert len(notes) == 1 and notes[0].startswith("note: the checkpoint was trained with train_batch_size ") \
+            and noted in notes[0], notes
+
+
 SCHEDULER = 'deepspeed.scheduler={"type": "WarmupLR", "params": {"warmup_num_steps": "auto", "warmup_max_lr": "auto"}}'
 
 
