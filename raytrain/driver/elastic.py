@@ -90,8 +90,10 @@ class ReplacementPolicy(compat.ElasticPolicyBase):
             time.sleep(IDLE_PAUSE_S)
             return self.no_decision()
         if self._previous is not None and size == self._previous and placeable < size:
+            # the wait policy_installed gives the placement group: never below MIN_PLACEMENT_WAIT_S
             emit(f"raytrain: {placeable} of {size} workers can be placed now: waiting up to "
-                 f"{self.replacement_timeout_s:g} s (scaling.replacement_timeout_s) for a replacement")
+                 f"{max(self.replacement_timeout_s, MIN_PLACEMENT_WAIT_S):g} s (scaling.replacement_timeout_s="
+                 f"{self.replacement_timeout_s:g}) for a replacement")
         elif self._previous is not None and size != self._previous:
             emit(f"raytrain: resizing from {self._previous} to {size} workers (the cluster holds {placeable}, "
                  f"range {self.scaling_config.min_workers}-{self.scaling_config.max_workers})")

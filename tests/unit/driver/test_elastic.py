@@ -105,7 +105,7 @@ def test_the_policys_decisions_while_no_group_runs(monkeypatch, capfd):
     policy.group_started(3)
     assert decide(2) == 3  # a node lost: one retry at 3, waiting for a replacement
     assert capfd.readouterr().out == ("raytrain: 2 of 3 workers can be placed now: waiting up to 30 s "
-                                      "(scaling.replacement_timeout_s) for a replacement\n")
+                                      "(scaling.replacement_timeout_s=30) for a replacement\n")
     assert decide(2) == 2  # none came: continue on 2
     assert capfd.readouterr().out == "raytrain: resizing from 3 to 2 workers (the cluster holds 2, range 2-3)\n"
     policy.group_started(2)
@@ -117,6 +117,8 @@ def test_the_policys_decisions_while_no_group_runs(monkeypatch, capfd):
         policy = SeenCluster(ScalingConfig(num_workers=(2, 3)), replacement_timeout_s=timeout_s)
         policy.group_started(3)
         assert decide(2) == size
+        if timeout_s:  # the placement group waits MIN_PLACEMENT_WAIT_S at least: the line said "up to 1 s"
+            assert "waiting up to 5 s (scaling.replacement_timeout_s=1)" in capfd.readouterr().out
 
 
 def test_a_fit_restores_the_placement_wait_the_process_had(monkeypatch):
