@@ -23,6 +23,7 @@ from ray.train.v2._internal.execution.scaling_policy import (
     AUTOSCALING_REQUESTS_GET_TIMEOUT_S,
     ElasticScalingPolicy,
     NoopDecision,
+    ResizeDecision,
 )
 from ray.train.v2._internal.execution.callback import ControllerCallback
 
@@ -275,6 +276,19 @@ class ElasticPolicyBase(ElasticScalingPolicy):
 
     def group_started(self, num_workers: int) -> None:
         """A worker group of `num_workers` has started running."""
+
+    def group_resizing(self, running: int, num_workers: int) -> None:
+        """Ray's check of a running group (every elastic_resize_monitor_interval_s) restarts its `running`
+        workers at `num_workers` (capacity returned)."""
+
+    def make_decision_for_running_worker_group(self, worker_group_state, worker_group_status):
+        """Ray's decision (elastic.py:194-245), kept; a resize it decides is told to `group_resizing` first:
+        the controller then goes from Running to Resizing to Scheduling with it, and never asks
+        `make_decision_for_non_running_worker_group` (controller.py:689-720)."""
+        decision = super().make_decision_for_running_worker_group(worker_group_state, worker_group_status)
+        if isinstance(decision, ResizeDecision):
+            self.group_resizing(worker_group_state.num_workers, decision.num_workers)
+        return decision
 
     def placeable_workers(self) -> int | None:
         """Workers the cluster can hold now (capped at the maximum), or None when the

@@ -76,6 +76,12 @@ class ReplacementPolicy(compat.ElasticPolicyBase):
     def group_started(self, num_workers: int) -> None:
         self._previous, self._retried = num_workers, False
 
+    def group_resizing(self, running: int, num_workers: int) -> None:
+        # A grow stops a healthy group and discards its steps since the latest checkpoint: said as a shrink is
+        # (Ray's own line is INFO, below the run's LoggingConfig level).
+        emit(f"raytrain: resizing from {running} to {num_workers} workers (range {self.scaling_config.min_workers}-"
+             f"{self.scaling_config.max_workers}): every worker restarts from the latest checkpoint")
+
     def make_decision_for_non_running_worker_group(self):
         self.request_resources()
         placeable = self.placeable_workers()

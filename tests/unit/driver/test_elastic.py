@@ -121,6 +121,42 @@ def test_the_policys_decisions_while_no_group_runs(monkeypatch, capfd):
             assert "waiting up to 5 s (scaling.replacement_timeout_s=1)" in capfd.readouterr().out
 
 
+class RunningOn(ReplacementPolicy):
+    """The policy of a running group on a cluster that can place `placeable` workers: Ray's own check of a running
+    group (kept by raytrain) asks the coordinator through these two."""
+
+    placeable = 2
+
+    def _maybe_send_resource_request(self):
+        pass
+
+    def _get_reserved_resources(self):
+        return {}
+
+    def _count_possible_workers(self, reserved):
+        return self.placeable
+
+
+def test_a_grow_of_a_running_group_is_said_as_a_shrink_is(capfd):
+    """Ray's running-group check decides a grow itself (raytrain's non-running decision is never asked), and its own
+    line is INFO: the driver said nothing while a healthy group was stopped and its steps since the latest
+    checkpoint discarded."""
+    from ray.train import ScalingConfig
+    from ray.train.v2._internal.execution.scaling_policy import NoopDecision, ResizeDecision
+    from ray.train.v2._internal.execution.worker_group import WorkerGroupPollStatus, WorkerGroupState
+
+    policy = RunningOn(ScalingConfig(num_workers=(2, 3), elastic_resize_monitor_interval_s=0), replacement_timeout_s=30)
+    group = WorkerGroupState(start_time=0.0, placement_group_handle=None, workers=[None, None], sync_actor=None)
+    status = WorkerGroupPollStatus(worker_statuses={})
+    assert isinstance(policy.make_decision_for_running_worker_group(group, status), NoopDecision)  # the same 2
+    assert capfd.readouterr().out == ""
+    policy.placeable = 3
+    decision = policy.make_decision_for_running_worker_group(group, status)
+    assert isinstance(decision, ResizeDecision) and decision.num_workers == 3
+    assert capfd.readouterr().out == ("raytrain: resizing from 2 to 3 workers (range 2-3): every worker restarts from "
+                                      "the latest checkpoint\n")
+
+
 def test_a_fit_restores_the_placement_wait_the_process_had(monkeypatch):
     monkeypatch.setenv(compat.WORKER_GROUP_START_TIMEOUT_ENV, "77")
     with policy_installed(spec("scaling.num_workers=[2, 3]", "scaling.replacement_timeout_s=0")):
