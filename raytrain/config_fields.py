@@ -30,7 +30,7 @@ from typing import Annotated, Any, Literal
 import pydantic.dataclasses
 from pydantic import ConfigDict, Field, Strict, ValidationError
 
-from raytrain.config_files import ConfigError, yaml_11_number
+from raytrain.config_files import ConfigError, quoted_number, yaml_11_number
 
 Int = Annotated[int, Strict()]
 Float = Annotated[float, Strict(), Field(allow_inf_nan=False)]  # an int is a float too: `learning_rate: 1`
@@ -142,6 +142,8 @@ def one_line(error: ValidationError, cls: type, key: str) -> ConfigError:
         octal = f"; octal is written {octal[1]}0o{octal[2]}" if octal else ""
         hint = (f": not a number in YAML 1.2, which raytrain reads (YAML 1.1 made it {yaml_11_number(value)!r}): "
                 f"write it without the leading 0, '_' or ':'{octal}")
+    elif quoted_number(value) and re.search(r"\b(an integer|a number)\b", describe(tp)):
+        hint = f": a number in quotes is a string: write {value} without the quotes"
     elif value is None and describe(tp).startswith("a mapping"):
         hint = f": YAML reads a section with nothing under it (all commented out) as null; write {where}: {{}} or delete it"
     return ConfigError(f"{where} must be {describe(tp)}, got {_shown(value)}{hint}")

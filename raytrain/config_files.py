@@ -88,13 +88,20 @@ def _refuse_duplicates(node: yaml.Node, where: str, path: str = "") -> None:
 def yaml_11_number(text: Any) -> int | float | None:
     """The number YAML 1.1 (PyYAML's default) reads `text` as, where RunConfigLoader reads it as a string
     (022, 1:1, 1_000, 0b11); else None. For the type error of a number field given one: it names both."""
-    if not isinstance(text, str) or not text or text[0] not in "-+.0123456789":
+    if not isinstance(text, str) or not text or text[0] not in "-+.0123456789" or quoted_number(text):
         return None
     try:
         value = yaml.safe_load(text)
     except yaml.YAMLError:
         return None
     return value if type(value) in (int, float) else None
+
+
+def quoted_number(text: Any) -> bool:
+    """Whether `text` is a string that RunConfigLoader itself reads as a number when unquoted ("10", "1e-3"):
+    a number quoted in YAML (`training.max_steps="10"`), not one that YAML 1.1 and 1.2 read differently."""
+    return isinstance(text, str) and (_INT_12.match(text) is not None and not re.match(r"[-+]?0[0-9]", text)
+                                      or _FLOAT_12.match(text) is not None)
 
 
 # The section whose values are environment variables (raytrain.config.NetworkConfig.env): strings as typed.

@@ -193,6 +193,17 @@ def test_yaml_11_integers_are_not_rewritten_into_other_numbers(tmp_path):
     assert load_config(None, ["scaling.use_gpu=yes"]).scaling.use_gpu is True  # YAML 1.1's booleans stay
 
 
+def test_a_quoted_number_is_named_as_one_not_as_yaml_11s_reading():
+    # README: `training.max_steps="10"` is an error. It was explained as YAML 1.1's reading ("not a number in
+    # YAML 1.2 ... YAML 1.1 made it 10: write it without the leading 0"), which is true of neither.
+    for key, value, kind in (("training.max_steps", "10", "an integer >= 1"), ("training.learning_rate", "1e-3",
+                                                                               "a number > 0")):
+        with pytest.raises(ConfigError) as e:
+            load_config(None, [f'{key}="{value}"'])
+        assert str(e.value) == (f"{key} must be {kind}, got str '{value}': a number in quotes is a string: write "
+                                f"{value} without the quotes")
+
+
 def test_yaml_duplicate_keys_at_any_depth_name_the_file_line_and_key(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("training:\n  max_steps: 5\nscaling:\n  num_workers: 2\n  num_workers: 4\n")
