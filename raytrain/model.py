@@ -48,11 +48,15 @@ def model_source(cfg: ModelConfig, checkpoint: str | None = None) -> str:
     """Where the run's initial weights come from, in words (the driver prints it once per run).
     `checkpoint`: the checkpoint the workers restore (the run's latest, or checkpoint.resume_from):
     its weights replace whatever the model was built with (`build_model(from_checkpoint=True)`)."""
+    # The built-in Llama is tiny only as its defaults make it: model.config may make it 70B (configs/).
+    overrides = " with model.config's overrides" if cfg.config else ""
     if checkpoint is not None:
-        built = f"{cfg.name_or_path}'s config" if cfg.name_or_path else "the built-in tiny Llama's config"
+        built = (f"{cfg.name_or_path}'s config" if cfg.name_or_path else
+                 f"the built-in Llama's config{overrides}" if overrides else "the built-in tiny Llama's config")
         return f"weights from checkpoint {checkpoint} (the model built from {built}, no weights read)"
     if cfg.name_or_path is None:
-        return "random init of the built-in tiny Llama (model.name_or_path=DIR trains your own)"
+        builtin = f"the built-in Llama{overrides}" if overrides else "the built-in tiny Llama"
+        return f"random init of {builtin} (model.name_or_path=DIR trains your own)"
     if cfg.pretrained:
         return f"weights from {cfg.name_or_path} (model.pretrained=true)"
     return f"random init from {cfg.name_or_path}'s config (model.pretrained=true loads its weights)"

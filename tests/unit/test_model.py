@@ -41,6 +41,12 @@ def test_the_model_line_says_weights_or_random_init_and_the_key_that_loads_weigh
     assert model_source(ModelConfig(), "/runs/a/checkpoint_3") == (
         "weights from checkpoint /runs/a/checkpoint_3 (the model built from the built-in tiny Llama's config, no "
         "weights read)")
+    # was "the built-in tiny Llama" also for configs/llama-70b-ib.yaml's 70B, built from model.config
+    shaped = ModelConfig(config={"hidden_size": 8192, "num_hidden_layers": 80})
+    assert model_source(shaped) == ("random init of the built-in Llama with model.config's overrides "
+                                    "(model.name_or_path=DIR trains your own)")
+    assert model_source(shaped, "/c") == ("weights from checkpoint /c (the model built from the built-in Llama's "
+                                          "config with model.config's overrides, no weights read)")
 
 
 def test_pretrained_needs_a_model_and_weights_in_its_directory(tmp_path):
