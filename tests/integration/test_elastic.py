@@ -350,6 +350,9 @@ def runs(ray_auth_token, tmp_path_factory):
 def test_the_run_shrinks_to_the_workers_left_and_grows_back(runs):
     sizes = [g["world_size"] for g in runs["elastic"]["groups"]]
     assert sizes == [3, 2, 3], sizes
+    # each resize said on the driver; the grow was only Ray's INFO line, below the run's level
+    said = re.findall(r"raytrain: resizing from (\d) to (\d) workers", (runs["root"] / "elastic.log").read_text())
+    assert said == [("3", "2"), ("2", "3")], said
     # the history says which size trained each step, and every step once
     history, steps = runs["elastic"]["meta"]["history"], runs["steps"]
     assert [m["step"] for m in history] == list(range(1, steps + 1))
