@@ -501,6 +501,20 @@ def plans_local_cluster(cluster: ClusterConfig) -> bool:
     return local and starts_local_cluster(cluster)
 
 
+def local_elastic_note(cfg: RunConfig) -> list[str]:
+    """A note where an elastic range runs on the local cluster raytrain starts: one node, sized for the
+    range's maximum, that no node loss or return can change, so the run keeps the size it starts at and
+    scaling.replacement_timeout_s and resize_interval_s never act (a user trying elastic training here saw
+    nothing happen, without a word)."""
+    num_workers = cfg.scaling.num_workers
+    # a process already connected (a notebook's ray.init("ray://...")) runs where it is connected
+    if not isinstance(num_workers, list) or not starts_local_cluster(cfg.cluster) or _ray_initialized():
+        return []
+    return [f"scaling.num_workers={num_workers} runs on the one-node local cluster raytrain starts here, which "
+            f"loses and gains no node: the run keeps the size it starts at and never resizes; an elastic run "
+            f"needs a cluster of several nodes (cluster.address, or ray job submit)"]
+
+
 def check_dry_run_placement(cfg: RunConfig, *sizes: float | None) -> None:
     """A dry run's `check_local_placement`, where it plans for the local cluster (`plans_local_cluster`) and
     `sizes` (--gpu-memory-gib, --host-memory-gib, --gpus-per-node) state no other target."""

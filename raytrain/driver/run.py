@@ -39,8 +39,8 @@ from raytrain.data.pipeline import build_datasets
 from raytrain.data.progress import DataProgress
 from raytrain.data.sources import inspect_sources
 from raytrain.driver.checks import (check_before_ray, check_dry_run_placement, check_memory, check_writable_dir,
-                                    checkpoint_space_note, dry_run_target, idle_settings, resolve_before_ray,
-                                    tightest)
+                                    checkpoint_space_note, dry_run_target, idle_settings, local_elastic_note,
+                                    plans_local_cluster, resolve_before_ray, tightest)
 from raytrain.driver.cluster import check_live_placement, check_preflight, cluster_target, connect, live_shape
 from raytrain.driver.elastic import policy_installed
 from raytrain.driver.live import check_not_live, claimed, live_driver
@@ -88,10 +88,11 @@ def fit(cfg: RunConfig, fresh: bool = False, argv: Sequence[str] | None = None) 
         _check_resume_before_ray(early, fresh)
     for note in check_tracking(cfg, fresh):  # the MLflow store, before ray.init: seconds, not a retried worker failure
         say(f"raytrain: note: {note}")
+    local_elastic = local_elastic_note(cfg)  # before connect: whether it starts the local cluster
     connect(cfg.cluster, cfg.scaling)
     check_live_placement(cfg)  # a worker group this cluster can never hold: one line, not Ray Train's endless wait
     shape = live_shape(cfg)
-    for note in idle_settings(cfg, shape.use_gpu, shape.num_workers):
+    for note in idle_settings(cfg, shape.use_gpu, shape.num_workers) + local_elastic:
         say(f"raytrain: note: {note}")
     # None where unknown: not checked; a local checkpoint.storage_path must be seen by every worker node
     found = cluster_target(shape.use_gpu, storage_path=cfg.checkpoint.storage_path)
@@ -238,6 +239,8 @@ def dry_run(cfg: RunConfig, *, gpu_memory_gib: float | None = None, host_memory_
     notes = [f"note: {note}" for note in sources.notes]
     notes += [f"plan: {line}" for line in resolved.plan] + [f"note: {note}" for note in advice(resolved)]
     notes.extend(f"note: {note}" for note in idle_settings(cfg, shape.use_gpu, shape.num_workers))
+    if plans_local_cluster(cfg.cluster):  # else the dry run may plan a run submitted elsewhere (docstring there)
+        notes.extend(f"note: {note}" for note in local_elastic_note(cfg))
     notes.append(f"note: a real run now {_would_place(resolved.config, storage, checkpoint, own, fresh)}")
     notes.extend(resuming)
     notes.extend(f"note: {note}" for note in tracking)

@@ -16,11 +16,11 @@ from raytrain.checkpoint import layout
 from raytrain.config import ConfigError, DataConfig, load_config
 from raytrain.data.sources import inspect_sources
 from raytrain.driver.checks import (_dir_bytes, _local_gpus, check_before_ray, check_dry_run_placement,
-                                    check_export_outside_data, check_export_outside_run,
-                                    check_local_placement, check_memory, check_placement,
-                                    check_ray_address, check_storage_outside_data, check_writable_dir, dry_run_target,
-                                    idle_settings, local_cluster_cpus, plans_local_cluster, resolve_before_ray,
-                                    tightest, worker_bundle, zero_stage_note)
+                                    check_export_outside_data, check_export_outside_run, check_local_placement,
+                                    check_memory, check_placement, check_ray_address, check_storage_outside_data,
+                                    check_writable_dir, dry_run_target, idle_settings, local_cluster_cpus,
+                                    local_elastic_note, plans_local_cluster, resolve_before_ray, tightest,
+                                    worker_bundle, zero_stage_note)
 from raytrain.driver.cluster import (_plain_worker_prefixes, check_storage_shared, probe_node, runs_workers, sees_file,
                                      storage_marker, with_addable_nodes)
 from raytrain.main import main
@@ -865,3 +865,22 @@ def test_the_checkpoints_a_run_keeps_are_counted_by_their_bytes(tmp_path):
     (tmp_path / "run" / "checkpoint_link").symlink_to(tmp_path / "run" / "other")
     (tmp_path / "run" / "checkpoint_file").write_bytes(b"x" * 1000)
     assert _dir_bytes(str(tmp_path / "run"), "checkpoint_") == 15
+
+
+@pytest.mark.usefixtures("no_ray_driver")
+def test_an_elastic_range_on_the_local_cluster_is_noted_as_never_resizing(tmp_path, capsys, monkeypatch):
+    # was: a [1, 2] range on raytrain's own one-node cluster trained at one size, and nothing said it never resizes
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    argv = ["--dry-run", "--host-memory-gib", "64", f"checkpoint.storage_path={tmp_path}", "data.num_shards=2"]
+    note = ("raytrain: note: scaling.num_workers=[1, 2] runs on the one-node local cluster raytrain starts here, "
+            "which loses and gains no node: the run keeps the size it starts at and never resizes; an elastic run "
+            "needs a cluster of several nodes (cluster.address, or ray job submit)")
+    assert main([*argv, "scaling.num_workers=[1, 2]", "cluster.address=local"]) == 0
+    assert note in capsys.readouterr().err.splitlines()
+    # a dry run without cluster.address may plan what `ray job submit` runs elsewhere; a fixed size never resizes
+    for given in (["scaling.num_workers=[1, 2]"], ["scaling.num_workers=2", "cluster.address=local"]):
+        assert main([*argv, *given]) == 0
+        assert "one-node local cluster" not in capsys.readouterr().err
+    scaling = {"scaling": {"num_workers": [1, 2]}, "data": {"num_shards": 2}}
+    assert local_elastic_note(load_config(None, values={**scaling, "cluster": {"address": "h:6379"}})) == []
+    assert len(local_elastic_note(load_config(None, values=scaling))) == 1  # the real run, not yet connected
