@@ -131,3 +131,12 @@ def test_data_without_one_step_is_a_one_line_error_naming_seq_len(ray_cluster):
                                           "lower data.seq_len"):
         next(batches)
     batches.close()
+    # A run that had steps (resumed past the start) finding an epoch without one: its streams were cut short
+    # (seen: an elastic grow stopped a group whose prefetch thread had read on into the next epoch, and its "no
+    # step", exit 2, ended the whole run), not the data: every epoch holds the same rows per shard.
+    for position in ((1, 0), (0, 40)):
+        cut = reader(2, micro=4, step_rows=40, position=position)
+        with pytest.raises(RuntimeError, match=f"ended before one step of epoch {position[0] + (position[1] > 0)}, "
+                                               f"though earlier epochs of this run held steps: the streams were cut"):
+            next(cut)
+        cut.close()
