@@ -132,9 +132,6 @@ class MicroBatches:
         self._counter = counter
         self.epoch, self.rows = position  # of the next micro-batch handed out
         self._read_epoch, self._read_rows = position  # after the step being read
-        # Whether the run has had a step from its data: resumed past (0, 0), or a step read here. Then an epoch
-        # without one is a stream cut short, not the data: every epoch holds the same rows per shard (equal split).
-        self._had_step = tuple(position) != (0, 0)
         self._step: dict[str, np.ndarray] | None = None  # the step being cut into micro-batches
         self._step_offset = 0
         self._handed: list[str] = []
@@ -239,13 +236,14 @@ class MicroBatches:
                 self._readers = self._start_epoch()
             parts = [reader.take(self.step_rows) for reader in self._readers]
             if any(p is None for p in parts):
-                if self._read_rows == 0 and not self._had_step:
-                    self._no_step()
                 if self._read_rows == 0:
-                    # Seen in an elastic grow: the stopping group's prefetch thread read on into the next
-                    # epoch while Ray Train tore its streams down, found it empty, and its "no step" (a
-                    # user's mistake: exit 2) ended the whole run. A worker failure instead, retried from
-                    # the checkpoint; moot where the group is being stopped anyway.
+                    if self._read_epoch == 0:  # the run's very start: the data holds not one step
+                        self._no_step()
+                    # Past epoch 0 the run has had steps, and every epoch holds the same rows per shard (an
+                    # equal split): an epoch without one is a stream cut short, not the data. Seen in an elastic
+                    # grow: the stopping group's prefetch thread read on into the next epoch while Ray Train tore
+                    # its streams down, and its "no step" (a user's mistake: exit 2) ended the whole run. A
+                    # worker failure instead, retried from the checkpoint; moot in a group being stopped.
                     raise RuntimeError(f"the training data's shard streams ended before one step of epoch "
                                        f"{self._read_epoch}, though earlier epochs of this run held steps: the "
                                        f"streams were cut short (their worker group stopping?)")
@@ -259,7 +257,6 @@ class MicroBatches:
                 self._readers, self._read_epoch, self._read_rows = None, self._read_epoch + 1, 0
                 continue
             self._read_rows += self.step_rows
-            self._had_step = True
             return {key: np.concatenate([p[key] for p in parts]).astype(np.int64, copy=False) for key in parts[0]}
 
     def _no_step(self) -> None:
