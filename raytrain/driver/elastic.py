@@ -45,6 +45,11 @@ from raytrain.run_spec import RunSpec
 # resources free (the group is created asynchronously), so "shrink at once" still waits this long
 # when Ray tries a size whose node just went away.
 MIN_PLACEMENT_WAIT_S = 5.0
+
+
+def placement_wait_s(replacement_timeout_s: float) -> float:
+    """How long a worker group's placement group waits (`policy_installed` sets it; the policy's line says it)."""
+    return max(replacement_timeout_s, MIN_PLACEMENT_WAIT_S)
 IDLE_PAUSE_S = 0.5
 
 
@@ -96,9 +101,8 @@ class ReplacementPolicy(compat.ElasticPolicyBase):
             time.sleep(IDLE_PAUSE_S)
             return self.no_decision()
         if self._previous is not None and size == self._previous and placeable < size:
-            # the wait policy_installed gives the placement group: never below MIN_PLACEMENT_WAIT_S
             emit(f"raytrain: {placeable} of {size} workers can be placed now: waiting up to "
-                 f"{max(self.replacement_timeout_s, MIN_PLACEMENT_WAIT_S):g} s (scaling.replacement_timeout_s="
+                 f"{placement_wait_s(self.replacement_timeout_s):g} s (scaling.replacement_timeout_s="
                  f"{self.replacement_timeout_s:g}) for a replacement")
         elif self._previous is not None and size != self._previous:
             emit(f"raytrain: resizing from {self._previous} to {size} workers (the cluster holds {placeable}, "
@@ -120,7 +124,7 @@ def policy_installed(spec: RunSpec) -> Iterator[None]:
     key = compat.WORKER_GROUP_START_TIMEOUT_ENV
     before = os.environ.get(key)
     # Also bounds every other group start (the first, a grow), whose nodes are there: a few seconds.
-    os.environ[key] = str(max(timeout, MIN_PLACEMENT_WAIT_S))
+    os.environ[key] = str(placement_wait_s(timeout))
     try:
         yield
     finally:
