@@ -49,13 +49,13 @@ def model_source(cfg: ModelConfig, checkpoint: str | None = None) -> str:
     `checkpoint`: the checkpoint the workers restore (the run's latest, or checkpoint.resume_from):
     its weights replace whatever the model was built with (`build_model(from_checkpoint=True)`)."""
     # The built-in Llama is tiny only as its defaults make it: model.config may make it 70B (configs/).
-    overrides = " with model.config's overrides" if cfg.config else ""
+    builtin, its_config = (("the built-in Llama with model.config's overrides",
+                            "the built-in Llama's config with model.config's overrides") if cfg.config else
+                           ("the built-in tiny Llama", "the built-in tiny Llama's config"))
     if checkpoint is not None:
-        built = (f"{cfg.name_or_path}'s config" if cfg.name_or_path else
-                 f"the built-in Llama's config{overrides}" if overrides else "the built-in tiny Llama's config")
+        built = f"{cfg.name_or_path}'s config" if cfg.name_or_path else its_config
         return f"weights from checkpoint {checkpoint} (the model built from {built}, no weights read)"
     if cfg.name_or_path is None:
-        builtin = f"the built-in Llama{overrides}" if overrides else "the built-in tiny Llama"
         return f"random init of {builtin} (model.name_or_path=DIR trains your own)"
     if cfg.pretrained:
         return f"weights from {cfg.name_or_path} (model.pretrained=true)"
