@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         # The driver's modules only now: they import Ray, torch and transformers (~6.5 CPU-seconds on a
         # 2-core VM), which a mistyped flag or key needs none of: its one line comes in ~0.4 s.
         from raytrain.driver.run import dry_run, fit
-        from raytrain.driver.watch import ExportInterrupted, Interrupted, Terminated
+        from raytrain.driver.watch import ExportInterrupted, Interrupted, RunFailed, Terminated
     except ConfigError as e:
         return _refused(e)
     except KeyboardInterrupt:
@@ -92,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     except (Interrupted, ExportInterrupted) as e:  # Ctrl-C or SIGTERM: the run is stopped (workers, controller gone)
         say(f"raytrain: {e}", err=True)
         return e.exit_code
+    except RunFailed as e:  # Ray Train gave up (past checkpoint.max_failures): its checkpoints are kept
+        say(f"raytrain: {e}", err=True)
+        return 1
     except KeyboardInterrupt as e:  # Ctrl-C (or SIGTERM, once the run is placed) before training started
         return _interrupted_early(isinstance(e, Terminated))
     loss = result.metrics.get("loss")

@@ -78,7 +78,8 @@ def fit(cfg: RunConfig, fresh: bool = False, argv: Sequence[str] | None = None) 
     `fresh=True` sets the old run aside (renamed, nothing deleted) and starts over. `argv`: the
     command line the run was started with (`python -m raytrain.main`), for the command that
     continues it. Raises ConfigError for bad input (a bad record in the data too: raytrain.data.
-    bad_records) and raytrain.driver.watch.Interrupted after Ctrl-C.
+    bad_records), raytrain.driver.watch.Interrupted after Ctrl-C, and raytrain.driver.watch.RunFailed where
+    Ray Train gave up on the run (past checkpoint.max_failures; the original error is its __cause__).
     """
     cfg = _local_paths(check_config(cfg, "raytrain.fit: config"))  # one edited in code is checked like a loaded one
     _check_paths(cfg, fresh)
@@ -130,7 +131,8 @@ def fit(cfg: RunConfig, fresh: bool = False, argv: Sequence[str] | None = None) 
         trainer = _trainer(spec, datasets, progress)
         # (an MLflow run whose workers the driver stopped, or that failed, ends FAILED or KILLED, not RUNNING)
         with progress, policy_installed(spec), mlflow_run_outcome(cfg, spec.run_uri):
-            result = run_trainer(trainer, progress, spec.run_uri, cfg.training.max_steps, command)
+            result = run_trainer(trainer, progress, spec.run_uri, cfg.training.max_steps, command,
+                                 cfg.checkpoint.max_failures)
             if result.checkpoint is None:
                 raise RuntimeError(f"the run ended without a checkpoint (see the worker logs above): {result.error}")
         return _wrap_up(result.checkpoint, spec, cfg)

@@ -77,6 +77,34 @@ class ExportInterrupted(Exception):
                          f"{shlex.join(['python', '-m', 'raytrain.tools.export', checkpoint, export_dir])}")
 
 
+class RunFailed(Exception):
+    """Ray Train gave up on the run: a worker failure past checkpoint.max_failures, or its controller failed
+    (ray.train.TrainingFailedError). str(): the line to print, with the step reached, the run's latest checkpoint
+    (kept) and the command that continues from it; main exits 1. Without it the command ended on Ray Train's
+    WorkerGroupError traceback (~40 lines, after the workers' own, which Ray Train logs) and never said that
+    the checkpoint was there or how to go on from it. The original error is its __cause__ (raytrain.fit())."""
+
+    def __init__(self, error: BaseException, step: int | None, max_steps: int, max_failures: int,
+                 checkpoint: str | None, command: str):
+        if isinstance(error, ray.train.WorkerGroupError) and error.worker_failures:
+            rank = min(error.worker_failures)
+            failure = error.worker_failures[rank]
+            why = (f"worker failure past checkpoint.max_failures={max_failures} on rank {rank}: "
+                   f"{type(failure).__name__}: {last_line(failure)}")
+        else:
+            cause = getattr(error, "controller_failure", None) or error
+            why = f"{type(cause).__name__}: {last_line(cause)}"
+        reached = f"at step {step} of {max_steps}" if step is not None else "before its first step was reported"
+        latest = f"latest checkpoint {checkpoint}" if checkpoint else "no checkpoint yet"
+        super().__init__(f"the run failed {reached} ({why}; the tracebacks are above); {latest}; to continue "
+                         f"{'from it' if checkpoint else 'it'}: {command}")
+
+
+def last_line(error: BaseException) -> str:
+    """The last line of `error`'s message, cut at 300 characters: where a worker's traceback ends."""
+    return (str(error).strip().splitlines() or [""])[-1][:300]
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread to take Ctrl-C's path (`sigterm_as_ctrl_c`); main exits 143 for it."""
 
@@ -147,8 +175,7 @@ class RunWatch(ray.train.UserCallback):
     def after_exception(self, run_context, worker_exceptions: dict[int, Exception]) -> None:
         self._failures += 1
         rank = min(worker_exceptions)
-        # the last line of the message: a worker's traceback (logged above it by Ray Train) ends there
-        error = (str(worker_exceptions[rank]).strip().splitlines() or [""])[-1][:300]
+        error = last_line(worker_exceptions[rank])  # a worker's traceback (logged above by Ray Train) ends there
         limit = self._max_failures
         then = ("Ray Train restarts the workers from the latest checkpoint"
                 if limit < 0 or self._failures <= limit else "the run fails")
@@ -176,9 +203,10 @@ def print_worker_output_again() -> None:
         undo()
 
 
-def run_trainer(trainer, progress: DataProgress, run_uri: str, max_steps: int, command: str):
-    """trainer.fit()'s Result, or raise: the run's first bad record, `Interrupted` (Ctrl-C), or
-    whatever fit() raised. Inside `with progress:`; says what the data policies skipped."""
+def run_trainer(trainer, progress: DataProgress, run_uri: str, max_steps: int, command: str, max_failures: int = 0):
+    """trainer.fit()'s Result, or raise: the run's first bad record, `Interrupted` (Ctrl-C), `RunFailed`
+    (Ray Train gave up: past `max_failures`, checkpoint.max_failures), or whatever else fit() raised. Inside
+    `with progress:`; says what the data policies skipped."""
     outcome: dict[str, Any] = {}
 
     def fit() -> None:
@@ -223,8 +251,13 @@ def run_trainer(trainer, progress: DataProgress, run_uri: str, max_steps: int, c
         if summary.bad_record is not None:
             raise summary.bad_record  # the counter stopped the run: whatever fit() says is its consequence
         _say_skipped(summary)
-        if "error" in outcome:
-            raise outcome["error"]
+        error = outcome.get("error")
+        if isinstance(error, ray.train.TrainingFailedError):  # the run's checkpoints are kept: say how to go on
+            checkpoint = layout.latest_checkpoint(run_uri)
+            raise RunFailed(error, summary.step, max_steps, max_failures,
+                            layout.checkpoint_uri(run_uri, checkpoint) if checkpoint else None, command) from error
+        if error is not None:
+            raise error
         return outcome["result"]
     finally:
         if printing_back is not None:  # printed again LATE_OUTPUT_S from now, or when this process runs again

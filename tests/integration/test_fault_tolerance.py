@@ -284,4 +284,8 @@ def test_fresh_starts_over_keeping_the_old_run_and_a_run_past_max_failures_fails
     # past max_failures: the run fails (exit 1) with the worker's error, its checkpoint kept
     assert proc.returncode == 1, out[-3000:]
     assert "raytrain: done" not in out
+    # one line with the checkpoint kept and the command that continues (was: Ray's WorkerGroupError traceback)
+    assert re.search(r"^raytrain: the run failed at step \d+ of 12 \(worker failure past checkpoint.max_failures=0 "
+                     r".*; latest checkpoint .*/again/checkpoint_step_00000003; to continue from it: python -m "
+                     r"raytrain.main .*checkpoint.name=again$", out, re.M), out[-3000:]
     assert registered_step(runs["storage"], "again") == 3  # what a rerun would continue from
