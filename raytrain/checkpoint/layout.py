@@ -201,22 +201,55 @@ def latest_checkpoint(run: str):
     return result.checkpoint
 
 
-def check_is_checkpoint(path: str, key: str) -> None:
+class IncompleteCheckpoint(ConfigError):
+    """A checkpoint DeepSpeed cannot load: files missing or cut short. `problem`: the line without its advice."""
+
+    def __init__(self, problem: str, fix: str):
+        self.problem = problem
+        super().__init__(f"{problem}: {fix}")
+
+
+def check_is_checkpoint(path: str, key: str, shown: str | None = None) -> None:
     """A one-line ConfigError unless `path` (local or URI) is a raytrain checkpoint DeepSpeed can load:
     its raytrain.json (valid JSON, with the keys the driver reads: `_missing_metadata`), DeepSpeed's
     `latest` file, the tag directory it names, and in that directory every rank's shard files for the
     world size raytrain.json records (`missing_shards`). A universal copy, or a directory with
     raytrain.json alone, is none. A path pyarrow cannot open (an unknown scheme, no credentials) is
-    one line too."""
+    one line too. `shown` replaces the line's "KEY=PATH" (a run's own latest checkpoint: then a file missing
+    anywhere is IncompleteCheckpoint, whose caller gives its own advice)."""
     from raytrain.config_files import first_line
 
     try:
-        _check_is_checkpoint(path, key)
+        _check_is_checkpoint(path, key, shown)
     except ConfigError:
         raise
     except (OSError, ValueError) as e:  # pyarrow: unknown scheme (ArrowInvalid is a ValueError), no network
         raise ConfigError(f"{key}={path}: cannot read it ({first_line(e)[:300]}): check the path or URI and its "
                           f"credentials") from None
+
+
+def latest_complete_checkpoint(run: str, but: str | None = None) -> str | None:
+    """The newest checkpoint_step_* directory of run `run` (a path or URI) that check_is_checkpoint accepts,
+    `but` (a checkpoint's URI) left out, or None: what a run whose latest checkpoint is damaged or gone can
+    continue from, with --resume-from. One listing and each checkpoint's checks, newest first: only on the way
+    to an error."""
+    import pyarrow.fs
+
+    fs, path = filesystem(run)
+    try:
+        infos = fs.get_file_info(pyarrow.fs.FileSelector(path.rstrip("/")))
+    except OSError:
+        return None
+    names = sorted((i.base_name for i in infos if i.type == pyarrow.fs.FileType.Directory
+                    and re.fullmatch(r"checkpoint_step_\d+", i.base_name)), reverse=True)
+    for uri in (f"{run.rstrip('/')}/{name}" for name in names):
+        try:
+            if uri != but:
+                check_is_checkpoint(uri, "checkpoint")
+                return uri
+        except ConfigError:
+            continue
+    return None
 
 
 def _latest_if_run(run: str) -> str | None:
@@ -230,7 +263,7 @@ def _latest_if_run(run: str) -> str | None:
     return checkpoint_uri(run, checkpoint) if checkpoint is not None else None
 
 
-def _check_is_checkpoint(path: str, key: str) -> None:
+def _check_is_checkpoint(path: str, key: str, shown: str | None) -> None:
     root = path.rstrip("/")
     missing = None
     if not exists(f"{root}/{METADATA}"):
@@ -243,6 +276,9 @@ def _check_is_checkpoint(path: str, key: str) -> None:
             tag = f.read().decode().strip()
         if not tag or not exists(f"{root}/{tag}"):
             missing = f"its DeepSpeed {LATEST!r} file names tag {tag!r}, which is not in it"
+    fix = "choose an earlier checkpoint_step_* directory of the run"
+    if missing and shown:  # a run's own latest checkpoint: cut short or thinned by hand, not a wrong path
+        raise IncompleteCheckpoint(f"{shown} is incomplete ({missing}: a save cut short, or files deleted)", fix)
     if missing:
         latest = _latest_if_run(root) if not exists(f"{root}/{METADATA}") else None
         fix = (f"it is a run's directory: give one of its checkpoints, the latest being {latest}" if latest else
@@ -254,9 +290,45 @@ def _check_is_checkpoint(path: str, key: str) -> None:
     if absent:
         more = f" and {len(absent) - 1} more of its shard files" if len(absent) > 1 else ""
         world = written_world_size(meta)
-        raise ConfigError(f"{key}={path} is incomplete: {METADATA} says {world} worker{'s' if world != 1 else ''} wrote it, and its "
-                          f"DeepSpeed tag {tag}/ has no {absent[0]}{more} (a save cut short, or files deleted): "
-                          f"choose an earlier checkpoint_step_* directory of the run")
+        raise IncompleteCheckpoint(f"{shown or key + '=' + path} is incomplete: {METADATA} says {world} worker"
+                                   f"{'s' if world != 1 else ''} wrote it, and its DeepSpeed tag {tag}/ has no "
+                                   f"{absent[0]}{more} (a save cut short, or files deleted)", fix)
+    cut = cut_short_shards(f"{root}/{tag}")
+    if cut:
+        more = f" and {len(cut) - 1} more of its shard files" if len(cut) > 1 else ""
+        raise IncompleteCheckpoint(f"{shown or key + '=' + path} is damaged: its shard file {tag}/{cut[0]}{more} is "
+                                   f"cut short (a torch.save archive without its end: a save or copy that stopped, or "
+                                   f"a full disk; DeepSpeed cannot load it)", fix)
+
+
+# The first bytes of a zip archive (a local file header), which torch.save writes since torch 1.6 (DeepSpeed's shards).
+_ZIP_START = b"PK\x03\x04"
+
+
+def cut_short_shards(tag_dir: str) -> list[str]:
+    """The shard files (*.pt) in DeepSpeed tag directory `tag_dir` that begin as torch.save's zip archive but lack
+    the end-of-archive record a complete one ends with: a save, copy or sync that stopped part way. torch.load
+    fails on them ("failed finding central directory") in every worker, and Ray Train retried that
+    checkpoint.max_failures times, each after a full engine build (measured: 4 attempts, 2 minutes and 168 lines of
+    tracebacks for the tiny model). Only on a local or shared filesystem, where it costs two small reads a file;
+    on object storage (one request per file) each worker checks its own files after the download (shards.restore).
+    Files in another format (empty, torch's pre-1.6 pickle) are not judged."""
+    import pyarrow.fs
+
+    fs, path = filesystem(tag_dir)
+    if not isinstance(fs, pyarrow.fs.LocalFileSystem):
+        return []
+    infos = fs.get_file_info(pyarrow.fs.FileSelector(path.rstrip("/")))
+    return sorted(i.base_name for i in infos if i.base_name.endswith(".pt") and i.type == pyarrow.fs.FileType.File
+                  and is_cut_short(i.path))
+
+
+def is_cut_short(path: str) -> bool:
+    """Whether local file `path` starts as a zip archive (torch.save's format) and lacks the record it ends with."""
+    import zipfile
+
+    with open(path, "rb") as f:
+        return f.read(len(_ZIP_START)) == _ZIP_START and not zipfile.is_zipfile(f)
 
 
 def written_world_size(meta: dict[str, Any]) -> int:

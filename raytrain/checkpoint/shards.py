@@ -34,7 +34,7 @@ import torch
 import transformers
 
 from raytrain import compat
-from raytrain.checkpoint.layout import METADATA, checkpoint_dir_name, read_metadata, shown_uri, tag_for
+from raytrain.checkpoint.layout import METADATA, checkpoint_dir_name, is_cut_short, read_metadata, shown_uri, tag_for
 from raytrain.checkpoint.reshard import universal_uri, written_by
 from raytrain.console import emit
 from raytrain.data.bad_records import SetupMistake, stop_run
@@ -259,9 +259,28 @@ def _rank_files(checkpoint, rank: int, ranks_on_node: int = 1, counter: str | No
                     raise
                 shutil.rmtree(local, ignore_errors=True)  # what was downloaded, before the free space is read
                 _restore_disk_full(checkpoint, need, ranks_on_node, counter)
+        _check_not_cut_short(checkpoint, local, counter)
         yield local
     finally:
         shutil.rmtree(local, ignore_errors=True)
+
+
+def _check_not_cut_short(checkpoint, local: str, counter: str | None) -> None:
+    """Stop the run in one line if a shard file this rank downloaded (into `local`) is a torch.save archive cut
+    short: torch.load fails on it at every restart, and Ray Train retried it checkpoint.max_failures times, each
+    after a full engine build and download. The driver checks a checkpoint on a local or shared filesystem
+    before Ray starts (layout.cut_short_shards); on object storage, where that would cost a request per file,
+    each rank checks only its own files here, two small local reads each."""
+    for directory, _, files in os.walk(local):
+        for name in sorted(files):
+            if _RANK_FILE.search(name) and is_cut_short(os.path.join(directory, name)):
+                stop_run(SetupMistake(
+                    f"checkpoint {shown_uri(checkpoint)}",
+                    f"its shard file {os.path.relpath(os.path.join(directory, name), local)} is cut short (a "
+                    f"torch.save archive without its end: a save or copy that stopped; DeepSpeed cannot load it)",
+                    "put the file back, or start from an earlier checkpoint_step_* directory of the run under a new "
+                    "name (--resume-from PATH checkpoint.name=NEW_NAME), or pass --fresh to start over (the old run "
+                    "is kept under another name)"), counter)
 
 
 def check_restore_space(resume: ResumePoint | None, rank: Rank, counter: str | None) -> None:

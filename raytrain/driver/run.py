@@ -363,6 +363,7 @@ def resume_checkpoint(cfg: RunConfig, storage: str, name: str | None, fresh: boo
     latest = layout.latest_checkpoint(run)  # a broken record raises its one line (layout.BrokenRun)
     if latest is None:
         return given
+    _check_own_latest(run, name, layout.checkpoint_uri(run, latest))
     started_from = layout.read_metadata(latest)["spec"].get("resume_from")
     if resume_from and started_from != resume_from:
         was = f"started from {started_from}" if started_from else "started without one"
@@ -370,6 +371,24 @@ def resume_checkpoint(cfg: RunConfig, storage: str, name: str | None, fresh: boo
                           f"({was}), and it would continue from its own latest checkpoint: choose a new "
                           f"checkpoint.name")
     return latest, True
+
+
+def _check_own_latest(run: str, name: str, latest: str) -> None:
+    """Run `name`'s latest checkpoint `latest`, which Ray Train hands every worker group it starts, checked as a
+    --resume-from checkpoint is (layout.check_is_checkpoint): a shard file deleted from it or cut short (a copy
+    or sync that stopped) failed every worker at DeepSpeed's load, and Ray Train retried it checkpoint.max_failures
+    times, each after a full engine build, then ended on a traceback. One line instead, naming the file and an
+    earlier complete checkpoint to continue from. Costs one listing of its tag directory (and, on a local or
+    shared filesystem, two small reads per shard file)."""
+    try:
+        layout.check_is_checkpoint(latest, "checkpoint", shown=f"run {name!r}'s latest checkpoint {latest}")
+    except layout.IncompleteCheckpoint as e:
+        earlier = layout.latest_complete_checkpoint(run, but=latest)
+        other = (f"continue from its latest complete one under a new name (--resume-from {earlier} "
+                 f"checkpoint.name=NEW_NAME), or " if earlier else "")
+        raise ConfigError(f"{e.problem}: Ray Train continues run {name!r} from its latest checkpoint only: put the "
+                          f"files back, or {other}pass --fresh to start over (the old run is kept under another "
+                          f"name)") from None
 
 
 def _check_resume_before_ray(resolved: ResolvedRun, fresh: bool) -> tuple[Any, bool, list[str]]:

@@ -141,3 +141,40 @@ def test_a_checkpoints_shown_uri_has_the_scheme_ray_drops():
     assert shown(pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fsspec.filesystem("file"))), "/runs/c") == "/runs/c"
     assert shown(pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fsspec.filesystem("memory")))) == \
         "memory://bucket/runs/r/checkpoint_step_00000004"
+
+
+def test_a_shard_file_cut_short_is_told_from_a_whole_one_and_a_remote_one_stops_the_run_in_the_worker(tmp_path):
+    """torch.save writes a zip archive; one cut short (a save, copy or sync that stopped) has no end record, and
+    torch.load fails on it in every worker at every restart. Files of another format are not judged."""
+    import torch
+    from ray.train import Checkpoint
+
+    from raytrain.checkpoint import shards
+    from tests.helpers import remote_local_filesystem
+
+    tag = tmp_path / "ckpt" / "step_00000004"
+    tag.mkdir(parents=True)
+    for rank in (0, 1):
+        torch.save({"state": torch.zeros(256)}, tag / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
+    (tag / "zero_pp_rank_0_mp_rank_00_model_states.pt").write_bytes(b"")  # not judged: empty
+    torch.save({"x": 1}, tag / "zero_pp_rank_1_mp_rank_00_model_states.pt", _use_new_zipfile_serialization=False)
+    (tmp_path / "ckpt" / "latest").write_text("step_00000004")
+    assert layout.cut_short_shards(str(tag)) == []
+    cut = tag / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    with open(cut, "r+b") as f:
+        f.truncate(cut.stat().st_size - 10)
+    assert layout.cut_short_shards(str(tag)) == ["zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+    assert layout.cut_short_shards(f"file://{tag}") == ["zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+    # on object storage the driver does not read every file: each rank checks its own download
+    remote = Checkpoint(str(tmp_path / "ckpt"), filesystem=remote_local_filesystem([]))
+    with shards._rank_files(remote, rank=0):
+        pass  # rank 0's files are whole
+    with pytest.raises(shards.SetupMistake) as e:  # no run's counter: stop_run raises the record
+        with shards._rank_files(remote, rank=1):
+            pass
+    assert e.value.line() == (
+        f"checkpoint {tmp_path / 'ckpt'}: its shard file step_00000004/zero_pp_rank_1_mp_rank_00_optim_states.pt is "
+        f"cut short (a torch.save archive without its end: a save or copy that stopped; DeepSpeed cannot load it): put "
+        f"the file back, or start from an earlier checkpoint_step_* directory of the run under a new name "
+        f"(--resume-from PATH checkpoint.name=NEW_NAME), or pass --fresh to start over (the old run is kept under "
+        f"another name)")

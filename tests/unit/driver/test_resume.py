@@ -33,17 +33,18 @@ SHARDS = [f"zero_pp_rank_{r}_mp_rank_00_{kind}_states.pt" for r in (0, 1) for ki
 (a trained run's, as tests/integration/test_train_e2e.py lists them)."""
 
 
-def checkpoint(path, step, *overrides, resume_from=None, shards=SHARDS):
+def checkpoint(path, step, *overrides, resume_from=None, shards=None):
     """A checkpoint directory as a run of `overrides` on 2 workers leaves it: raytrain.json with the
-    run's spec, DeepSpeed's `latest` and its tag directory with every rank's shard files, empty
-    (nothing here loads them; the driver only checks they are there)."""
+    run's spec, DeepSpeed's `latest` and its tag directory with every rank's shard files (`shards`, by default
+    those its ZeRO stage writes), empty (nothing here loads them; the driver only checks they are there)."""
     spec = RunSpec.place(resolved(*TWO, *overrides), run_name=os.path.basename(os.path.dirname(path)),
                          storage_path=os.path.dirname(os.path.dirname(path)), resume_from=resume_from)
+    meta = {"step": step, "world_size": 2, "metrics": {}, "history": [], "spec": spec.to_dict()}
     os.makedirs(os.path.join(path, layout.tag_for(step)))
-    for name in shards:
+    for name in layout.missing_shards(os.path.join(path, layout.tag_for(step)), meta) if shards is None else shards:
         open(os.path.join(path, layout.tag_for(step), name), "w").close()
     with open(os.path.join(path, layout.METADATA), "w") as f:
-        json.dump({"step": step, "world_size": 2, "metrics": {}, "history": [], "spec": spec.to_dict()}, f)
+        json.dump(meta, f)
     with open(os.path.join(path, "latest"), "w") as f:
         f.write(layout.tag_for(step))
     return str(path)
@@ -839,3 +840,41 @@ def test_a_done_run_whose_export_dir_cannot_be_reached_is_one_line(tmp_path, cap
     rc, err = dry(capsys, f"checkpoint.storage_path={runs}", "checkpoint.name=r1", f"checkpoint.export_dir={out}", *TWO)
     assert rc == 2 and len(err) == 1, err
     assert err[0].startswith(f"raytrain: error: checkpoint.export_dir={out}: cannot reach it ("), err
+
+
+def cut_short(path):
+    """`path` replaced by a real torch.save archive cut in half, as a copy or sync that stopped leaves it."""
+    import torch
+
+    torch.save({"state": torch.zeros(256)}, path)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+
+
+@pytest.mark.usefixtures("no_ray_driver")
+@pytest.mark.parametrize("damage", ["deleted", "cut short"])
+def test_a_runs_own_latest_checkpoint_missing_or_cutting_short_a_shard_is_one_line_naming_an_earlier_one(
+        damage, tmp_path, capsys):
+    # The run's own latest checkpoint was not checked at all (only --resume-from's): every worker failed at
+    # DeepSpeed's load, checkpoint.max_failures + 1 times (measured: a truncated optimizer shard, 4 attempts,
+    # 2 minutes, 168 lines of tracebacks, exit 1).
+    storage = tmp_path / "runs"
+    run = run_with_checkpoints(storage, "r1", [4, 8])
+    shard = os.path.join(run, "checkpoint_step_00000008", "step_00000008", SHARDS[3])
+    os.remove(shard) if damage == "deleted" else cut_short(shard)
+    rc, err = dry(capsys, f"checkpoint.storage_path={storage}", "checkpoint.name=r1", *TWO)
+    assert rc == 2 and len(err) == 1, err
+    problem = ("is incomplete: raytrain.json says 2 workers wrote it, and its DeepSpeed tag step_00000008/ has no "
+               "zero_pp_rank_1_mp_rank_00_optim_states.pt (a save cut short, or files deleted)" if damage == "deleted"
+               else "is damaged: its shard file step_00000008/zero_pp_rank_1_mp_rank_00_optim_states.pt is cut short "
+               "(a torch.save archive without its end: a save or copy that stopped, or a full disk; DeepSpeed cannot "
+               "load it)")
+    assert err[0] == (f"raytrain: error: run 'r1''s latest checkpoint {run}/checkpoint_step_00000008 {problem}: Ray "
+                      f"Train continues run 'r1' from its latest checkpoint only: put the files back, or continue from "
+                      f"its latest complete one under a new name (--resume-from {run}/checkpoint_step_00000004 "
+                      f"checkpoint.name=NEW_NAME), or pass --fresh to start over (the old run is kept under another "
+                      f"name)")
+    # that earlier one is accepted as the line says, and --fresh sets the run aside
+    assert dry(capsys, "--resume-from", f"{run}/checkpoint_step_00000004", f"checkpoint.storage_path={storage}",
+               "checkpoint.name=r2", *TWO)[0] == 0
+    assert dry(capsys, f"checkpoint.storage_path={storage}", "checkpoint.name=r1", "--fresh", *TWO)[0] == 0
