@@ -192,10 +192,13 @@ def latest_checkpoint(run: str):
     except (OSError, pyarrow.lib.ArrowException) as e:  # storage that cannot be reached: see check_reachable
         raise unreachable(f"checkpoint.storage_path={storage} (run {name!r})", run, e) from None
     except CheckpointManagerInitializationError:
+        # which one to resume, named: "one of its remaining checkpoints" left the user to find and check them
+        remaining = latest_complete_checkpoint(run)
+        resume = (f"continue from its latest complete checkpoint under a new name (--resume-from {remaining} "
+                  f"checkpoint.name=NEW_NAME), or " if remaining else "")
         raise BrokenRun(f"run {name!r} in {storage}: Ray Train's record of its checkpoints names one that was deleted "
-                        f"from storage, so the run cannot continue: pass --fresh to start over (the old run is "
-                        f"kept under another name), or choose a new checkpoint.name (resume one of its remaining "
-                        f"checkpoints with --resume-from)") from None
+                        f"from storage, so the run cannot continue under its name: {resume}pass --fresh to start "
+                        f"over (the old run is kept under another name)") from None
     except RuntimeError:  # the directory exists but holds no Ray Train run (no checkpoint reported)
         return None
     return result.checkpoint

@@ -154,9 +154,15 @@ def test_a_record_naming_a_deleted_checkpoint_is_one_line_and_fresh_sets_the_run
             for f in files:
                 os.remove(os.path.join(path, f))
             os.rmdir(path)
-    with pytest.raises(layout.BrokenRun, match=rf"run 'r1' in {tmp_path / 'runs'}: Ray Train's record of its "
-                                               r"checkpoints names one that was deleted .*: pass --fresh"):
+    with pytest.raises(layout.BrokenRun) as e:
         place(tmp_path / "runs", "checkpoint.name=r1")
+    # the checkpoint to go on from, named (was: "resume one of its remaining checkpoints with --resume-from")
+    run = tmp_path / "runs" / "r1"
+    assert str(e.value) == (f"run 'r1' in {tmp_path / 'runs'}: Ray Train's record of its checkpoints names one that "
+                            f"was deleted from storage, so the run cannot continue under its name: continue from its "
+                            f"latest complete checkpoint under a new name (--resume-from {run}/checkpoint_step_00000004 "
+                            f"checkpoint.name=NEW_NAME), or pass --fresh to start over (the old run is kept under "
+                            f"another name)")
     # another run's broken record is no reason to refuse this one, nor to offer it as continuable
     new = resolved(*TWO, f"checkpoint.storage_path={tmp_path / 'runs'}")
     assert unfinished_runs(str(tmp_path / "runs"), new, "raytrain-20990101-000000") == []
