@@ -101,8 +101,9 @@ class RunFailed(Exception):
 
 
 def last_line(error: BaseException) -> str:
-    """The last line of `error`'s message, cut at 300 characters: where a worker's traceback ends."""
-    return (str(error).strip().splitlines() or [""])[-1][:300]
+    """The last line of `error`'s message, cut at 300 characters ("..." says so): where a worker's traceback ends."""
+    line = (str(error).strip().splitlines() or [""])[-1]
+    return line if len(line) <= 300 else line[:300] + "..."
 
 
 class Terminated(KeyboardInterrupt):

@@ -66,11 +66,12 @@ def test_the_failure_line_follows_the_limit_of_failures(max_failures, then, capf
 
 
 def test_the_failure_line_names_the_lowest_failed_rank_and_stays_short(capfd):
-    """Several workers fail at once: the line is about rank 0's failure; a huge last line of an error is cut."""
+    """Several workers fail at once: the line is about rank 0's failure; a huge last line of an error is cut, and
+    says so (a cut mid-sentence read as the whole message)."""
     RunWatch(max_failures=3).after_exception(None, {2: ValueError("other"), 0: OSError("x" * 1000),
                                                     1: KeyError("k")})
     assert capfd.readouterr().out == ("raytrain: worker failure 1 (checkpoint.max_failures=3) on rank 0: OSError: "
-                                      f"{'x' * 300}; Ray Train restarts the workers from the latest checkpoint\n")
+                                      f"{'x' * 300}...; Ray Train restarts the workers from the latest checkpoint\n")
 
 
 def test_a_stopped_runs_silence_is_undone_once_whoever_ends_it_first():
