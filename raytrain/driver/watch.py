@@ -36,6 +36,7 @@ from ray.exceptions import GetTimeoutError
 
 from raytrain import compat
 from raytrain.checkpoint import layout
+from raytrain.config import ConfigError
 from raytrain.console import emit, say
 from raytrain.data.progress import DataProgress, RunSummary
 
@@ -56,13 +57,17 @@ class Interrupted(Exception):
     `exit_code`: the shell's for the signal (130 for SIGINT, 143 for SIGTERM)."""
 
     def __init__(self, step: int | None, max_steps: int, checkpoint: str | None, command: str,
-                 signum: int = signal.SIGINT):
+                 signum: int = signal.SIGINT, unregistered: str | None = None):
         self.step, self.checkpoint, self.command = step, checkpoint, command
         self.exit_code = 128 + int(signum)
         reached = f"at step {step} of {max_steps}" if step is not None else "before its first step was reported"
         latest = f"latest checkpoint {checkpoint}" if checkpoint else "no checkpoint yet"
         by = " by SIGTERM" if signum == signal.SIGTERM else ""
-        super().__init__(f"interrupted{by} {reached}; {latest}; to continue: {command}")
+        # a newer save, whole in storage, that Ray Train never took: the command above would not continue from it
+        newer = (f"; {unregistered} is complete in storage but Ray Train had not registered it (its workers were "
+                 f"stopped first): --resume-from it with a new checkpoint.name continues from there"
+                 if unregistered else "")
+        super().__init__(f"interrupted{by} {reached}; {latest}; to continue: {command}{newer}")
 
 
 class ExportInterrupted(Exception):
@@ -237,6 +242,7 @@ def run_trainer(trainer, progress: DataProgress, run_uri: str, max_steps: int, c
                 # mutex, 15 lines of stack dump before raytrain's one line, in one .ci/run under load).
                 if printing_back is None:
                     printing_back = compat.stop_printing_worker_logs()
+                saved = _await_registration(run_uri, hurried=lambda: stopping.hurried)
                 # Once aborted, fit() returns within seconds; without a controller yet, this process's end
                 # takes the run with it (its actors are this driver's).
                 deadline = time.monotonic() + (120 if _abort(progress, hurried=lambda: stopping.hurried) else 0)
@@ -245,9 +251,10 @@ def run_trainer(trainer, progress: DataProgress, run_uri: str, max_steps: int, c
                 summary = progress.summary()
                 _say_skipped(summary)
                 checkpoint = layout.latest_checkpoint(run_uri)
-            raise Interrupted(summary.step, max_steps,
-                              layout.checkpoint_uri(run_uri, checkpoint) if checkpoint else None, command,
-                              signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT) from None
+                latest = layout.checkpoint_uri(run_uri, checkpoint) if checkpoint else None
+            raise Interrupted(summary.step, max_steps, latest, command,
+                              signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT,
+                              unregistered=saved if saved and _step_of(saved) > _step_of(latest) else None) from None
         summary = progress.summary()
         if summary.bad_record is not None:
             raise summary.bad_record  # the counter stopped the run: whatever fit() says is its consequence
@@ -286,6 +293,39 @@ def continue_command(argv: Sequence[str] | None, run_name: str, resume_from: str
             kept.append(arg)
     resume = ["--resume-from", resume_from] if resume_from else []
     return shlex.join(["python", "-m", "raytrain.main", *kept, *resume, f"checkpoint.name={run_name}"])
+
+
+def _await_registration(run_uri: str, hurried: Callable[[], bool]) -> str | None:
+    """Before Ctrl-C's abort: the newest complete checkpoint of the run in storage (a URI, or None), waited for
+    until Ray Train has registered it, up to two of its controller's polls. A worker's ray.train.report uploads
+    the checkpoint first and then queues the report, which the controller takes at its next poll (every 2 s;
+    a queued metrics report ahead of it costs one more): an abort inside that window dropped a checkpoint
+    already whole in storage, and the run continued from the one before (a whole checkpoint interval lost;
+    seen at Ctrl-C as "checkpoint step 6" printed: "latest checkpoint .../checkpoint_step_00000003"). Where
+    the workers are gone already (Ctrl-C in the terminal of raytrain's own local cluster signals them too)
+    the report is lost with them: the wait ends at its limit and Interrupted names the checkpoint. Costs a
+    listing and the newest checkpoint's checks (layout.latest_complete_checkpoint), then reads of Ray
+    Train's record every 0.5 s while it waits."""
+    try:
+        newest = layout.latest_complete_checkpoint(run_uri)
+        if newest is None:
+            return None
+        deadline = time.monotonic() + 2 * compat.ray_train_poll_interval_s() + 1.0
+        while not hurried():
+            registered = layout.latest_checkpoint(run_uri)
+            if registered is not None and _step_of(layout.checkpoint_uri(run_uri, registered)) >= _step_of(newest):
+                break
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+        return newest
+    except ConfigError:  # storage unreachable, a broken record: the line after the abort says so, as before
+        return None
+
+
+def _step_of(checkpoint: str | None) -> int:
+    """The step of a checkpoint_step_* URI; -1 for None."""
+    return -1 if checkpoint is None else int(checkpoint.rstrip("/").rsplit("_", 1)[-1])
 
 
 ABORT_WAIT_S = 15.0

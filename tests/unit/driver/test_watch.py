@@ -2,12 +2,16 @@
 run, the Ctrl-C line, the worker-failure line. The stops themselves (Ctrl-C, a bad record) run for
 real in tests/integration/test_quickstart.py and test_user_path.py."""
 
+import json
+import os
 import shlex
 import signal
 import threading
+import time
 
 import pytest
 
+from raytrain.checkpoint import layout
 from raytrain.driver.watch import Interrupted, RunWatch, Terminated, _Stopping, continue_command, sigterm_as_ctrl_c
 
 
@@ -170,3 +174,64 @@ def test_a_run_past_max_failures_ends_in_one_line_with_its_checkpoint_and_the_co
         f"error itself; the tracebacks are above); latest checkpoint {tmp_path}/failing/checkpoint_step_00000003; "
         "to continue from it: python -m raytrain.main checkpoint.name=failing")
     assert isinstance(raised.value.__cause__, ray.train.WorkerGroupError)  # raytrain.fit()'s caller still has it
+
+
+def test_ctrl_c_between_a_saves_upload_and_its_registration_waits_for_ray_train_to_take_it(ray_cluster, tmp_path):
+    """ray.train.report uploads a checkpoint, then queues its report for the controller's next poll (every 2 s;
+    one more behind a queued metrics report). Ctrl-C in that window aborted the run at once, and the checkpoint,
+    whole in storage, was never registered: the run continued from the one before. A real TorchTrainer on the
+    test cluster whose worker reports metrics, then a checkpoint, then keeps training; SIGINT to this process
+    the moment the checkpoint is whole in storage (here the workers are not signalled, as on a real cluster)."""
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    from raytrain.config import DataConfig
+    from raytrain.data.progress import DataProgress
+    from raytrain.driver.watch import callbacks, run_trainer
+
+    saved = tmp_path / "saved"  # what DeepSpeed and raytrain write, as check_is_checkpoint reads it (files empty)
+    (saved / layout.tag_for(3)).mkdir(parents=True)
+    for kind in ("model", "optim"):
+        (saved / layout.tag_for(3) / f"zero_pp_rank_0_mp_rank_00_{kind}_states.pt").touch()
+    (saved / "latest").write_text(layout.tag_for(3))
+    (saved / layout.METADATA).write_text(json.dumps({"step": 3, "world_size": 1, "spec": {
+        "model": {}, "config": {"data": {}}}}))
+
+    def train(config):
+        import time
+
+        import ray.train
+
+        ray.train.report({"step": 2})  # queued: the checkpoint's report waits behind it for a poll
+        ray.train.report({"step": 3}, checkpoint=ray.train.Checkpoint.from_directory(config["saved"]),
+                         checkpoint_dir_name="checkpoint_step_00000003")
+        time.sleep(120)  # training on; the abort ends it
+
+    run = f"{tmp_path}/stopped"
+    progress = DataProgress(DataConfig(), "stopped")
+
+    def interrupt_once_saved():
+        deadline = time.monotonic() + 120
+        while layout.latest_complete_checkpoint(run) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    trainer = TorchTrainer(train, train_loop_config={"saved": str(saved)},
+                           scaling_config=ray.train.ScalingConfig(num_workers=1, resources_per_worker={"CPU": 0.5}),
+                           run_config=ray.train.RunConfig(storage_path=str(tmp_path), name="stopped",
+                                                          callbacks=callbacks(progress, 0)))
+    with progress, pytest.raises(Interrupted) as raised:
+        threading.Thread(target=interrupt_once_saved, daemon=True).start()
+        run_trainer(trainer, progress, run, 10, "python -m raytrain.main checkpoint.name=stopped")
+    assert raised.value.checkpoint == f"{run}/checkpoint_step_00000003", str(raised.value)
+    assert "not registered" not in str(raised.value)
+
+
+def test_a_checkpoint_whole_in_storage_but_never_registered_is_named_at_ctrl_c():
+    """Where the wait ends first (the workers were signalled too), the line names the newer checkpoint."""
+    line = str(Interrupted(7, 12, "/runs/r/checkpoint_step_00000003", "python -m raytrain.main checkpoint.name=r",
+                           unregistered="/runs/r/checkpoint_step_00000006"))
+    assert line == ("interrupted at step 7 of 12; latest checkpoint /runs/r/checkpoint_step_00000003; to continue: "
+                    "python -m raytrain.main checkpoint.name=r; /runs/r/checkpoint_step_00000006 is complete in "
+                    "storage but Ray Train had not registered it (its workers were stopped first): --resume-from it "
+                    "with a new checkpoint.name continues from there")
