@@ -1101,7 +1101,7 @@ def test_weights_a_pretrained_checkpoint_lacks_are_refused_not_randomly_initiali
 def test_checkpoints_from_pretrained_reads_as_they_are_pass(tmp_path):
     """Names as from_pretrained matches them: saved from the base model (no "model." prefix), a tied lm_head
     left out, tensors the model has no weight for (old checkpoints' rotary inv_freq, GPT-2's attn.bias), MoE
-    experts saved one by one (converted on load); pickled weights are only looked for."""
+    experts saved one by one (converted on load), sharded pickled weights."""
     import torch
     from safetensors.torch import load_file, save_file
     from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
@@ -1142,10 +1142,48 @@ def test_checkpoints_from_pretrained_reads_as_they_are_pass(tmp_path):
     save_file(weights, quantized / "model.safetensors", metadata={"format": "pt"})
     assert loads(quantized)
 
-    (tmp_path / "pickled").mkdir()
-    LlamaConfig(**TINY).save_pretrained(tmp_path / "pickled")
-    (tmp_path / "pickled" / "pytorch_model.bin").write_bytes(b"")  # not read: the pickle format loads whole
-    assert loads(tmp_path / "pickled")
+    pickled = tmp_path / "pickled"  # the pickle format, sharded as transformers 4 wrote it (5 writes safetensors only)
+    model = LlamaForCausalLM(LlamaConfig(**TINY))
+    model.config.save_pretrained(pickled)
+    weights = model.state_dict()
+    shards = {"pytorch_model-00001-of-00002.bin": [k for k in weights if "layers" in k],
+              "pytorch_model-00002-of-00002.bin": [k for k in weights if "layers" not in k]}
+    for shard, names in shards.items():
+        torch.save({k: weights[k] for k in names}, pickled / shard)
+    (pickled / "pytorch_model.bin.index.json").write_text(json.dumps(
+        {"weight_map": {k: shard for shard, names in shards.items() for k in names}}))
+    assert loads(pickled)
+
+
+def test_pickled_weights_of_other_names_or_shapes_are_refused_on_the_driver(tmp_path):
+    """A pytorch_model.bin was only looked for: one saved from a DDP-wrapped model ("module." names) trained from
+    random init with a MISSING table in the workers' logs, exit 0; one of another vocabulary failed from_pretrained
+    in every worker, retried checkpoint.max_failures times. Its names and shapes come from the pickle alone."""
+    import torch
+
+    def refused(path):
+        with pytest.raises(ConfigError) as e:
+            load_model_config(ModelConfig(name_or_path=str(path), pretrained=True))
+        return str(e.value)
+
+    model = LlamaForCausalLM(LlamaConfig(**TINY))
+    path = tmp_path / "ddp"
+    model.config.save_pretrained(path)
+    torch.save({f"module.{k}": v for k, v in model.state_dict().items()}, path / "pytorch_model.bin")
+    assert refused(path) == (f"model.pretrained=true but the weights in {path} have no model.embed_tokens.weight and "
+                             f"11 more of the 12 the model {path}/config.json describes has (from_pretrained would "
+                             f"initialise them randomly): give the weights saved with this config.json, or drop "
+                             f"model.pretrained to train from random init")
+    torch.save(LlamaForCausalLM(LlamaConfig(**{**TINY, "vocab_size": 256})).state_dict(), path / "pytorch_model.bin")
+    assert refused(path) == (f"model.pretrained=true but {path}/pytorch_model.bin holds model.embed_tokens.weight as "
+                             f"[256, 16], where the model {path}/config.json describes has [320, 16] (and 1 more "
+                             f"weights differ): give the config.json the weights were saved with, or drop "
+                             f"model.pretrained to train from random init")
+    torch.save(model.state_dict(), path / "pytorch_model.bin")
+    assert load_model_config(ModelConfig(name_or_path=str(path), pretrained=True)).vocab_size == 320
+    (path / "pytorch_model.bin").write_bytes(b"")  # a download cut short: from_pretrained's EOFError in every worker
+    assert refused(path) == (f"model.pretrained=true but {path}/pytorch_model.bin is not a readable PyTorch state "
+                             f"dict (EOFError; damaged, cut short or not a weight file): {_DROP.format(path)}")
 
 
 def test_the_class_name_written_as_architectures_is_the_remote_codes_only_when_it_is_trusted():
