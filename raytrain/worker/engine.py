@@ -90,10 +90,27 @@ def after_checkpoint_load(engine) -> None:
     param-group dicts, so with `offload_optimizer.ratio < 1` the GPU side's AdamW would again miss the
     LR schedule (raytrain.compat.share_backup_optimizer_param_groups): share them again. DeepSpeed 0.19.8
     also never saves that AdamW's state (stage3.py's state_dict holds the CPU optimizer's only): the Adam
-    moments of the parameters kept on the GPU restart from zero at every resume. Said once, on rank 0."""
+    moments of the parameters kept on the GPU restart from zero at every resume. Said once, on rank 0. Then
+    the learning rate of the resumed step is this run's schedule's (`resume_schedule`)."""
     if compat.share_backup_optimizer_param_groups(engine.optimizer) and torch.distributed.get_rank() == 0:
         emit("raytrain: note: resumed with offload_optimizer.ratio < 1: DeepSpeed 0.19.8 does not checkpoint the "
              "Adam moments of the parameters it keeps on the GPU; they restart from zero (upstream limitation)")
+    resume_schedule(engine.lr_scheduler)
+
+
+def resume_schedule(scheduler) -> None:
+    """Each param group's learning rate as raytrain's warmup + cosine schedule gives it at the checkpoint's step.
+
+    The loaded optimizer state brings the rate the checkpoint's own schedule had set for the next step, and
+    LambdaLR's state keeps no schedule (its lambdas are this run's): with training.max_steps, warmup_steps or
+    min_lr_ratio changed since, the first resumed step trained at the old schedule's rate (1e-5 where the driver's
+    note said 3.25e-5) and only the steps after it followed the new one. With nothing changed this is the product
+    LambdaLR.step computed before the save: bit-identical. A DeepSpeed JSON's own scheduler keeps its state."""
+    if not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+        return
+    for group, base_lr, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas,
+                                      strict=True):
+        group["lr"] = base_lr * factor(scheduler.last_epoch)
 
 
 def train_step(engine, batches: Iterator[dict[str, Any]], grad_accum: int, device: torch.device,
