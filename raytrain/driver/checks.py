@@ -1,7 +1,8 @@
 """The checks a run passes before Ray starts: one code path for `--dry-run` and for a real run.
 
 - `check_before_ray(cfg)`: what needs neither Ray nor the cluster's shape: the paths (storage,
-  resume_from, export_dir) and the Ray address. It writes nothing: a dry run creates no directory.
+  resume_from, export_dir, a model path that is a raytrain checkpoint) and the Ray address. It writes
+  nothing: a dry run creates no directory.
 - `resolve_before_ray(cfg)`: the whole config resolved (model, tokenizer, data, DeepSpeed) for the
   shape the config itself states, so that a real run refuses a bad config before `ray.init`;
   None when only the cluster can tell the shape.
@@ -44,6 +45,7 @@ def check_before_ray(cfg: RunConfig) -> None:
     """Paths and addresses, with one-line ConfigErrors; nothing is created."""
     check_writable_dir(cfg.checkpoint.storage_path, "checkpoint.storage_path")
     check_storage_outside_data(cfg.checkpoint.storage_path, cfg.checkpoint.name, cfg.data)
+    check_model_is_not_a_run(cfg.model.name_or_path)
     if cfg.checkpoint.resume_from:  # a URI pyarrow cannot reach is one line there too
         layout.check_is_checkpoint(cfg.checkpoint.resume_from, "checkpoint.resume_from")
     if cfg.checkpoint.export_dir:
@@ -52,6 +54,29 @@ def check_before_ray(cfg: RunConfig) -> None:
         check_out_dir(cfg.checkpoint.export_dir, "checkpoint.export_dir")  # before hours of training
         check_export_outside_data(cfg.checkpoint.export_dir, cfg.data)
     check_ray_address(cfg.cluster.address)
+
+
+def check_model_is_not_a_run(name_or_path: str | None) -> None:
+    """model.name_or_path is not a raytrain checkpoint or run directory, where neither config.json nor weights are
+    (they are DeepSpeed shards): the model's own checks said "holds no weights ...: drop model.pretrained to train
+    from random init", or, without model.pretrained, transformers' "Should have a `model_type` key in its
+    config.json", where the fix is the export or --resume-from. A local directory only: two listings."""
+    if name_or_path is None or not os.path.isdir(name_or_path) or os.path.isfile(
+            os.path.join(name_or_path, "config.json")):
+        return
+    if os.path.isfile(os.path.join(name_or_path, layout.METADATA)):
+        checkpoint, what = name_or_path, "a raytrain checkpoint"
+    else:
+        steps = sorted(d for d in os.listdir(name_or_path) if d.startswith("checkpoint_step_")
+                       and os.path.isfile(os.path.join(name_or_path, d, layout.METADATA)))
+        if not steps:
+            return
+        checkpoint = os.path.join(name_or_path, steps[-1])
+        what = f"a raytrain run's directory (its latest checkpoint is {steps[-1]})"
+    raise ConfigError(f"model.name_or_path={name_or_path} is {what}, not a Hugging Face model directory: export it "
+                      f"(python -m raytrain.tools.export {checkpoint} OUT_DIR) and set model.name_or_path=OUT_DIR "
+                      f"model.pretrained=true to train from its weights, or pass --resume-from {checkpoint} to "
+                      f"continue its training")
 
 
 def check_storage_outside_data(storage_path: str, name: str | None, data: DataConfig) -> None:

@@ -116,6 +116,16 @@ CLASSES: dict[str, list[tuple[list[str], str]]] = {
         (['model.config.hidden_size="64"'], "model.config.hidden_size='64': the model's config refuses it"),
         (["model.config.num_attention_heads=3"], "model.config.num_attention_heads=3: the model's config refuses it"),
         (["model.name_or_path=FILES/adir"], "model.name_or_path='FILES/adir': cannot load its config"),
+        # a raytrain checkpoint or run holds DeepSpeed shards, no config.json: the fix is the export or --resume-from
+        (["model.name_or_path=FILES/arun/checkpoint_step_00000004", "model.pretrained=true"],
+         "model.name_or_path=FILES/arun/checkpoint_step_00000004 is a raytrain checkpoint, not a Hugging Face model "
+         "directory: export it (python -m raytrain.tools.export FILES/arun/checkpoint_step_00000004 OUT_DIR) and set "
+         "model.name_or_path=OUT_DIR model.pretrained=true to train from its weights, or pass --resume-from "
+         "FILES/arun/checkpoint_step_00000004 to continue its training"),
+        (["model.name_or_path=FILES/arun"], "model.name_or_path=FILES/arun is a raytrain run's directory (its latest "
+                                            "checkpoint is checkpoint_step_00000004), not a Hugging Face model "
+                                            "directory: export it (python -m raytrain.tools.export "
+                                            "FILES/arun/checkpoint_step_00000004 OUT_DIR)"),
         (["model.liger_kernel=fast"], "model.liger_kernel must be none, loss or all"),
         (["data.seq_len=4096"], "data.seq_len=4096 exceeds the model's max_position_embeddings=1024"),
         # each passed the driver and failed every worker (or was ignored: dtype)
@@ -313,6 +323,10 @@ pytestmark = pytest.mark.usefixtures("no_ray_driver")
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("bad_input")
     (d / "adir").mkdir()
+    for step in (2, 4):  # a run's directory as the worker and Ray Train leave it (the shards left out)
+        (d / "arun" / f"checkpoint_step_{step:08d}").mkdir(parents=True)
+        (d / "arun" / f"checkpoint_step_{step:08d}" / "raytrain.json").write_text('{"step": %d}' % step)
+    (d / "arun" / "model").mkdir()
     (d / "afile").write_text("not a directory\n")
     (d / "latin1.yaml").write_bytes("training:\n  max_steps: 5  # caf\xe9\n".encode("latin-1"))
     (d / "broken.yaml").write_text("training:\n  max_steps: [1,\n")
