@@ -47,7 +47,7 @@ from raytrain.driver.live import check_not_live, claimed, live_driver
 from raytrain.driver.summary import write_summary
 from raytrain.driver.tracking import check_tracking, local_tracking_uri, mlflow_run_outcome, tracking_env
 from raytrain.driver.watch import callbacks as watch_callbacks
-from raytrain.driver.watch import ExportInterrupted, Terminated, continue_command, run_trainer, sigterm_as_ctrl_c
+from raytrain.driver.watch import ExportInterrupted, Terminated, continue_command, run_trainer, signals_stop_the_run
 from raytrain.model import model_source
 from raytrain.network.backend import torch_config
 from raytrain.planning.memory import MemoryPlan, check_fits, estimate_memory
@@ -110,7 +110,7 @@ def fit(cfg: RunConfig, fresh: bool = False, argv: Sequence[str] | None = None) 
         check_preflight(cfg)
     name = _run_name(cfg)
     # one driver per run (live.py); SIGTERM takes Ctrl-C's path from here to the end, the export included
-    with claimed(_storage_path(cfg.checkpoint.storage_path), name), sigterm_as_ctrl_c():
+    with claimed(_storage_path(cfg.checkpoint.storage_path), name), signals_stop_the_run():
         spec, progress, restored = _place(resolved, fresh, name)
         sources.say_notes()  # only once every check has passed: above an error line they are noise
         command = continue_command(argv, spec.run_name, spec.resume_from)

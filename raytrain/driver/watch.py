@@ -112,16 +112,23 @@ def last_line(error: BaseException) -> str:
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread to take Ctrl-C's path (`sigterm_as_ctrl_c`); main exits 143 for it."""
+    """SIGTERM, raised in the main thread to take Ctrl-C's path (`signals_stop_the_run`); main exits 143 for it."""
 
 
 @contextlib.contextmanager
-def sigterm_as_ctrl_c():
-    """While the block runs, SIGTERM (`kill`, `timeout`, a batch scheduler's or Kubernetes' stop) stops the run as
-    Ctrl-C does: the run aborted through Ray Train, one line with the continue command, exit 143. Without it Ray's
-    driver core handles SIGTERM (installed at ray.init): a 6-line "*** SIGTERM received" stack dump, exit 134, no
-    line of raytrain's. Only in the main thread, where Python runs signal handlers (a notebook's fit() runs there
-    too). Ray's C++ handler is not a Python one, so the block ends with SIGTERM's default (terminate) in its place."""
+def signals_stop_the_run():
+    """While the block runs, Ctrl-C raises KeyboardInterrupt and SIGTERM (`kill`, `timeout`, a batch scheduler's or
+    Kubernetes' stop) raises Terminated, one of its kind: the run aborted through Ray Train, one line with the
+    continue command, exit 130 or 143.
+    - SIGTERM: without this, Ray's driver core handles it (installed at ray.init): a 6-line "*** SIGTERM received"
+      stack dump, exit 134, no line of raytrain's. Ray's C++ handler is not a Python one, so the block ends with
+      SIGTERM's default (terminate) in its place.
+    - Ctrl-C: Python's own handler, which a plain Ray Train fit() run earlier in this process's main thread (a
+      notebook's cell, a test) replaced for good with one bound to that run's controller (ray 2.60's
+      DataParallelTrainer._register_sigint_handler never restores the old one): Ctrl-C then tried to abort that
+      dead controller and raised "Can't find actor ..." out of the wait, and this run trained on. The caller's
+      handler is restored after the block.
+    Only in the main thread, where Python runs signal handlers (a notebook's fit() runs there too)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -130,9 +137,11 @@ def sigterm_as_ctrl_c():
         raise Terminated()
 
     previous = signal.signal(signal.SIGTERM, terminated)
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
+        signal.signal(signal.SIGINT, previous_int if previous_int is not None else signal.default_int_handler)
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
@@ -227,7 +236,7 @@ def run_trainer(trainer, progress: DataProgress, run_uri: str, max_steps: int, c
     printing_back = None  # set once the workers' output is no longer printed: the undo, whatever way the run ends
     try:
         try:
-            with sigterm_as_ctrl_c():
+            with signals_stop_the_run():
                 while thread.is_alive():
                     thread.join(timeout=0.5)  # a timed wait: Ctrl-C interrupts it at once
                     if printing_back is None and stopped_by_bad_record(progress):

@@ -443,7 +443,7 @@ def test_ctrl_c_during_the_final_export_says_the_run_is_done_and_how_to_export_i
     out = tmp_path / "hf"
     spec = place(tmp_path / "runs", "checkpoint.name=r1", f"checkpoint.export_dir={out}")
 
-    def interrupted(*args, **kwargs):  # Ctrl-C (or SIGTERM: sigterm_as_ctrl_c) in the middle of the export's minutes
+    def interrupted(*args, **kwargs):  # Ctrl-C (or SIGTERM: signals_stop_the_run) in the middle of the export's minutes
         raise Terminated if signal_name == "SIGTERM" else KeyboardInterrupt
 
     monkeypatch.setattr(driver_run, "export", interrupted)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from raytrain.checkpoint import layout
-from raytrain.driver.watch import Interrupted, RunWatch, Terminated, _Stopping, continue_command, sigterm_as_ctrl_c
+from raytrain.driver.watch import Interrupted, RunWatch, Terminated, _Stopping, continue_command, signals_stop_the_run
 
 
 def test_the_continue_command_is_the_users_argv_with_the_run_name_and_nothing_that_restarts():
@@ -96,12 +96,29 @@ def test_sigterm_takes_the_ctrl_c_path_inside_the_block_and_its_handler_is_resto
     previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a handler of the caller's, not the default
     try:
         with pytest.raises(Terminated):
-            with sigterm_as_ctrl_c():
+            with signals_stop_the_run():
                 signal.raise_signal(signal.SIGTERM)
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert issubclass(Terminated, KeyboardInterrupt)  # Ctrl-C's path: main's `except KeyboardInterrupt`
+
+
+def test_ctrl_c_inside_the_block_is_python_s_even_where_a_plain_ray_train_run_left_its_handler():
+    """ray 2.60's TrainController-bound SIGINT handler, left behind by a plain TorchTrainer.fit() run earlier in the
+    main thread (a notebook cell, a test), never restored: Ctrl-C raised "Can't find actor ..." from the wait for a
+    later run, which trained on. Inside the block Ctrl-C is KeyboardInterrupt; the caller's handler comes back."""
+    def stale(signum, frame):  # what Ray's does once its controller is gone
+        raise RuntimeError("Failed to submit task to actor ...: Can't find actor")
+
+    previous = signal.signal(signal.SIGINT, stale)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with signals_stop_the_run():
+                signal.raise_signal(signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is stale
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_a_second_ctrl_c_while_stopping_only_hurries_the_stop():
@@ -122,7 +139,7 @@ def test_outside_the_main_thread_signal_handlers_are_left_alone():
     before, done = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)), []
 
     def in_a_thread():
-        with sigterm_as_ctrl_c(), _Stopping() as stopping:
+        with signals_stop_the_run(), _Stopping() as stopping:
             inside = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), stopping.hurried
         done.append(inside)  # leaving the blocks raised nothing
 
