@@ -149,50 +149,6 @@ def test_outside_the_main_thread_signal_handlers_are_left_alone():
     assert done == [(*before, False)]
 
 
-def test_a_run_past_max_failures_ends_in_one_line_with_its_checkpoint_and_the_command_that_continues(
-        ray_cluster, tmp_path):
-    """Ray Train's last worker failure: run_trainer raised Ray's WorkerGroupError, and the command line ended on
-    its ~40-line traceback without the checkpoint the run kept or the command that continues from it. A real
-    TorchTrainer on the test cluster, max_failures=0, a worker that saves step 3 and then fails."""
-    import ray.train
-    from ray.train.torch import TorchTrainer
-
-    from raytrain.config import DataConfig
-    from raytrain.data.progress import DataProgress
-    from raytrain.driver.watch import RunFailed, run_trainer
-
-    def train(config):
-        import os
-        import tempfile
-
-        import ray.train
-
-        from raytrain.data.progress import reached
-
-        if ray.train.get_context().get_world_rank() == 0:
-            reached(config["counter"], 3)
-        with tempfile.TemporaryDirectory() as d:
-            with open(os.path.join(d, "raytrain.json"), "w") as f:
-                f.write("{}")
-            ray.train.report({"step": 3}, checkpoint=ray.train.Checkpoint.from_directory(d),
-                             checkpoint_dir_name="checkpoint_step_00000003")
-        ray.train.report({"step": 3})  # returns once the controller has taken (registered) the checkpoint
-        raise ValueError("a traceback's lines\nthe error itself")
-
-    progress = DataProgress(DataConfig(), "failing")
-    trainer = TorchTrainer(train, train_loop_config={"counter": progress.name},
-                           scaling_config=ray.train.ScalingConfig(num_workers=1, resources_per_worker={"CPU": 0.5}),
-                           run_config=ray.train.RunConfig(storage_path=str(tmp_path), name="failing",
-                                                          failure_config=ray.train.FailureConfig(max_failures=0)))
-    with progress, pytest.raises(RunFailed) as raised:
-        run_trainer(trainer, progress, f"{tmp_path}/failing", 10, "python -m raytrain.main checkpoint.name=failing", 0)
-    assert str(raised.value) == (
-        "the run failed at step 3 of 10 (worker failure past checkpoint.max_failures=0 on rank 0: ValueError: the "
-        f"error itself; the tracebacks are above); latest checkpoint {tmp_path}/failing/checkpoint_step_00000003; "
-        "to continue from it: python -m raytrain.main checkpoint.name=failing")
-    assert isinstance(raised.value.__cause__, ray.train.WorkerGroupError)  # raytrain.fit()'s caller still has it
-
-
 def test_ctrl_c_between_a_saves_upload_and_its_registration_waits_for_ray_train_to_take_it(ray_cluster, tmp_path):
     """ray.train.report uploads a checkpoint, then queues its report for the controller's next poll (every 2 s;
     one more behind a queued metrics report). Ctrl-C in that window aborted the run at once, and the checkpoint,
