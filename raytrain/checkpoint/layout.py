@@ -246,13 +246,20 @@ def latest_complete_checkpoint(run: str, but: str | None = None) -> str | None:
     names = sorted((i.base_name for i in infos if i.type == pyarrow.fs.FileType.Directory
                     and re.fullmatch(r"checkpoint_step_\d+", i.base_name)), reverse=True)
     for uri in (f"{run.rstrip('/')}/{name}" for name in names):
+        if uri == but:
+            continue
         try:
-            if uri != but:
-                check_is_checkpoint(uri, "checkpoint")
-                return uri
+            check_is_checkpoint(uri, "checkpoint")
+            return uri
         except ConfigError:
             continue
     return None
+
+
+def latest_checkpoint_uri(run: str) -> str | None:
+    """latest_checkpoint's URI, named as the user gave the storage (checkpoint_uri), or None; raises as it does."""
+    checkpoint = latest_checkpoint(run)
+    return checkpoint_uri(run, checkpoint) if checkpoint is not None else None
 
 
 def _latest_if_run(run: str) -> str | None:
@@ -260,10 +267,9 @@ def _latest_if_run(run: str) -> str | None:
     asked for), else None: the one-line answer to the commonest wrong path, at the cost of reading Ray Train's
     record once, only on the way to an error."""
     try:
-        checkpoint = latest_checkpoint(run)
+        return latest_checkpoint_uri(run)
     except ConfigError:  # a broken record, storage that cannot be reached: the plain message stands
         return None
-    return checkpoint_uri(run, checkpoint) if checkpoint is not None else None
 
 
 def _check_is_checkpoint(path: str, key: str, shown: str | None) -> None:

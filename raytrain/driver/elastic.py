@@ -45,12 +45,12 @@ from raytrain.run_spec import RunSpec
 # resources free (the group is created asynchronously), so "shrink at once" still waits this long
 # when Ray tries a size whose node just went away.
 MIN_PLACEMENT_WAIT_S = 5.0
+IDLE_PAUSE_S = 0.5
 
 
 def placement_wait_s(replacement_timeout_s: float) -> float:
     """How long a worker group's placement group waits (`policy_installed` sets it; the policy's line says it)."""
     return max(replacement_timeout_s, MIN_PLACEMENT_WAIT_S)
-IDLE_PAUSE_S = 0.5
 
 
 def next_group_size(placeable: int, min_workers: int, previous: int | None, retried: bool,

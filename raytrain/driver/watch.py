@@ -60,14 +60,19 @@ class Interrupted(Exception):
                  signum: int = signal.SIGINT, unregistered: str | None = None):
         self.step, self.checkpoint, self.command = step, checkpoint, command
         self.exit_code = 128 + int(signum)
-        reached = f"at step {step} of {max_steps}" if step is not None else "before its first step was reported"
-        latest = f"latest checkpoint {checkpoint}" if checkpoint else "no checkpoint yet"
+        reached, latest = _where(step, max_steps, checkpoint)
         by = " by SIGTERM" if signum == signal.SIGTERM else ""
         # a newer save, whole in storage, that Ray Train never took: the command above would not continue from it
         newer = (f"; {unregistered} is complete in storage but Ray Train had not registered it (its workers were "
                  f"stopped first): --resume-from it with a new checkpoint.name continues from there"
                  if unregistered else "")
         super().__init__(f"interrupted{by} {reached}; {latest}; to continue: {command}{newer}")
+
+
+def _where(step: int | None, max_steps: int, checkpoint: str | None) -> tuple[str, str]:
+    """A stopped run's step and latest checkpoint, in the words of its stop line (Interrupted, RunFailed)."""
+    return (f"at step {step} of {max_steps}" if step is not None else "before its first step was reported",
+            f"latest checkpoint {checkpoint}" if checkpoint else "no checkpoint yet")
 
 
 class ExportInterrupted(Exception):
@@ -99,8 +104,7 @@ class RunFailed(Exception):
         else:
             cause = getattr(error, "controller_failure", None) or error
             why = f"{type(cause).__name__}: {last_line(cause)}"
-        reached = f"at step {step} of {max_steps}" if step is not None else "before its first step was reported"
-        latest = f"latest checkpoint {checkpoint}" if checkpoint else "no checkpoint yet"
+        reached, latest = _where(step, max_steps, checkpoint)
         super().__init__(f"the run failed {reached} ({why}; the tracebacks are above); {latest}; to continue "
                          f"{'from it' if checkpoint else 'it'}: {command}")
 
@@ -259,8 +263,7 @@ def run_trainer(trainer, progress: DataProgress, run_uri: str, max_steps: int, c
                     thread.join(timeout=0.5)
                 summary = progress.summary()
                 _say_skipped(summary)
-                checkpoint = layout.latest_checkpoint(run_uri)
-                latest = layout.checkpoint_uri(run_uri, checkpoint) if checkpoint else None
+                latest = layout.latest_checkpoint_uri(run_uri)
             raise Interrupted(summary.step, max_steps, latest, command,
                               signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT,
                               unregistered=saved if saved and _step_of(saved) > _step_of(latest) else None) from None
@@ -270,9 +273,8 @@ def run_trainer(trainer, progress: DataProgress, run_uri: str, max_steps: int, c
         _say_skipped(summary)
         error = outcome.get("error")
         if isinstance(error, ray.train.TrainingFailedError):  # the run's checkpoints are kept: say how to go on
-            checkpoint = layout.latest_checkpoint(run_uri)
-            raise RunFailed(error, summary.step, max_steps, max_failures,
-                            layout.checkpoint_uri(run_uri, checkpoint) if checkpoint else None, command) from error
+            raise RunFailed(error, summary.step, max_steps, max_failures, layout.latest_checkpoint_uri(run_uri),
+                            command) from error
         if error is not None:
             raise error
         return outcome["result"]
@@ -320,12 +322,8 @@ def _await_registration(run_uri: str, hurried: Callable[[], bool]) -> str | None
         if newest is None:
             return None
         deadline = time.monotonic() + 2 * compat.ray_train_poll_interval_s() + 1.0
-        while not hurried():
-            registered = layout.latest_checkpoint(run_uri)
-            if registered is not None and _step_of(layout.checkpoint_uri(run_uri, registered)) >= _step_of(newest):
-                break
-            if time.monotonic() >= deadline:
-                break
+        while (not hurried() and _step_of(layout.latest_checkpoint_uri(run_uri)) < _step_of(newest)
+               and time.monotonic() < deadline):
             time.sleep(0.5)
         return newest
     except ConfigError:  # storage unreachable, a broken record: the line after the abort says so, as before
