@@ -62,11 +62,12 @@ class Interrupted(Exception):
         self.exit_code = 128 + int(signum)
         reached, latest = _where(step, max_steps, checkpoint)
         by = " by SIGTERM" if signum == signal.SIGTERM else ""
-        # a newer save, whole in storage, that Ray Train never took: the command above would not continue from it
+        # a newer save, whole in storage, that Ray Train never took: the command would not continue from it. The
+        # command stays the line's end, where a user (or a script) takes it from.
         newer = (f"; {unregistered} is complete in storage but Ray Train had not registered it (its workers were "
-                 f"stopped first): --resume-from it with a new checkpoint.name continues from there"
+                 f"stopped first): --resume-from it with a new checkpoint.name to continue from there instead"
                  if unregistered else "")
-        super().__init__(f"interrupted{by} {reached}; {latest}; to continue: {command}{newer}")
+        super().__init__(f"interrupted{by} {reached}; {latest}{newer}; to continue: {command}")
 
 
 def _where(step: int | None, max_steps: int, checkpoint: str | None) -> tuple[str, str]:

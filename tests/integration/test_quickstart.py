@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from raytrain.checkpoint import layout
 from raytrain.console import parse_progress
 
 pytestmark = pytest.mark.integration
@@ -88,11 +89,19 @@ def test_ctrl_c_prints_one_line_with_the_step_checkpoint_and_command_and_exits_1
     out, storage, name = quickstart["interrupted"], quickstart["storage"], quickstart["name"]
     assert quickstart["first"].returncode == 130, out[-3000:]
     last = out.strip().splitlines()[-1]  # the last line: nothing of Ray's after it
-    m = re.fullmatch(r"raytrain: interrupted at step (\d+) of 20; latest checkpoint (\S+); to continue: (.*)", last)
+    # Ctrl-C to the process group stops the local cluster's workers too: a save uploaded but not yet registered by
+    # Ray Train (its controller polls every 2 s) is gone with them, and the line names it (watch._await_registration)
+    m = re.fullmatch(r"raytrain: interrupted at step (\d+) of 20; latest checkpoint (\S+); (?:(\S+) is complete in "
+                     r"storage but Ray Train had not registered it \(its workers were stopped first\): --resume-from "
+                     r"it with a new checkpoint.name to continue from there instead; )?to continue: (.*)", last)
     assert m, out[-3000:]
-    step, checkpoint = int(m.group(1)), m.group(2)
+    step, checkpoint, unregistered = int(m.group(1)), m.group(2), m.group(3)
     assert re.fullmatch(rf"{storage}/{name}/checkpoint_step_0000000(\d)", checkpoint), checkpoint
     assert 2 <= int(checkpoint[-1]) <= step < 20
+    if unregistered:  # newer, and whole: --resume-from would take it
+        assert re.fullmatch(rf"{storage}/{name}/checkpoint_step_\d{{8}}", unregistered), unregistered
+        assert int(checkpoint[-1]) < int(unregistered.rsplit("_", 1)[1]) <= step
+        layout.check_is_checkpoint(unregistered, "checkpoint")
     # the same command as announced at the start, with the run's name
     assert f"to continue it after a stop: {quickstart['command']}" in out
     assert quickstart["command"] == shlex.join(["python", "-m", "raytrain.main", *ARGS,

@@ -204,7 +204,7 @@ def test_a_checkpoint_whole_in_storage_but_never_registered_is_named_at_ctrl_c()
     """Where the wait ends first (the workers were signalled too), the line names the newer checkpoint."""
     line = str(Interrupted(7, 12, "/runs/r/checkpoint_step_00000003", "python -m raytrain.main checkpoint.name=r",
                            unregistered="/runs/r/checkpoint_step_00000006"))
-    assert line == ("interrupted at step 7 of 12; latest checkpoint /runs/r/checkpoint_step_00000003; to continue: "
-                    "python -m raytrain.main checkpoint.name=r; /runs/r/checkpoint_step_00000006 is complete in "
-                    "storage but Ray Train had not registered it (its workers were stopped first): --resume-from it "
-                    "with a new checkpoint.name continues from there")
+    assert line == ("interrupted at step 7 of 12; latest checkpoint /runs/r/checkpoint_step_00000003; "
+                    "/runs/r/checkpoint_step_00000006 is complete in storage but Ray Train had not registered it (its "
+                    "workers were stopped first): --resume-from it with a new checkpoint.name to continue from there "
+                    "instead; to continue: python -m raytrain.main checkpoint.name=r")
