@@ -44,6 +44,10 @@ def _rank_main(rank, world, out_dir):
         out = evaluate(model, iter(batches(rank, 3 if rank == 0 else 1)), torch.device("cpu"), max_batches=5)
         with open(f"{out_dir}/rank{rank}.json", "w") as f:
             json.dump(out, f)
+        # both ranks past their last collective before either tears gloo down: once under a loaded .ci/run, a
+        # rank that destroyed the group while the other's last allreduce was in flight aborted ("terminate called
+        # without an active exception")
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
