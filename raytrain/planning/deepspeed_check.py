@@ -399,8 +399,9 @@ _NON_NEGATIVE = ("lr", "eps", "weight_decay")
 def _check_param_values(ds: dict[str, Any]) -> None:
     """optimizer.params and scheduler.params go to a constructor as they are, outside DeepSpeed's
     models: a number written as a string ("lr": "3e-4") reaches torch as a string, and a value out of
-    range is refused there, each in the workers and retried as a worker failure. The same values
-    under training.* are refused on the driver, so these are too."""
+    range is refused there, each in the workers and retried as a worker failure; a boolean where a
+    number goes ("lr": true) is taken as 1 or 0 without a word. The same values under training.* are
+    refused on the driver, so these are too."""
     for section in ("optimizer", "scheduler"):
         params = (ds.get(section) or {}).get("params") if isinstance(ds.get(section), dict) else None
         if not isinstance(params, dict):
@@ -411,13 +412,18 @@ def _check_param_values(ds: dict[str, Any]) -> None:
                 path = (section, "params", key if i is None else f"{key}[{i}]")
                 if isinstance(item, str) and _spelled(item):
                     raise _quoted(path, item, _spelled(item))
-                if isinstance(item, bool) or not isinstance(item, (int, float)):
-                    continue
-                if section == "optimizer" and key == "betas" and not 0 <= item < 1:
-                    raise ConfigError(f"{_dotted(path)}={item} is outside [0, 1): Adam's and Lion's betas are decay "
-                                      f"rates (for example [0.9, 0.95])")
+                betas = section == "optimizer" and key == "betas"
                 # a scheduler's step counts, sizes and learning rates; last_batch_iteration=-1 is legitimate
                 checked = key in _NON_NEGATIVE if section == "optimizer" else key.endswith(("steps", "_lr", "size"))
+                if isinstance(item, bool) and (betas or checked):
+                    # Python's arithmetic reads true as 1 and false as 0: "lr": true would train at 1.0 without a word
+                    raise ConfigError(f"{_dotted(path)}={json.dumps(item)} is a boolean, but its constructor reads a "
+                                      f"number there (it would take {json.dumps(item)} as {int(item)}): write a number")
+                if isinstance(item, bool) or not isinstance(item, (int, float)):
+                    continue
+                if betas and not 0 <= item < 1:
+                    raise ConfigError(f"{_dotted(path)}={item} is outside [0, 1): Adam's and Lion's betas are decay "
+                                      f"rates (for example [0.9, 0.95])")
                 if item < 0 and checked:
                     raise ConfigError(f"{_dotted(path)}={item} is negative: write a value >= 0")
     clip = ds.get("gradient_clipping")
