@@ -62,6 +62,10 @@ def zero(**keys):
      "bf16": {"enabled": False}},  # no ZeRO (no stage: 0), fp32: DeepSpeed builds it on torch's optimizer
     {"optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0}}},  # 0 is no decay, not negative
     {"optimizer": {"type": "Adagrad", "params": {"lr": 0.01, "lr_decay": 0.1}}},  # torch's Adagrad without offload
+    # offloaded Lion is DeepSpeedCPULion, which takes fp32_optimizer_states (FusedLion does not)
+    {"optimizer": {"type": "Lion", "params": {"lr": 1e-4, "fp32_optimizer_states": True}},
+     **zero(offload_optimizer={"device": "cpu"})},
+    {"optimizer": {"type": "AdamW", "params": {"betas": [0.0, 0.999]}}},  # beta1=0 (no momentum): [0, 1) takes it
 ])
 def test_what_deepspeed_accepts_passes(extra):
     before = repr(extra)
@@ -103,6 +107,10 @@ def test_what_deepspeed_accepts_passes(extra):
                                    'there: write a number \\(without quotes\\)$'),
     ({"wall_clock_breakdown": "maybe"}, '^deepspeed.wall_clock_breakdown is the string "maybe", but DeepSpeed reads a '
                                         'boolean there: write true or false \\(without quotes\\)$'),
+    # DeepSpeed turns DataStates checkpointing on for anything but false (it reads the key twice, first with a get
+    # whose default is False): the string "false" would turn it on
+    ({"datastates_ckpt": "false"}, '^deepspeed.datastates_ckpt is the string "false", but DeepSpeed reads a boolean '
+                                   'there: write false without quotes$'),
     ({"wall_clock_breakdown": "no"}, 'deepspeed.wall_clock_breakdown is the string "no", but DeepSpeed reads a boolean '
                                      'there: write false without quotes'),
     # DeepSpeed's choices and ranges
@@ -112,6 +120,9 @@ def test_what_deepspeed_accepts_passes(extra):
     (zero(stage3_prefetch_bucket_size=-1), "zero_optimization.stage3_prefetch_bucket_size must be greater than or equal"),
     (zero(offload_optimizer={"device": "cpu", "ratio": 2}), "offload_optimizer.ratio must be less than or equal to 1"),
     (zero(stage=4), "^deepspeed.zero_optimization.stage must be 0, 1, 2 or 3 \\(DeepSpeed's rule\\), got int 4$"),
+    # a value of the wrong type: pydantic's "Input should be a valid boolean", a single choice
+    (zero(overlap_comm=[1]), "^deepspeed.zero_optimization.overlap_comm must be a valid boolean \\(DeepSpeed's "
+                             "rule\\), got list \\[1\\]$"),
     # a message of DeepSpeed's own validator, which names the field itself: the key said once
     ({"fp16": {"enabled": True, "loss_scale": -1}},
      r"^deepspeed\.fp16\.loss_scale must be >= 0 \(0 enables dynamic loss scaling\) "
@@ -129,12 +140,19 @@ def test_what_deepspeed_accepts_passes(extra):
     ({"optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betaz": [0.9, 0.9]}}},
      "deepspeed.optimizer.params.betaz is not a parameter of AdamW.*did you mean deepspeed.optimizer.params.betas"),
     ({"optimizer": {"type": "AdamWW", "params": {}}}, "deepspeed.optimizer.type='AdamWW' is neither .*did you mean AdamW"),
+    ({"scheduler": {"type": "CosineAnnealingLr", "params": {}}}, "^deepspeed.scheduler.type='CosineAnnealingLr' is "
+                                                                "neither DeepSpeed's nor torch's; did you mean "
+                                                                "CosineAnnealingLR\\? "),
     ({"optimizer": {"type": "Zzzqq", "params": {}}}, "^deepspeed.optimizer.type='Zzzqq' is neither DeepSpeed's nor "
                                                      "torch's \\(DeepSpeed would fail inside the workers\\)$"),
     ({"optimizer": {"type": "Adagrad", "params": {"lr": 0.01, "lr_decay": 0.1}},
       **zero(offload_optimizer={"device": "cpu"})},
      "^deepspeed.optimizer.params.lr_decay is not a parameter of Adagrad, which DeepSpeed builds as "
      "DeepSpeedCPUAdagrad "),
+    ({"optimizer": {"type": "Lion", "params": {"lr": 1e-4, "set_grad_none": True}},
+      **zero(offload_optimizer={"device": "cpu"})},
+     "^deepspeed.optimizer.params.set_grad_none is not a parameter of Lion, which DeepSpeed builds as DeepSpeedCPULion "
+     "here "),
     ({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_step": 10}}}, "scheduler.params.warmup_num_step .*"
                                                                              "warmup_num_steps"),
     ({"optimizer": {"type": "AdamW", "params": {"fused": False}}}, "deepspeed.optimizer.params.fused is not a parameter "
@@ -198,6 +216,18 @@ def test_what_deepspeed_accepts_passes(extra):
     (zero(stage=False), "^deepspeed.zero_optimization.stage is false, but it is a stage number: write 3 "),
     ({"gradient_clipping": -1.0}, "^deepspeed.gradient_clipping=-1.0 is negative, which DeepSpeed reads as no "
                                   "clipping: write the maximum gradient norm"),
+    # params reach their constructors as written: torch refuses a beta of 1 ("Invalid beta parameter"), and a
+    # boolean is a number to Python ("lr": true trained at 1.0, warmup_num_steps true warmed up over DeepSpeed's
+    # minimum of 2 steps, each without a word)
+    ({"optimizer": {"type": "AdamW", "params": {"betas": [0.9, 1.0]}}},
+     r"^deepspeed\.optimizer\.params\.betas\[1\]=1\.0 is outside \[0, 1\): Adam's and Lion's betas are decay rates"),
+    ({"optimizer": {"type": "AdamW", "params": {"lr": True}}},
+     r"^deepspeed\.optimizer\.params\.lr=true is a boolean, but its constructor reads a number there \(it would take "
+     r"true as 1\): write a number$"),
+    ({"optimizer": {"type": "AdamW", "params": {"betas": [False, 0.95]}}},
+     r"^deepspeed\.optimizer\.params\.betas\[0\]=false is a boolean, but its constructor reads a number there"),
+    ({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": True}}},
+     r"^deepspeed\.scheduler\.params\.warmup_num_steps=true is a boolean, but its constructor reads a number there"),
 ])
 def test_mistakes_are_one_line_naming_the_key(extra, message):
     with pytest.raises(ConfigError, match=message) as e:
