@@ -89,6 +89,10 @@ def test_what_deepspeed_accepts_passes(extra):
                                                       "contiguous_memory_optimization, cpu_checkpointing, "),
     ({"fp16": {"enabled": False, "loss_scal": 0}}, "deepspeed.fp16.loss_scal .*deepspeed.fp16.loss_scale"),
     ({"tensorboard": {"enabled": False, "job_nme": "x"}}, "deepspeed.tensorboard.job_nme .*job_name"),
+    # a section under its short name (DeepSpeed's alias "tp" for tensor_parallel.tensor_parallel): its own keys
+    ({"tensor_parallel": {"tp": {"tp_sizee": 2}}},
+     r"^deepspeed\.tensor_parallel\.tp\.tp_sizee is not a key DeepSpeed reads \(it would be ignored\); did you mean "
+     r"deepspeed\.tensor_parallel\.tp\.tp_size\? \(valid keys there: mpu, tp_grain_size, tp_group, tp_size\)$"),
     # not a mapping where DeepSpeed reads a section
     ({"bf16": True}, "deepspeed.bf16 must be a mapping"),
     (zero(offload_optimizer="cpu"), "deepspeed.zero_optimization.offload_optimizer must be a mapping"),
