@@ -407,6 +407,12 @@ def _check_param_values(ds: dict[str, Any]) -> None:
         if not isinstance(params, dict):
             continue
         for key, value in params.items():
+            pair = isinstance(value, (list, tuple)) and len(value) == 2
+            if section == "optimizer" and key == "betas" and not pair:
+                # Adam's and Lion's classes (torch's and DeepSpeed's) take two: anything else fails in every worker
+                # (torch's AdamW: "'float' object is not subscriptable" for 0.9, an IndexError for [0.9])
+                raise ConfigError(f"deepspeed.optimizer.params.betas={json.dumps(value, default=str)} must be a list "
+                                  f"of two decay rates (for example [0.9, 0.95])")
             items = enumerate(value) if isinstance(value, list) else [(None, value)]
             for i, item in items:
                 path = (section, "params", key if i is None else f"{key}[{i}]")

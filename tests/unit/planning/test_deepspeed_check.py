@@ -232,6 +232,11 @@ def test_what_deepspeed_accepts_passes(extra):
      r"^deepspeed\.optimizer\.params\.betas\[0\]=false is a boolean, but its constructor reads a number there"),
     ({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": True}}},
      r"^deepspeed\.scheduler\.params\.warmup_num_steps=true is a boolean, but its constructor reads a number there"),
+    # two decay rates or nothing: one number (or one rate) failed in every worker (was: passed)
+    ({"optimizer": {"type": "AdamW", "params": {"betas": 0.9}}},
+     r"^deepspeed\.optimizer\.params\.betas=0\.9 must be a list of two decay rates \(for example \[0\.9, 0\.95\]\)$"),
+    ({"optimizer": {"type": "Lion", "params": {"betas": [0.9]}}},
+     r"^deepspeed\.optimizer\.params\.betas=\[0\.9\] must be a list of two decay rates"),
 ])
 def test_mistakes_are_one_line_naming_the_key(extra, message):
     with pytest.raises(ConfigError, match=message) as e:
