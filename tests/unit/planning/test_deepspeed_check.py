@@ -153,6 +153,9 @@ def test_what_deepspeed_accepts_passes(extra):
       **zero(offload_optimizer={"device": "cpu"})},
      "^deepspeed.optimizer.params.lr_decay is not a parameter of Adagrad, which DeepSpeed builds as "
      "DeepSpeedCPUAdagrad "),
+    ({"optimizer": {"type": "Lion", "params": {"lr": 1e-4, "fp32_optimizer_states": True}}},
+     "^deepspeed.optimizer.params.fp32_optimizer_states is not a parameter of Lion, which DeepSpeed builds as "
+     "FusedLion here "),
     ({"optimizer": {"type": "Lion", "params": {"lr": 1e-4, "set_grad_none": True}},
       **zero(offload_optimizer={"device": "cpu"})},
      "^deepspeed.optimizer.params.set_grad_none is not a parameter of Lion, which DeepSpeed builds as DeepSpeedCPULion "
@@ -232,6 +235,11 @@ def test_what_deepspeed_accepts_passes(extra):
      r"^deepspeed\.optimizer\.params\.betas\[0\]=false is a boolean, but its constructor reads a number there"),
     ({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": True}}},
      r"^deepspeed\.scheduler\.params\.warmup_num_steps=true is a boolean, but its constructor reads a number there"),
+    ({"optimizer": {"type": "AdamW", "params": {"lr": "3e-4"}}},
+     r'^deepspeed\.optimizer\.params\.lr is the string "3e-4", but DeepSpeed reads a number there: write 3e-4 without '
+     r'quotes$'),
+    ({"optimizer": {"type": "AdamW", "params": {"eps": -1e-8}}},
+     r"^deepspeed\.optimizer\.params\.eps=-1e-08 is negative: write a value >= 0$"),
     # two decay rates or nothing: one number (or one rate) failed in every worker (was: passed)
     ({"optimizer": {"type": "AdamW", "params": {"betas": 0.9}}},
      r"^deepspeed\.optimizer\.params\.betas=0\.9 must be a list of two decay rates \(for example \[0\.9, 0\.95\]\)$"),
