@@ -781,7 +781,10 @@ def test_invalid_utf8_in_a_head_and_first_records_longer_than_the_head(tmp_path)
     ("d.json", b'\n[{"text": "caf\xe9"}]', "file", ": invalid UTF-8 at byte 15"),
     # a JSON line: its byte from the line's start, leading blanks counted (the driver had said 13)
     ("e.jsonl", b'\n  {"text": "caf\xe9"}\n', "file", "line 2: invalid UTF-8 at byte 15"),
-], ids=["text-line", "text-file-bom", "text-file-gz", "json-array", "json-lines"])  # not gzip's bytes: xdist
+    # a blank first line: counted as a line, and the byte is counted from the start of the bad byte's own line
+    ("f.txt", b"\nbad \xff\n", "line", "line 2: invalid UTF-8 at byte 4"),
+], ids=["text-line", "text-file-bom", "text-file-gz", "json-array", "json-lines",
+        "text-line-after-a-blank-line"])  # not gzip's bytes: xdist
 def test_the_driver_names_the_invalid_byte_where_the_reader_does(tmp_path, name, raw, text_document, where):
     """data.invalid_utf8=error: the driver's check of the first MiB is "the readers' one-line error, found here
     first", so it names the line and byte the reader names for the same file (they differed in session 52)."""
