@@ -691,6 +691,43 @@ def test_the_hf_format_needs_one_existing_save_to_disk_directory_of_strings(tmp_
         inspect_source(DataConfig(), str(tmp_path / "ints"))
 
 
+def test_a_hub_id_under_the_hf_format_is_opened_on_the_hub_for_the_split_of_its_key(tmp_path, monkeypatch):
+    """data.format=hf and an org/name that is no local path: a hub dataset, not "does not exist" (a path of more
+    parts is one). Offline here, with the libraries' own switch (what HF_HUB_OFFLINE=1 sets when they are
+    imported): no request is made and the load fails at once, naming the split read and the key that chose it."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    for module in (huggingface_hub.constants, datasets.config):
+        monkeypatch.setattr(module, "HF_HUB_OFFLINE", True)
+    monkeypatch.chdir(tmp_path)  # no local raytrain-test/ directory: the id is not a path
+    for key, split, split_key in (("data.path", "train", "data.hf_split"),
+                                  ("data.eval_path", "validation", "data.eval_hf_split")):
+        with pytest.raises(ConfigError, match="^" + re.escape(f"{key}: cannot open the hub dataset "
+                                                              f"'raytrain-test/absent' split '{split}' (") + ".+"
+                           + re.escape(f"): check the id, {split_key} and your network/token") + "$"):
+            inspect_source(DataConfig(format="hf"), "raytrain-test/absent", key)
+
+
+def test_a_save_to_disk_directory_whose_first_shard_has_no_rows_is_read_past_it(tmp_path):
+    """The driver reads the shards' headers until one holds a row: rows in a later shard are a dataset with rows."""
+    import datasets
+
+    datasets.Dataset.from_dict({"text": ["x", "y"]}).save_to_disk(str(tmp_path / "d"), num_shards=2)
+    first = tmp_path / "d" / "data-00000-of-00002.arrow"
+    with pa.ipc.open_stream(pa.OSFile(str(first))) as reader:
+        schema = reader.schema
+    with pa.ipc.new_stream(str(first), schema):  # the same schema, no record batch
+        pass
+    source = inspect_source(DataConfig(), str(tmp_path / "d"))
+    assert (source.format, [f.rsplit("/", 1)[-1] for f in source.files]) == (
+        "hf", ["data-00000-of-00002.arrow", "data-00001-of-00002.arrow"])
+    (tmp_path / "d" / "data-00001-of-00002.arrow").write_bytes(first.read_bytes())  # now no shard has a row
+    with pytest.raises(ConfigError, match=re.escape(f"data.path: the dataset at {tmp_path / 'd'} has no rows: give a "
+                                                    f"non-empty dataset") + "$"):
+        inspect_source(DataConfig(), str(tmp_path / "d"))
+
+
 def test_a_json_files_first_record_is_checked_wherever_it_starts(tmp_path):
     from raytrain.data.sources import _check_json_column
 
