@@ -66,6 +66,9 @@ def test_parquet_with_input_ids_is_pretokenized(tmp_path):
     (lambda p: pq.write_table(pa.table({"text": [1]}), p / "h.parquet"), "h.parquet", "holds int64, not strings"),
     (lambda p: pq.write_table(pa.table({"text": pa.array([], pa.string())}), p / "i.parquet"), "i.parquet",
      "the parquet files have no rows"),
+    # a path the filesystem refuses to look up (a name over 255 bytes): its error, not a traceback
+    (lambda p: None, "n" * 300, "^data.path: cannot read .*n{300} \\(.*File name too long\\): check the path and "
+                                "credentials$"),
 ])
 def test_bad_sources_fail_on_the_driver_naming_the_key(tmp_path, make, key, message):
     make(tmp_path)
