@@ -227,6 +227,23 @@ def test_parquet_rows_and_a_damaged_file_is_a_bad_record_naming_it(tmp_path, cou
     # in a run: reported to the counter (which stops the run, never retried), nothing raised
     assert read_parquet(tmp_path / "b.parquet", counter="c") == []
     assert str(counter["bad"][0]).startswith(f"{tmp_path / 'b.parquet'}: cannot be read as parquet")
+    # damaged in its second row group (pyarrow's batches span row groups up to 65,536 rows): the rows before it
+    # were read, and the line says how many (0.2 s)
+    from raytrain.data.readers import read_parquet_rows
+
+    docs = [f"doc {i}" for i in range(70_000)]
+    pq.write_table(pa.table({"text": docs}), tmp_path / "c.parquet", row_group_size=65_536, compression="none")
+    second = pq.ParquetFile(tmp_path / "c.parquet").metadata.row_group(1).column(0).dictionary_page_offset
+    damaged = bytearray((tmp_path / "c.parquet").read_bytes())
+    damaged[second + 100:second + 500] = b"\xff" * 400
+    (tmp_path / "c.parquet").write_bytes(bytes(damaged))
+    read_before = []
+    with pytest.raises(ConfigError, match=f"^{tmp_path / 'c.parquet'}: cannot be read as parquet after its first "
+                                          f"65,536 rows \\(.*\\): write the file again"):
+        for row in read_parquet_rows({"path": str(tmp_path / "c.parquet")}, filesystem=pafs.LocalFileSystem(),
+                                     column="text", pretokenized=False):
+            read_before.append(row["text"])
+    assert read_before == docs[:65_536]
 
 
 def test_a_parquet_file_without_the_column_and_an_all_null_id_column(tmp_path, counter):
