@@ -7,8 +7,9 @@ timeout counts as killed. Run from the repository root, one job at a time (a mut
 
 Not valid for a module that other modules use at import time (session 53, config_fields.py): re-running its source
 empties its registries (config_fields.SECTIONS: every mutant then "killed" by the lost "did you mean" hint), and
-functions that pydantic captured in another module's classes (field validators) are never mutated. Check such a
-module's baseline first: an unmutated re-run must pass the tests.
+functions that pydantic captured in another module's classes (field validators) are never mutated. The baseline
+therefore runs twice: the tests as they are (coverage), then the unmutated source re-run as a mutant is; either
+failing stops the run.
 
     python benchmarks/mutate.py raytrain/planning/choose.py --tests tests/unit/planning/test_choose.py \
         --skip-uncovered --out /tmp/choose.jsonl
@@ -276,6 +277,14 @@ def main():
         print(f"baseline rc={rc} {dt:.1f}s", flush=True)
         if rc != 0:
             sys.exit("baseline fails")
+        # The unmutated source re-run as every mutant is (exec into the module, functions rebound): a module whose
+        # re-run alone fails the tests (a registry emptied, a class that other modules hold already) would "kill"
+        # every mutant (session 62: config_files.py with three test files together). One more run of the tests.
+        rc, dt = fork_run(modname, compile(src, os.path.abspath(a.module), "exec"), pytest_args, 600)
+        print(f"baseline re-run rc={rc} {dt:.1f}s", flush=True)
+        if rc != 0:
+            sys.exit("the module's own source, re-run as a mutant is, fails these tests: every kill would be false "
+                     "(see this file's docstring; try the test files one at a time)")
         if not a.nocov:
             covered = set(json.load(open(tf)))
         timeout = min(a.timeout, max(3 * dt, 10)) if a.nocov else a.timeout
