@@ -341,6 +341,16 @@ def test_network_env_names_nccl_does_not_read_are_set_with_a_note_not_forced(tmp
                            "no variable of that name") and "forced" not in note
 
 
+def test_unknown_network_env_name_note_points_at_the_nearest_known_one(tmp_path):
+    # Too far from NCCL_DEBUG_SUBSYS to be refused as a typo, yet NCCL ignores it without a word: the note is
+    # the user's one chance to see which name NCCL reads. A name like none gets no "(nearest: None)".
+    plan = plan_for(tmp_path, forced={"NCCL_DEBUG_SUBSYSTEM": "INIT,NET", "NCCL_NEW_KNOB": "1"})
+    tail = "it does nothing unless this node's NCCL is newer or a plugin reads it"
+    head = f"set by network.env, but NCCL up to {nccl_variables.NEWEST_RELEASE} reads no variable of that name"
+    assert f"NCCL_DEBUG_SUBSYSTEM=INIT,NET {head} (nearest: NCCL_DEBUG_SUBSYS): {tail}" in plan.notes
+    assert f"NCCL_NEW_KNOB=1 {head}: {tail}" in plan.notes
+
+
 def test_notes_only_for_what_someone_else_decided(tmp_path):
     add_port(tmp_path / "sys", "mlx5_0")
     user = {"GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "=eth9", "NCCL_IB_DISABLE": "1"}
