@@ -321,7 +321,8 @@ def test_select_fabric_prefers_efa_and_leaves_verbs_ports_out(tmp_path):
     ("NCCL_AGLO", "NCCL_ALGO"), ("NCCL_NET_GDR_LVL", "NCCL_NET_GDR_LEVEL"), ("NCLL_DEBUG", "NCCL_DEBUG"),
     ("NCCL_IB_HCA", None), ("NCCL_BLOCKING_WAIT", None),  # PyTorch's older name: read
     ("NCCL_DEBUG_SUBSYSTEM", None), ("NCCL_GPUDIRECTTCPX_SOCKET_IFNAME", None),  # not one typo: a note, not an error
-    ("GLOO_SOCKET_IFNAME", None)])
+    ("GLOO_SOCKET_IFNAME", None),
+    ("NCCL_PXN_LEVEL", None)])  # two neighbours changed (NCCL_P2P_LEVEL): a note, not a refusal that stops the run
 def test_a_misspelt_nccl_name_is_told_from_an_unknown_one(name, meant):
     assert nccl_variables.misspelling_of(name) == meant
 
