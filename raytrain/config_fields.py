@@ -70,7 +70,7 @@ def section(key: str):
 # Field validators: rules a type and a range cannot say. Each raises ValueError with the reason;
 # `one_line` prefixes the key and the value.
 
-_HOST_PORT = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
+_HOST_PORT = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})")
 
 
 def ray_address(value: str) -> str:
@@ -84,7 +84,7 @@ def ray_address(value: str) -> str:
         raise ValueError("is the dashboard's address (what `ray job submit` takes), not the cluster's: give "
                          "the head's GCS address HOST:6379 (or ray://HOST:10001 for Ray Client)")
     scheme, sep, rest = value.rpartition("://")
-    match = _HOST_PORT.match(rest)
+    match = _HOST_PORT.fullmatch(rest)  # not match(): its `$` passed "head:6379\n" (a RAY_ADDRESS read from a file)
     if (sep and scheme != "ray") or not match or not 0 < int(match.group(1)) < 65536:
         raise ValueError("is not a Ray address: write HOST:PORT (the head's GCS port, e.g. 10.0.0.1:6379), "
                          "ray://HOST:PORT (Ray Client), auto or local")
@@ -103,8 +103,8 @@ def worker_range(value: int | list[int]) -> int | list[int]:
     if low < 1:
         raise ValueError(f"has the minimum {low}: an elastic range needs at least 1 worker, for example "
                          f"[1, {max(high, 1)}]")
-    if low > high:
-        raise ValueError(f"has the minimum {low} above the maximum {high}: write [{high}, {low}]")
+    if low > high:  # the swap, but never a minimum of 0 ([1, 0] was told "write [0, 1]", refused next)
+        raise ValueError(f"has the minimum {low} above the maximum {high}: write [{max(high, 1)}, {low}]")
     return value
 
 

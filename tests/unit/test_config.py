@@ -620,6 +620,10 @@ def test_messages_say_what_yaml_made_of_the_value(override, message):
     ("checkpoint.name=runs/a", "checkpoint.name='runs/a' is not one directory name: write a name without '/'"),
     ("checkpoint.name=..", "checkpoint.name='..' is not one directory name"),
     ("training.max_steps=true", "training.max_steps must be an integer >= 1, got true"),  # not 1: strict
+    # the suggested fix is itself accepted: "write [0, 1]" was refused next for its minimum
+    ("scaling.num_workers=[1, 0]", "scaling.num_workers=[1, 0] has the minimum 1 above the maximum 0: write [1, 1]"),
+    # a RAY_ADDRESS read from a file keeps its newline; ray.init then failed deep in the connection
+    ('cluster.address="head:6379\\n"', "cluster.address='head:6379\\n' is not a Ray address"),
 ])
 def test_a_value_its_type_alone_does_not_refuse_is_named_with_the_fix(override, message):
     with pytest.raises(ConfigError) as e:
