@@ -308,7 +308,7 @@ def test_unreadable_config_files_are_named(tmp_path):
 
 
 def test_every_section_refuses_bad_values_when_built_directly():
-    from raytrain.config import CheckpointConfig, ClusterConfig, TrainingConfig
+    from raytrain.config import CheckpointConfig, ClusterConfig, ScalingConfig, TrainingConfig
 
     with pytest.raises(ConfigError, match=r"^training.warmup_steps must be an integer >= 0, got -1$"):
         TrainingConfig(warmup_steps=-1)
@@ -319,6 +319,9 @@ def test_every_section_refuses_bad_values_when_built_directly():
     assert ClusterConfig(address="10.0.0.1:6379").address == "10.0.0.1:6379"
     assert ClusterConfig(address="ray://head:10001").address == "ray://head:10001"
     assert ClusterConfig(address="[::1]:6379").address == "[::1]:6379"
+    for address in ("auto", "local", "head:1", "head:65535"):  # ray.init's own words, and the ends of the port range
+        assert ClusterConfig(address=address).address == address
+    assert ScalingConfig(num_workers=[1, 1]).num_workers == [1, 1]  # an elastic range may hold one size
 
 
 def test_each_range_takes_its_ends_and_refuses_just_past_them():
@@ -620,8 +623,16 @@ def test_messages_say_what_yaml_made_of_the_value(override, message):
     ("checkpoint.name=runs/a", "checkpoint.name='runs/a' is not one directory name: write a name without '/'"),
     ("checkpoint.name=..", "checkpoint.name='..' is not one directory name"),
     ("training.max_steps=true", "training.max_steps must be an integer >= 1, got true"),  # not 1: strict
+    ("checkpoint.name=.", "checkpoint.name='.' is not one directory name"),  # the storage path itself
+    ("checkpoint.name=a\\b", "checkpoint.name='a\\\\b' is not one directory name"),  # a folder on Windows storage
+    ('checkpoint.name=" "', "checkpoint.name=' ' is not one directory name"),
+    ("scaling.num_workers=[2]", "scaling.num_workers=[2] is neither a number of workers nor [min, max]"),
     # the suggested fix is itself accepted: "write [0, 1]" was refused next for its minimum
     ("scaling.num_workers=[1, 0]", "scaling.num_workers=[1, 0] has the minimum 1 above the maximum 0: write [1, 1]"),
+    ("cluster.address=head:0", "cluster.address='head:0' is not a Ray address: write HOST:PORT"),
+    ("cluster.address=head:65536", "cluster.address='head:65536' is not a Ray address"),  # ports end at 65535
+    ('cluster.address="head:"', "cluster.address='head:' is not a Ray address"),  # quoted: YAML's head: is a mapping
+    ("cluster.address=https://head:8265", "cluster.address='https://head:8265' is the dashboard's address"),
     # a RAY_ADDRESS read from a file keeps its newline; ray.init then failed deep in the connection
     ('cluster.address="head:6379\\n"', "cluster.address='head:6379\\n' is not a Ray address"),
 ])
