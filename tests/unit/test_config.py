@@ -5,7 +5,7 @@ import functools
 import json
 import pathlib
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import pytest
 from pydantic import Field
@@ -610,6 +610,8 @@ def test_a_min_lr_ratio_under_the_jsons_own_scheduler_is_refused():
                                      "float)"),
     ("model.config={1: 2}", "model.config has the key 1: its keys must be strings (field names)"),
     ("run.yaml", "override 'run.yaml' is not KEY=VALUE: a run config file comes after --config: --config run.yaml"),
+    ("training=null", "training must be a mapping, got null: YAML reads a section with nothing under it (all "
+                      "commented out) as null; write training: {} or delete it"),
 ])
 def test_messages_say_what_yaml_made_of_the_value(override, message):
     with pytest.raises(ConfigError) as e:
@@ -627,6 +629,8 @@ def test_messages_say_what_yaml_made_of_the_value(override, message):
     ("checkpoint.name=a\\b", "checkpoint.name='a\\\\b' is not one directory name"),  # a folder on Windows storage
     ('checkpoint.name=" "', "checkpoint.name=' ' is not one directory name"),
     ("scaling.num_workers=[2]", "scaling.num_workers=[2] is neither a number of workers nor [min, max]"),
+    ("scaling.num_workers=[0, 2]", "scaling.num_workers=[0, 2] has the minimum 0: an elastic range needs at least 1 "
+                                   "worker, for example [1, 2]"),
     # the suggested fix is itself accepted: "write [0, 1]" was refused next for its minimum
     ("scaling.num_workers=[1, 0]", "scaling.num_workers=[1, 0] has the minimum 1 above the maximum 0: write [1, 1]"),
     ("cluster.address=head:0", "cluster.address='head:0' is not a Ray address: write HOST:PORT"),
@@ -640,6 +644,30 @@ def test_a_value_its_type_alone_does_not_refuse_is_named_with_the_fix(override, 
     with pytest.raises(ConfigError) as e:
         load_config(None, [override])
     assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("data.format=xml", "data.format must be auto, text, json, csv, parquet, hf or tokenized, got str 'xml'"),
+    ("model.config=[1]", "model.config must be a mapping, got list [1]"),
+    ("training.max_steps=null", "training.max_steps must be an integer >= 1, got null"),
+    # Int | Float reads as "a number", not "an integer or a number"
+    ("network.env.NCCL_IB_DISABLE=true", "network.env.NCCL_IB_DISABLE must be a string or a number, got true"),
+    ("data.path=5", "data.path must be a string (not empty) or a list of strings (not empty) or null, got 5"),
+    # no key close to it: the valid keys alone, no guess. (The right key in another section, training.seq_len ->
+    # data.seq_len, is test_bad_input's: here it would fail mutate.py's re-run, which empties config_fields.SECTIONS)
+    ("training.zzz=1", "unknown key training.zzz (valid keys under training: max_steps, micro_batch_size_per_gpu, "),
+])
+def test_a_wrong_type_is_described_in_the_declarations_words(override, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert str(e.value).startswith(message), str(e.value)
+
+
+def test_the_words_for_types_no_field_declares_today():
+    # what a new field's error would say: a one-choice Literal, an optional number
+    assert describe(Literal["x"]) == "x"
+    assert describe(Float | None) == "a number or null"
+    assert describe(Int | Float | None) == "a number or null"
 
 
 def test_a_range_with_only_an_upper_end_is_described_by_it():
