@@ -656,6 +656,8 @@ def test_a_value_its_type_alone_does_not_refuse_is_named_with_the_fix(override, 
     # no key close to it: the valid keys alone, no guess. (The right key in another section, training.seq_len ->
     # data.seq_len, is test_bad_input's: here it would fail mutate.py's re-run, which empties config_fields.SECTIONS)
     ("training.zzz=1", "unknown key training.zzz (valid keys under training: max_steps, micro_batch_size_per_gpu, "),
+    # the name of a section, under another: no "did you mean .model?" from the run config's own fields
+    ("training.model=x", "unknown key training.model (valid keys under training: "),
 ])
 def test_a_wrong_type_is_described_in_the_declarations_words(override, message):
     with pytest.raises(ConfigError) as e:
