@@ -30,8 +30,9 @@
 #            plain DeepSpeed with transformers' layers (~4 min).
 # fa4:       attention alone at the shipped shape per backend, time and energy (benchmarks/attention_backends.py),
 #            then the shipped 1.1B step on the plain-DeepSpeed path with cuDNN SDPA and with FlashAttention-4 (~4 min);
-#            fa4rt: the same step on raytrain's path, FlashAttention-4 and SDPA twice each (~8 min); fa4main: the shipped
-#            config through raytrain.main, 16 steps with each (~5 min); fa4doc: raytrain's path with
+#            fa4rt: the same step on raytrain's path, FlashAttention-4 and SDPA twice each (~8 min);
+#            fa4twin: each backend on both paths in one variant, FlashAttention-4, SDPA, FlashAttention-4 (~9 min);
+#            fa4main: the shipped config through raytrain.main, 16 steps with each (~5 min); fa4doc: raytrain's path with
 #            data.position_ids=per_document (transformers then runs FlashAttention-4's varlen kernel, one document
 #            per attention span; SDPA keeps attending across documents), FlashAttention-4, SDPA, FlashAttention-4
 #            (~7 min). All need flash-attn-4 on PYTHONPATH
@@ -66,7 +67,7 @@
 # Every bench record carries the planner's prediction ("predicted"), the GPU peak (max_memory_allocated)
 # and the host's used memory sampled every 2 s; host_used_mib.txt samples the whole part the same way.
 set -u
-part=${1:?reader, offload, alloc1b, compile, compile-noliger, checks, zeropp, superoffload, zenflow, stage2, hostexp, cap20b, offload-max, plan13b, plan13b-twin, plan13b-nooff, plan7b, plan1b, caps1b, eta1b, eta2, fp16, mfu62, fp8, fp8main, fp8-13b, fp8-13b-twin, main1b, files1b, moe, twin1b, fa4, fa4rt, fa4main, fa4doc, convert1b, activ, profile or layers}
+part=${1:?reader, offload, alloc1b, compile, compile-noliger, checks, zeropp, superoffload, zenflow, stage2, hostexp, cap20b, offload-max, plan13b, plan13b-twin, plan13b-nooff, plan7b, plan1b, caps1b, eta1b, eta2, fp16, mfu62, fp8, fp8main, fp8-13b, fp8-13b-twin, main1b, files1b, moe, twin1b, fa4, fa4rt, fa4twin, fa4main, fa4doc, convert1b, activ, profile or layers}
 OUT=${OUT:-/tmp/out}; W=/tmp/bench_$part; mkdir -p "$OUT" "$W"
 END=$(( $(date +%s) + ${BUDGET_S:-560} ))
 export TORCH_EXTENSIONS_DIR=/tmp/torch_ext
@@ -323,6 +324,15 @@ fa4rt)  # the same step on raytrain's path (Ray Train worker), alternating, each
     a=(); [[ $v == fa4* ]] && a=(--set model.attn_implementation=flash_attention_4)
     variant rt-$v 140 "${E[@]}" "${a[@]}"
   done
+  ;;
+fa4twin)  # the shipped step with FlashAttention-4 and with cuDNN SDPA, each on both bench paths (plain DeepSpeed,
+  # then raytrain's Ray Train worker) in one variant: issue 14's 62% target side by side with plain DeepSpeed (~8 min)
+  cap20_here
+  E=(--paths deepspeed,raytrain --micro-batch $refmb --grad-accum 4 --steps 4 --warmup-steps 2 --window 2 "${Z[@]}"
+    --set scaling.cpus_per_worker=14 --no-profile)
+  variant both-fa4 200 "${E[@]}" --set model.attn_implementation=flash_attention_4
+  variant both-sdpa 170 "${E[@]}"
+  variant both-fa4b 200 "${E[@]}" --set model.attn_implementation=flash_attention_4
   ;;
 fa4doc)  # raytrain's path, positions per document: the built-in corpus's documents are ~300 tokens, so each
   # 2048-token row is ~7 of them and varlen attention does ~1/7 of the causal attention's work (MFU still counts all)
