@@ -254,3 +254,42 @@ def test_each_other_bad_record_counts_once_and_the_first_stops_the_run():
     counter.bad_record(second)
     assert str(counter.summary().bad_record) == \
         "a.jsonl line 3: not valid JSON (and 1 more bad record): fix or remove it"
+
+
+def test_data_progress_on_gives_the_tasks_its_counters_name():
+    progress = DataProgress(DataConfig(progress_every_s=5), "run")
+    assert progress.track(Source("builtin")) == progress.name
+
+
+def test_counter_keeps_the_controller_it_is_told_and_stops_nothing_without_a_bad_record():
+    """raytrain.compat.abort_train_run only once a bad record is found (the handle is opaque to the counter:
+    anything else here would fail on it)."""
+    counter = Counter()
+    handle = object()
+    counter.watch_run(handle)
+    assert counter.controller() is handle and not counter.stopped()
+
+
+def test_a_file_with_none_of_a_kind_is_not_the_first_of_it():
+    """A file's count of 0 (the batches' counts arrive whole, zeros included) neither names the file nor holds
+    back the file's later count."""
+    counter = Counter()
+    counter.skipped("a.jsonl", empty=0, invalid_utf8=1)
+    counter.skipped("b.jsonl", empty=2)
+    counter.skipped("a.jsonl", empty=1)  # a later read of a.jsonl that found one: counted
+    assert counter.summary().skipped["empty"] == (3, "b.jsonl")
+    # tail tokens told without the tokens packed: no share of them
+    counter = Counter()
+    counter.skipped(None, tail_tokens=7)
+    assert counter.summary().skipped_line().startswith("raytrain: data: 7 tokens dropped at the end")
+
+
+def test_file_reads_without_a_counter_read_the_stream_itself():
+    """A dataset read outside `fit` (progress off, unit tests): no counting wrapper around the file's stream."""
+    import io
+
+    reads = FileReads(None, Clock())
+    stream = io.BytesIO(b"abc")
+    assert reads.counting(stream) is stream
+    assert list(reads.count(iter(["a", "b"]))) == ["a", "b"]
+
