@@ -67,7 +67,7 @@ def _build(data: DataConfig, model: ModelConfig, seed: int, source: Source, spli
         ds = ray.data.from_items([{"path": f} for f in source.files], override_num_blocks=len(source.files))
         ds = ds.flat_map(read_parquet_rows, fn_kwargs={
             "filesystem": source.filesystem, "column": source.column,
-            "pretokenized": source.format == "tokenized", "counter": counter})
+            "pretokenized": source.format == "tokenized", "counter": counter, "progress": progress})
     else:  # a hub dataset, streamed: nothing is downloaded on the driver
         import datasets  # only for hub datasets: its import costs ~2 s
 

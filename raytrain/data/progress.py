@@ -40,7 +40,8 @@ from raytrain.console import format_count, say, status
 
 COUNTS = ("documents", "tokens", "rows", "bytes", "rows_read")
 """Tokenized documents (non-empty, on the training side of an eval split), their tokens (EOS
-included), rows given to the tokenizer; input bytes read, and the rows the file readers made of them."""
+included), rows given to the tokenizer (and a parquet file's empty rows, which its reader skips);
+input bytes read, and the rows the file readers made of them."""
 REPORT_EVERY_S = 1.0
 """A task sends a long file's bytes at most this often (and when the file ends): actor calls stay few."""
 

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 from raytrain.config_files import first_line
 from raytrain.data import pieces
 from raytrain.data.bad_records import BadRecord, BadRecords
-from raytrain.data.progress import FileReads, skipped
+from raytrain.data.progress import FileReads, report, skipped
 from raytrain.data.sources import (BOM, INVALID_UTF8_FIX, READ_ERRORS, compression_of, csv_delimiter, open_text,
                                    unreadable_fix, wide_encoding, wide_encoding_fix)
 
@@ -481,11 +481,12 @@ def _read_arrow_file(path: str, filesystem, column: str, reads: FileReads, bad: 
 
 
 def read_parquet_rows(row: dict[str, Any], *, filesystem, column: str, pretokenized: bool,
-                      counter: str | None = None) -> Iterator[dict[str, Any]]:
+                      counter: str | None = None, progress: str | None = None) -> Iterator[dict[str, Any]]:
     """One parquet file -> rows of {column: value}, one row group's batch at a time: the text
     column's strings, or (`pretokenized`) the input_ids column's int64 arrays. Empty documents (a
     null or "" text, a null or empty id list) are skipped and counted per file, as read_documents
-    counts them (the run's counter keeps a file's count once, however often it is read).
+    counts them (the run's counter keeps a file's count once, however often it is read). `progress`
+    (the run's counter actor, training data only) is told their number at every read, as rows.
 
     Used instead of ray.data.read_parquet for one reason: a file that cannot be read (damaged pages
     under an intact footer, cut short after the driver read it) raised a raw OSError inside Ray
@@ -543,6 +544,11 @@ def read_parquet_rows(row: dict[str, Any], *, filesystem, column: str, pretokeni
                         counts["empty"] += 1
                 done += len(values)
         _report_file(path, counts, counter)
+        # The progress line's total is the footers' rows, empty ones included, and the tokenizer never sees
+        # those: without them the rows tokenized fell short of every pass (a share of empties: that share
+        # never reached, and the passes named ever later).
+        if counts["empty"]:
+            report(progress, rows=counts["empty"])
     except (OSError, pa.ArrowException) as e:
         # Damaged or cut short: the same at every retry, so a bad record of the file, not a task failure.
         after = f" after its first {done:,} rows" if done else ""

@@ -293,3 +293,28 @@ def test_file_reads_without_a_counter_read_the_stream_itself():
     assert reads.counting(stream) is stream
     assert list(reads.count(iter(["a", "b"]))) == ["a", "b"]
 
+
+def test_parquet_rows_reach_the_footers_total_with_empty_documents(tmp_path, monkeypatch):
+    """The total of a parquet pass is its footers' rows, empty documents included; the reader skips those, so the
+    tokenizer's rows alone stopped short: "2 rows of 4 rows (50%)" at the end of pass 1, the end of pass 2 read
+    as "pass 1: 100%", and every later pass named ever later."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from raytrain.data import readers
+    from raytrain.data.readers import read_parquet_rows
+
+    sent = []
+    monkeypatch.setattr(packing, "report", lambda progress, **counts: sent.append(counts))
+    monkeypatch.setattr(readers, "report", lambda progress, **counts: sent.append(counts))
+    pq.write_table(pa.table({"text": ["abc", "", None, "klmno"]}), tmp_path / "a.parquet")
+    source = Source("parquet", filesystem=pafs.LocalFileSystem(), files=[str(tmp_path / "a.parquet")])
+    unit, total = input_total(source, 4000)
+    rows = [r["text"] for r in read_parquet_rows({"path": str(tmp_path / "a.parquet")}, filesystem=source.filesystem,
+                                                 column="text", pretokenized=False, progress="counter")]
+    tokenize_and_pack({"text": np.array(rows, dtype=object)}, seq_len=4, model=ModelConfig(), text_column="text",
+                      pretokenized=False, progress="counter")
+    now = {k: float(sum(c.get(k, 0) for c in sent)) for k in ("documents", "tokens", "rows", "bytes", "rows_read")}
+    assert (unit, total, now["rows"], now["documents"]) == ("rows", 4.0, 4.0, 2.0)
+    assert progress_line({**now, "elapsed_s": 2.0}, None, unit, total).startswith(
+        "raytrain: data: pass 1: 4 rows of 4 rows (100%), 2 rows/s, ETA 0s;")
