@@ -107,8 +107,12 @@ class DataConfig:
     """Tokens per packed training sequence."""
     position_ids: Literal["packed", "per_document"] = "packed"
     """"packed": positions 0..seq_len-1 in every block. "per_document": a position_ids column that
-    restarts at 0 at each document (and each block) start; flash_attention_2 then also keeps
-    attention within documents."""
+    restarts at 0 at each document (and each block) start, and attention stays within each document:
+    flash_attention_2/4 by their varlen kernels (the worker gives them the micro-batch as one row,
+    the only shape transformers runs them for); SDPA and eager by a 4D mask that transformers builds
+    from the positions (SDPA then runs its slower masked kernel with k and v repeated: measured on an
+    H100 at 1.1B, attention 2.8x as long and 0.5 GiB more a sequence; the planner counts both,
+    docs/benchmarks.md "per-document attention")."""
     tokenize_batch_size: Annotated[Int, Field(ge=1)] = 256
     """Rows per tokenization batch (documents; a text file that is one document is a row per ~64k
     characters); each batch's leftover tail (< seq_len tokens) is dropped."""

@@ -149,7 +149,8 @@ def active_parameters(hf_config, num_params: int) -> int:
 
 def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value: int, *,
                      checkpointing: bool, attn_implementation: str = "sdpa", liger_kernel: str = "none",
-                     sdpa_out_copies: int = 2, fp8: bool = False, on_gpu: bool = True, fp16: bool = False) -> int:
+                     sdpa_out_copies: int = 2, fp8: bool = False, on_gpu: bool = True, fp16: bool = False,
+                     document_mask: bool = False) -> int:
     """Activation memory of one worker at the start of backward (its peak), in bytes.
 
     Korthikanti et al. (2022) give s*b*h*(34 + 5*a*s/h) bytes per layer for a GPT layer in fp16.
@@ -164,6 +165,12 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
                                         (batch, seq, heads, head_dim)-contiguous output; issue 14 SPEC §2.3)
       SwiGLU MLP   4*e*i                gate, silu(gate), up and their product (the down_proj input)
       eager attn   a*s*(4 + e)          + fp32 softmax probabilities and their cast (SDPA/flash: none)
+      documents    2*e*(q - kv) + e*s   SDPA with `document_mask` (data.position_ids=per_document): transformers
+                                        masks attention within each document with a 4D mask, then repeats k and
+                                        v to q's heads (no GQA in SDPA with a mask) and SDPA keeps its own float
+                                        copy of the bool mask, per layer (measured on CPU; on an H100 the 1.1B
+                                        kept +0.55 GiB a sequence against these terms' 0.47). Flash attention's
+                                        varlen kernels take the positions instead: none of it.
     GPT-2 (`GPT2_LIKE`) differs in its norms and MLP: a LayerNorm keeps its input, the fp32 mean and rstd and
     its output (2*e*h + 8), and the MLP keeps what the activation keeps of c_fc's output (`ACTIVATION_KEPT_VALUES`:
     4 values for gelu_new, GPT-2's default) and the activation's output, c_proj's input: 5*e*i. (Planned as
@@ -257,6 +264,8 @@ def activation_bytes(hf_config, micro_batch: int, seq_len: int, bytes_per_value:
             attention += e * (q + 2 * kv) - 4 * q  # v neither cast nor repeated: a view of the whole fused output
     else:
         attention = e * (q + 2 * kv) + sdpa_out_copies * e * q + 4 * heads
+        if document_mask and attn_implementation == "sdpa":
+            attention += 2 * e * (q - kv) + e * seq_len
         if model_type in FUSED_ROTATED_QKV:
             attention += e * (q + kv)
     if model_type in QK_NORM_MODEL_TYPES:

@@ -7,8 +7,9 @@ raytrain.planning.throughput name the row they come from; tests/unit/planning/te
 checks the memory model against every row (GPU and host peaks within 10%), and docs/plan-accuracy.md
 records the comparison.
 
-Hardware of every row: 1 x NVIDIA H200 (143,771 MiB), 16 cores, 125 GiB RAM; torch 2.11 (CUDA 13),
-DeepSpeed 0.19.8, transformers 5.17, liger-kernel 0.8.5; seq 2048, bf16, SDPA (cuDNN flash).
+Hardware of every row but the two "-1207h" ones (one H100 80GB HBM3, the same power limit and maximum clock): 1 x
+NVIDIA H200 (143,771 MiB), 16 cores, 125 GiB RAM; torch 2.11 (CUDA 13), DeepSpeed 0.19.8, transformers 5.17,
+liger-kernel 0.8.5; seq 2048, bf16, SDPA (cuDNN flash).
 """
 
 from __future__ import annotations
@@ -248,6 +249,16 @@ ROWS = (
           "--set scaling.cpus_per_worker=14", tokens, peak, optimizer_s=opt, fused_layers=True)
       for mb, tokens, peak, opt in ((1, 38_624, 22.6, 0.042), (2, 60_866, 23.7, 0.042), (4, 69_582, 28.1, 0.043),
                                     (8, 74_446, 37.6, 0.042))),
+    # 2026-12-07, session 63 (docs/benchmarks.md "per-document attention"; `gpu_x1.sh fa4doc` and two bench calls on one
+    # machine): ONE H100 80GB HBM3 (GPU-97b609ef), raytrain's path, data.position_ids=per_document under SDPA. With the
+    # 4D mask transformers builds, SDPA runs its memory-efficient kernel with k and v repeated: MASKED_ATTENTION_COST
+    # and activation_bytes' document terms. Micro-batch 20 ran out of memory (77.5 GiB allocated of 79.2). (The same
+    # call's FlashAttention-4 rows, 76,594 tokens/s at 68.4 GiB, attended across documents: transformers runs flash
+    # attention's varlen kernel only for one row, which raytrain.worker.engine.model_inputs now gives it.)
+    *(Row(f"1b-mb{mb}-docmask-1207h", BENCH, f"--micro-batch {mb} --grad-accum 4 --liger all {Z} "
+          "--set scaling.cpus_per_worker=14 --set data.position_ids=per_document", tokens, peak, host_used_gib=None,
+          path="raytrain", fused_layers=True)
+      for mb, tokens, peak in ((8, 55_454, 41.93), (12, 58_895, 54.17))),
     # offload-max: `free -m` used, sampled every 5 s, peaked at 128,395 MiB (the host's OOM edge).
     Row("6.74b-mb1-ckpt-offload", BENCH, "--micro-batch 1 --hidden-size 4096 --num-layers 32 --num-heads 32 "
         f"--num-kv-heads 32 --intermediate-size 11008 --liger all {Z} --set model.gradient_checkpointing=true "

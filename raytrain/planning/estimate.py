@@ -157,6 +157,9 @@ class MemoryFacts:
     """model.fused_layers as the worker resolves it (throughput only: its memory is transformers' layers' +0.1%)."""
     fp8: bool = False
     """model.fp8 on a GPU: the fused layers' projections in FP8 (throughput; activations keep fp8 GEMM inputs)."""
+    document_mask: bool = False
+    """data.position_ids=per_document under SDPA: transformers masks attention per document with a 4D mask
+    (activations: repeated k and v, the mask per layer; throughput: SDPA's masked kernel)."""
 
     @property
     def pb(self) -> int:
@@ -201,7 +204,8 @@ def memory_facts(ds: dict[str, Any], run, *, use_gpu: bool, world_size: int, wor
         bf16_master=bool(bf16.get("bf16_master_weights_and_grads")),
         bf16_states=bool(bf16.get("bf16_optimizer_states")),
         fused_layers=fused_layers_enabled(run.model, hf_config),
-        fp8=bool(run.model.fp8) and use_gpu)
+        fp8=bool(run.model.fp8) and use_gpu,
+        document_mask=run.data.position_ids == "per_document" and run.model.attn_implementation == "sdpa")
 
 
 def activation_options(f: MemoryFacts) -> dict[str, Any]:
@@ -212,7 +216,7 @@ def activation_options(f: MemoryFacts) -> dict[str, Any]:
     and SDPA with dropout keeps its score matrices (`on_gpu`). Under fp16 XGLM's softmax keeps fp32 (`fp16`)."""
     return {"attn_implementation": f.attn_implementation, "liger_kernel": f.liger_kernel,
             "sdpa_out_copies": 1 if f.use_gpu and f.attn_implementation != "eager" else 2, "fp8": f.fp8,
-            "on_gpu": f.use_gpu, "fp16": f.precision == "fp16"}
+            "on_gpu": f.use_gpu, "fp16": f.precision == "fp16", "document_mask": f.document_mask}
 
 
 def configured_setting(ds: dict[str, Any], gradient_checkpointing: bool) -> Setting:

@@ -174,6 +174,16 @@ def advice(resolved: ResolvedRun) -> list[str]:
                          f"model stops on the config's; use the model's own tokenizer, or set "
                          f"model.config.eos_token_id={eos}")
     shape = resolved.cluster
+    if shape.use_gpu and resolved.config.data.position_ids == "per_document" and model.attn_implementation == "sdpa":
+        # Measured on an H100 (docs/benchmarks.md, "per-document attention"): with the mask SDPA leaves cuDNN's causal
+        # kernel. Flash attention gets the micro-batch as one row (raytrain.worker.engine.model_inputs): its varlen
+        # kernel, no mask (not yet measured on a GPU in that form).
+        notes.append("data.position_ids=per_document with model.attn_implementation=sdpa: transformers keeps attention "
+                     "within each document with a 4D mask, which SDPA runs in its memory-efficient kernel over every "
+                     "score with k and v repeated to all heads (1.1B on an H100: attention 2.8x as long, 0.5 GiB more "
+                     "a sequence; the plan counts both); flash_attention_2 or flash_attention_4 attend within "
+                     "documents by position in their varlen kernels, without a mask: set model.attn_implementation "
+                     "to one")
     version = flash_attention_version(model.attn_implementation)
     missing = version and not shape.driver_on_worker_node and flash_attention_missing(version)
     if missing:  # the GPU nodes may have it: not refused (_check_attention); a worker without it stops the run

@@ -10,6 +10,8 @@
               ETA_SLOPE) at x = 0, x = mb * S * H^2 / (24 * 2048 * 2048^2) (smaller GEMMs)
       c_ckpt = 1 + RECOMPUTE_COST * (2 N_layers + 4 L H S) / F with activation checkpointing (the decoder
               layers' forward runs again; embedding, LM head and loss do not), else 1
+      with data.position_ids=per_document under SDPA (`document_mask`): + (MASKED_ATTENTION_COST - 1) x the
+      attention's flops (12 L H S per token, 16 with checkpointing) at the same efficiency
     t_host = L * HOST_S_PER_LAYER[fused] * (HOST_CKPT_FACTOR[fused] with checkpointing): the host's work per
       decoder layer and micro-batch (ZeRO-3's fetch and release hooks, autograd, launches), measured the same
       at hidden 2048 and 4096; it bounds small micro-batches (1.1B at micro-batch 4, 7.24B at 1)
@@ -77,6 +79,13 @@ FUSED_LAYERS_FACTOR = 1.031
 # Fitted on rows 1b-mb24-fp8-1204 / 1b-mb24-bf16-1204 (1.209x, g 0.75) and 7b-mb15-ckpt-fp8-1204 /
 # 7b-mb15-ckpt-bf16-1204 (1.357x, g 0.87), one call; 1.38 reproduces the two ratios within +4.0% and -2.8%.
 FP8_GEMM_SPEEDUP = 1.38
+# data.position_ids=per_document under SDPA: transformers gives SDPA a 4D mask that keeps attention within each
+# document, and with a mask SDPA leaves cuDNN's causal kernel for its memory-efficient one, which computes every
+# score of the 2048 x 2048 block (not half of them) with K and V repeated to every head. Attention then takes this
+# many times the time its flops (the causal count of F) take at the step's efficiency: row 1b-mb12-docmask-1207h
+# (2.8 reproduces it; row 1b-mb8-docmask-1207h, partly host-bound, +3%). Flash attention's varlen kernels
+# (flash_attention_2/4) take the positions without a mask (one row a micro-batch: raytrain.worker.engine.model_inputs).
+MASKED_ATTENTION_COST = 2.8
 # The optimizer step without offload, T_STEP_FIXED + (3 mw + 2 st + 2) N / HBM_ADAM_BYTES_PER_S (norms,
 # flatten and cast, the fused AdamW pass, the copy back): rows 1b-mb24-liger-zero (opt 0.041 s at
 # 1.10B) and 8.1b-mb1-ckpt (opt 0.204 s at 8.11B), 30 bytes per parameter with fp32 states.
@@ -165,6 +174,9 @@ def predict(f: MemoryFacts, e: Estimate, *, grad_accum: int, cpus_per_worker: fl
     if f.fused_layers:
         efficiency *= FUSED_LAYERS_FACTOR
     t_gpu = fpt * tokens * ckpt / (peak_flops * efficiency)
+    if f.document_mask and f.use_gpu:
+        attention = (16 if s.gradient_checkpointing else 12) * cfg.num_hidden_layers * cfg.hidden_size * f.seq_len
+        t_gpu += (MASKED_ATTENTION_COST - 1) * attention * tokens / (peak_flops * efficiency)
     if f.fp8:
         projections = projection_flops_per_token(cfg) * (1 + (RECOMPUTE_COST / 3 if s.gradient_checkpointing else 0))
         g = min(projections / (fpt * ckpt), 1.0)

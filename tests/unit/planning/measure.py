@@ -16,13 +16,14 @@ def decoder_layers(model) -> torch.nn.ModuleList:
     return next(m for m in model.base_model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n)
 
 
-def saved_bytes(hf_config, dtype, attn_implementation="sdpa", with_loss=False):
+def saved_bytes(hf_config, dtype, attn_implementation="sdpa", with_loss=False, position_ids=None):
     """Bytes autograd keeps for backward after one forward of micro-batch 1, up to the LM head's output (weights
     and the loss excluded: the planner's 12*vocab logits term is the start of backward, not saved tensors, and
     is calibrated apart): (without checkpointing, with it). With checkpointing a run keeps each layer's input,
     what lies outside the layers, and at the start of backward one layer recomputed whole: the largest layer's
     share of the first figure. `with_loss`: what the loss keeps is counted too, in the first figure. The model
-    is built as raytrain.model.build_model leaves it: in training mode (dropout on), no KV cache."""
+    is built as raytrain.model.build_model leaves it: in training mode (dropout on), no KV cache. `position_ids`: the
+    positions a row of data.position_ids=per_document carries (restarting at each document), else none."""
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=attn_implementation).to(dtype).train()
     model.config.use_cache = False  # a cache's copies of k and v would stand in for the views SDPA keeps
@@ -43,7 +44,7 @@ def saved_bytes(hf_config, dtype, attn_implementation="sdpa", with_loss=False):
 
     ids = torch.randint(0, hf_config.vocab_size, (1, SEQ_LEN))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(input_ids=ids, labels=ids)
+        model(input_ids=ids, labels=ids, position_ids=position_ids)
     per_layer = [sum(n for n, owner in kept.values() if owner == i) for i in range(len(layers))]
     outside = sum(n for n, owner in kept.values() if owner is None or (with_loss and owner == "loss"))
     inputs = len(layers) * SEQ_LEN * hf_config.hidden_size * dtype.itemsize

@@ -78,6 +78,27 @@ def assert_kept_as_planned(cfg, dtype, attn_implementation: str, sdpa_out_copies
         assert kept / planned == pytest.approx(1, abs=within), (checkpointing, kept, planned)
 
 
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_per_document_positions_under_sdpa_keep_repeated_kv_and_a_mask_per_layer(attn_implementation, dtype):
+    # data.position_ids=per_document: transformers masks attention within each document with a 4D mask. SDPA then
+    # gets k and v repeated to q's 4 heads (no GQA with a mask) and keeps its own float copy of the mask in every
+    # layer: on an H100 the 1.1B ran out of memory at micro-batch 20, planned to fit as packed rows do. Eager
+    # attention has a 4D mask either way: nothing more.
+    cfg = config("llama", 0.0)
+    documents = torch.cat([torch.arange(100), torch.arange(80), torch.arange(SEQ_LEN - 180)]).unsqueeze(0)
+    packed, _ = saved_bytes(cfg, dtype, attn_implementation)
+    per_document, _ = saved_bytes(cfg, dtype, attn_implementation, position_ids=documents)
+
+    def planned(document_mask):
+        return activation_bytes(cfg, 1, SEQ_LEN, dtype.itemsize, checkpointing=False, liger_kernel="loss",
+                                attn_implementation=attn_implementation, on_gpu=False, document_mask=document_mask)
+    assert per_document - packed == planned(True) - planned(False)
+    if attn_implementation == "sdpa":
+        _, layers, heads, q, kv, _ = decoder_dims(cfg)
+        assert per_document - packed == layers * SEQ_LEN * dtype.itemsize * (2 * (q - kv) + SEQ_LEN) > 0
+
+
 OWN_LAYERS = [  # model_type, attn_implementation, dropout, config overrides, test id
     ("opt", "sdpa", 0.0, {}, "opt"), ("opt", "sdpa", 0.1, {}, "opt"), ("opt", "eager", 0.1, {}, "opt"),
     ("opt", "sdpa", 0.1, {"do_layer_norm_before": False, "word_embed_proj_dim": 64}, "opt-350m-layout"),

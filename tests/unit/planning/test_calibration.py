@@ -14,7 +14,7 @@ from raytrain.tools import bench, bench_paths
 # The rows each throughput constant is fitted on (raytrain/planning/throughput.py names them): reproduced
 # within 3% (constants fitted on several rows at once, one value for all, do not meet each row exactly).
 FITTED = ("1b-mb24-ga4", "1b-mb24-ga4-offload", "1b-mb24-ga4-ratio0.5", "1b-mb24-ga4-ratio0.25", "7b-mb2-ga8-ckpt",
-          "8.1b-mb1-ckpt", "1b-mb4-1202b", "7b-mb1-1202c", "1b-mb4-unfused-1202c")
+          "8.1b-mb1-ckpt", "1b-mb4-1202b", "7b-mb1-1202c", "1b-mb4-unfused-1202c", "1b-mb12-docmask-1207h")
 # Rows whose tokens/s the model is not meant to reproduce: the first round's micro-batch 16 ran DeepSpeed's default
 # ZeRO-3 buckets and thresholds at GA 1 (15-18% slower than the tuned ones the model is calibrated on); only
 # their ratio is used (LIGER_FACTOR["none"]).

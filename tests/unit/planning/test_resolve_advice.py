@@ -68,3 +68,25 @@ def test_a_deepspeed_monitor_without_its_package_is_refused_where_the_driver_run
         "other nodes, not checked from here: it must be installed there, or rank 0 fails in deepspeed.initialize"]
     off = load_config(None, ['deepspeed={"zero_optimization": {"stage": 3}, "wandb": {"enabled": false}}'])
     assert [n for n in advice(resolve_run(off, shape_from_config(off))) if "wandb" in n] == []
+
+
+def test_per_document_positions_under_sdpa_on_gpus_get_the_masked_attention_note():
+    # transformers masks per-document attention with a 4D mask, and SDPA with a mask ran the 1.1B's attention 2.8x as
+    # long on an H100 (out of memory at the micro-batch that fits packed rows); flash attention's varlen kernels did not
+    from raytrain.hardware import Target
+    from raytrain.run_spec import ClusterShape
+
+    def notes(*overrides, use_gpu=True):
+        cfg = load_config(None, list(overrides))
+        shape = ClusterShape(num_workers=1, use_gpu=use_gpu, gpus_per_node=1 if use_gpu else None)
+        return [n for n in advice(resolve_run(cfg, shape, target=Target(80 * 2**30, 125 * 2**30, 1)))
+                if "data.position_ids" in n]
+
+    (note,) = notes("data.position_ids=per_document")
+    assert note.startswith("data.position_ids=per_document with model.attn_implementation=sdpa: transformers keeps "
+                           "attention within each document with a 4D mask")
+    assert note.endswith("set model.attn_implementation to one") and "flash_attention_2 or flash_attention_4" in note
+    assert "varlen kernels, without a mask" in note
+    assert notes("data.position_ids=per_document", "model.attn_implementation=eager") == []  # masked either way
+    assert notes("data.position_ids=packed") == []
+    assert notes("data.position_ids=per_document", use_gpu=False) == []  # the measured costs are a GPU's
