@@ -113,6 +113,35 @@ def resume_schedule(scheduler) -> None:
         group["lr"] = base_lr * factor(scheduler.last_epoch)
 
 
+def varlen_attention(model) -> bool:
+    """Whether the model attends with flash attention (flash_attention_2/3/4, or a hub kernel of it), whose varlen
+    kernels keep attention within the documents that data.position_ids=per_document marks, given one row."""
+    return "flash" in str(getattr(getattr(model, "config", None), "_attn_implementation", "") or "")
+
+
+def model_inputs(batch: dict[str, Any], one_row: bool) -> dict[str, Any]:
+    """The model's keyword arguments for one micro-batch (labels: the input ids; the model shifts them).
+
+    With position_ids (data.position_ids=per_document) and `one_row` (varlen_attention), the micro-batch goes as
+    one row of micro-batch x seq_len tokens. transformers 5 runs flash attention's varlen kernel, which keeps
+    attention within each document (found from where the positions restart), only for a batch of one row
+    (modeling_flash_attention_utils._is_packed_sequence); with more rows it attended across documents, only RoPE's
+    positions restarting. Each row's first token gets label -100: in one row it would be the previous row's last
+    token's target, and in its own row it is no target either, so the loss is the mean over the same tokens.
+    SDPA and eager attention keep documents apart at any shape, with a 4D mask that one row would make quadratic
+    in the micro-batch: they keep the rows.
+    """
+    input_ids, positions = batch["input_ids"], batch.get("position_ids")
+    if positions is None:
+        return {"input_ids": input_ids, "labels": input_ids}
+    if not one_row or input_ids.shape[0] == 1:
+        return {"input_ids": input_ids, "labels": input_ids, "position_ids": positions}
+    labels = input_ids.clone()
+    labels[:, 0] = -100
+    return {"input_ids": input_ids.reshape(1, -1), "labels": labels.reshape(1, -1),
+            "position_ids": positions.reshape(1, -1)}
+
+
 def train_step(engine, batches: Iterator[dict[str, Any]], grad_accum: int, device: torch.device,
                marks: list | None = None):
     """One optimizer step over grad_accum micro-batches; returns (mean loss tensor, data wait s).
@@ -122,13 +151,14 @@ def train_step(engine, batches: Iterator[dict[str, Any]], grad_accum: int, devic
     """
     data_wait = 0.0
     step_loss = torch.zeros((), device=device)
+    one_row = varlen_attention(getattr(engine, "module", engine))
     for _ in range(grad_accum):
         t = time.perf_counter()
         batch = next(batches)
         data_wait += time.perf_counter() - t
         events = _record(marks)
         # position_ids only when data.position_ids=per_document (positions restart at each document)
-        loss = engine(input_ids=batch["input_ids"], labels=batch["input_ids"], position_ids=batch.get("position_ids")).loss
+        loss = engine(**model_inputs(batch, one_row)).loss
         _record(marks, events)
         engine.backward(loss)
         _record(marks, events)

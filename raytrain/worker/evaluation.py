@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from raytrain.console import emit
 from raytrain.data.bad_records import BadRecord, stop_run
+from raytrain.worker.engine import model_inputs, varlen_attention
 
 
 class Evaluator:
@@ -83,6 +84,7 @@ def evaluate(engine, eval_iterable: Iterable[dict[str, Any]], device, max_batche
     """
     was_training = engine.training
     engine.eval()
+    one_row = varlen_attention(getattr(engine, "module", engine))
     # [sum of token losses, predicted tokens] in float64: the sum stays exact over many batches.
     totals = torch.zeros(2, dtype=torch.float64, device=device)
     ran = 0
@@ -97,8 +99,7 @@ def evaluate(engine, eval_iterable: Iterable[dict[str, Any]], device, max_batche
                 if not have.item():
                     break
                 input_ids = batch["input_ids"]
-                extra = {"position_ids": batch["position_ids"]} if "position_ids" in batch else {}
-                out = engine(input_ids=input_ids, labels=input_ids, **extra)
+                out = engine(**model_inputs(batch, one_row))
                 loss = out.loss
                 if getattr(out, "aux_loss", None) is not None:
                     # A mixture of experts with config.output_router_logits adds its router's load-balancing
