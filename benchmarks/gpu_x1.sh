@@ -32,9 +32,10 @@
 #            then the shipped 1.1B step on the plain-DeepSpeed path with cuDNN SDPA and with FlashAttention-4 (~4 min);
 #            fa4rt: the same step on raytrain's path, FlashAttention-4 and SDPA twice each (~8 min);
 #            fa4twin: each backend on both paths in one variant, FlashAttention-4, SDPA, FlashAttention-4 (~9 min);
-#            fa4main: the shipped config through raytrain.main, 16 steps with each (~5 min); fa4doc: raytrain's path with
-#            data.position_ids=per_document (transformers then runs FlashAttention-4's varlen kernel, one document
-#            per attention span; SDPA keeps attending across documents), FlashAttention-4, SDPA, FlashAttention-4
+#            fa4main: the shipped config through raytrain.main, 16 steps with each (~5 min);
+#            fa4doc: raytrain's path with data.position_ids=per_document (the worker gives flash attention each
+#            micro-batch as one row, for which transformers runs FlashAttention-4's varlen kernel; SDPA masks
+#            documents with a 4D mask, slower and larger: micro-batch 12), FlashAttention-4, SDPA, FlashAttention-4
 #            (~7 min). All need flash-attn-4 on PYTHONPATH
 #            (benchmarks/fa4_setup.sh; docs/benchmarks.md, "FlashAttention-4").
 # convert1b: a 4-step 1.1B run's checkpoint through DeepSpeed's ds_to_universal, timed (elastic resizes run it).
@@ -340,7 +341,8 @@ fa4doc)  # raytrain's path, positions per document: the built-in corpus's docume
   E=(--paths raytrain --micro-batch $refmb --grad-accum 4 --steps 4 --warmup-steps 2 --window 2 "${Z[@]}"
     --set scaling.cpus_per_worker=14 --set data.position_ids=per_document --no-profile)
   for v in fa4 sdpa fa4b; do
-    a=(); [[ $v == fa4* ]] && a=(--set model.attn_implementation=flash_attention_4)
+    # SDPA's document mask: 3.1 GiB a sequence where packed rows take 2.5 (session 63: out of memory at 20 on an H100)
+    a=(); [[ $v == fa4* ]] && a=(--set model.attn_implementation=flash_attention_4) || a=(--micro-batch 12)
     variant doc-$v 150 "${E[@]}" "${a[@]}"
   done
   ;;
