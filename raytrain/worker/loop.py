@@ -56,10 +56,14 @@ class Trainer:
             metrics, checkpointer, evaluator, tracker, report, samples)
         self.start_step, self.max_steps, self.history, self.is_rank0 = start_step, max_steps, history, is_rank0
 
+    step: int = 0
+    """The step being trained (the last one reached, once the loop ends): what an out-of-memory line names."""
+
     def train(self) -> None:
         if self.evaluator is not None and self.start_step < self.max_steps:
             self.evaluator.check()
         for step in range(self.start_step + 1, self.max_steps + 1):
+            self.step = step
             loss, data_wait = train_step(self.engine, self.batches, self.grad_accum, self.device)
             self.metrics.record(step, loss, data_wait)
             if self.samples is not None:
@@ -108,6 +112,14 @@ def train_loop_per_worker(spec_dict: dict[str, Any]) -> None:
     lacking = node_lacks(cfg.model)
     if lacking:  # the user's setup, the same at every restart: stop the run (one line, exit 2), not a retry
         stop_run(SetupMistake(f"node {socket.gethostname()}", *lacking), spec.counter)
+    built: dict[str, Trainer] = {}  # the trainer, once built: where an out-of-memory error came
+    with gpu_memory_stops_the_run(spec, device, lambda: f"in step {built['trainer'].step}" if built else
+                                  "building the engine"):
+        _build_and_train(spec, spec_dict, rank, device, built)
+
+
+def _build_and_train(spec: RunSpec, spec_dict: dict[str, Any], rank: Rank, device, built: dict[str, Trainer]) -> None:
+    cfg = spec.config
     resume = resume_point(spec, ray.train.get_checkpoint(), rank.world_size)
     check_restore_space(resume, rank, spec.counter)  # a disk too small for the download: one line, before the build
     ds_config = spec.ds_config
@@ -159,6 +171,7 @@ def train_loop_per_worker(spec_dict: dict[str, Any]) -> None:
                       report=ray_report(cfg.checkpoint.upload_async, spec.counter if rank.world == 0 else None),
                       start_step=start_step,
                       max_steps=cfg.training.max_steps, history=history, is_rank0=rank.world == 0, samples=samples)
+    built["trainer"] = trainer
     try:
         trainer.train()
     finally:
@@ -166,6 +179,41 @@ def train_loop_per_worker(spec_dict: dict[str, Any]) -> None:
         tracker.close()
         if samples is not None:
             samples.close()
+
+
+@contextlib.contextmanager
+def gpu_memory_stops_the_run(spec: RunSpec, device, where: Callable[[], str]) -> Iterator[None]:
+    """A CUDA out-of-memory error stops the run in one line (exit 2), as a full disk does: the same settings run out
+    at the same place after every restart, so Ray Train's retries (checkpoint.max_failures, each a group restart
+    from the latest checkpoint) would only spend time and the failures an elastic run keeps for lost nodes. Seen on
+    an H100 (session 63): per-document positions under SDPA, planned to fit, retried until the call's limit."""
+    try:
+        yield
+    except torch.OutOfMemoryError as e:
+        if device.type != "cuda":
+            raise
+        stop_run(gpu_memory_mistake(spec, where(), torch.cuda.max_memory_allocated(device),
+                                    torch.cuda.get_device_properties(device).total_memory, e), spec.counter)
+
+
+def gpu_memory_mistake(spec: RunSpec, where: str, peak_bytes: int, total_bytes: int,
+                       error: BaseException) -> SetupMistake:
+    """The one line for a GPU that ran out of memory `where` ("in step 3", "building the engine"): the settings that
+    set the memory and the fix. Every rank that runs out says one; the first to reach the run's counter is printed."""
+    facts, model = spec.deepspeed, spec.config.model
+    # torch's text: "CUDA out of memory. Tried to allocate 440.00 MiB. GPU 0 has a total capacity of ...": the request
+    parts = str(error).split(". ")
+    requested = parts[1][:1].lower() + parts[1][1:] if len(parts) > 2 else "out of memory"
+    gib = 2**30
+    resume = f"checkpoint.name={spec.run_name}" if spec.run_name else "the run's checkpoint.name"
+    return SetupMistake(
+        f"node {socket.gethostname()}",
+        f"a GPU ran out of memory {where} ({requested}; {peak_bytes / gib:.1f} GiB allocated at the peak of "
+        f"{total_bytes / gib:.1f} GiB) at micro-batch {facts.micro_batch_per_gpu}, model.gradient_checkpointing="
+        f"{str(model.gradient_checkpointing).lower()}",
+        f"lower training.micro_batch_size_per_gpu, or set model.gradient_checkpointing=true or an optimizer offload "
+        f"(\"auto\" for each picks what fits: python -m raytrain.tools.plan shows every option); then the same "
+        f"command with {resume} continues from the latest checkpoint")
 
 
 @contextlib.contextmanager

@@ -250,3 +250,31 @@ def test_the_worker_holds_back_torchs_barrier_device_warning_and_only_it():
                       "`init_process_group` to mute this warning.", UserWarning)
         warnings.warn("barrier(): some other warning", UserWarning)
     assert [str(w.message) for w in seen] == ["barrier(): some other warning"]
+
+
+def test_a_gpu_out_of_memory_is_one_line_naming_the_settings_and_the_fix(tmp_path):
+    # On an H100 an out-of-memory error in a step was retried as a worker failure until the call's limit: the same
+    # settings run out at the same place after every restart. Now it stops the run like a full disk (exit 2).
+    from raytrain.config import load_config
+    from raytrain.data.bad_records import SetupMistake
+    from raytrain.planning.resolve import resolve_run
+    from raytrain.run_spec import ClusterShape, RunSpec
+    from raytrain.worker.loop import gpu_memory_mistake, gpu_memory_stops_the_run
+
+    cfg = load_config(None, ["training.micro_batch_size_per_gpu=3", f"checkpoint.storage_path={tmp_path}"])
+    spec = RunSpec.place(resolve_run(cfg, ClusterShape(num_workers=1, use_gpu=False)), run_name="oom-run",
+                         storage_path=str(tmp_path), resume_from=None)
+    error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 440.00 MiB. GPU 0 has a total capacity of "
+                                   "79.18 GiB of which 378.12 MiB is free. Including non-PyTorch memory, ...")
+    mistake = gpu_memory_mistake(spec, "in step 7", int(77.47 * 2**30), int(79.18 * 2**30), error)
+    assert isinstance(mistake, SetupMistake) and mistake.where.startswith("node ")
+    assert mistake.what == ("a GPU ran out of memory in step 7 (tried to allocate 440.00 MiB; 77.5 GiB allocated at the "
+                            "peak of 79.2 GiB) at micro-batch 3, model.gradient_checkpointing=false")
+    assert mistake.fix.startswith("lower training.micro_batch_size_per_gpu, or set model.gradient_checkpointing=true")
+    assert mistake.fix.endswith("then the same command with checkpoint.name=oom-run continues from the latest "
+                                "checkpoint")
+    assert "\n" not in mistake.line()
+    # a CPU worker's allocator raises no OutOfMemoryError of its own: one that arrives there passes through as it is
+    with pytest.raises(torch.OutOfMemoryError):
+        with gpu_memory_stops_the_run(spec, torch.device("cpu"), lambda: "in step 1"):
+            raise error
