@@ -119,8 +119,11 @@ def test_ctrl_c_prints_one_line_with_the_step_checkpoint_and_command_and_exits_1
     assert quickstart["command"] == shlex.join(["python", "-m", "raytrain.main", *ARGS,
                                                 f"checkpoint.storage_path={storage}", f"checkpoint.name={name}"])
     assert not re.search(r"Traceback|KeyboardInterrupt", out), out[-3000:]
-    # the same quick start command again (a new run) would name this one and its step
-    assert quickstart["unfinished"] == [(name, int(checkpoint[-1]))]
+    # the same quick start command again (a new run) would name this one and its step: the latest checkpoint the line
+    # named, or the unregistered one, where Ray Train's controller registered it after the line, as the run ended
+    # (seen once under load, session 63: the continued run then resumes from that newer, whole checkpoint)
+    steps = [int(checkpoint[-1])] + ([int(unregistered.rsplit("_", 1)[1])] if unregistered else [])
+    assert quickstart["unfinished"] in [[(name, s)] for s in steps], (quickstart["unfinished"], steps)
     assert not (storage / ".raytrain-live" / f"{name}.json").exists()  # the driver let go of the run as it stopped
 
 
