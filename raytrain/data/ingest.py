@@ -249,9 +249,13 @@ class MicroBatches:
                                        f"streams were cut short (their worker group stopping?)")
                 # Each shard's tail of fewer than step_rows rows is not trained on this epoch: told to
                 # the counter, as the tokenizer's tails are (the same rows every epoch without shuffle).
-                tail = sum(reader.available() + (0 if p is None else len(next(iter(p.values()))))
-                           for reader, p in zip(self._readers, parts))
-                skipped(self._counter, epoch_tail_rows=tail)
+                # Keyed by shard and epoch, which the counter keeps once: a group resumed from a checkpoint
+                # in this epoch reads to its end again, and the group it replaces (same run, same counter)
+                # may have passed that end and told it already. Per shard, not per rank: a resume at another
+                # world size deals the shards to other ranks. Cost: one fire-and-forget call per shard.
+                for sid, reader, p in zip(self.group.shard_ids, self._readers, parts):
+                    tail = reader.available() + (0 if p is None else len(next(iter(p.values()))))
+                    skipped(self._counter, f"shard {sid} of epoch {self._read_epoch}", epoch_tail_rows=tail)
                 for reader in self._readers:
                     reader.close()
                 self._readers, self._read_epoch, self._read_rows = None, self._read_epoch + 1, 0

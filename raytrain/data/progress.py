@@ -110,7 +110,8 @@ class Counter:
     def skipped(self, where: str | None = None, **counts: int) -> None:
         """`counts` of one file (`where`: its count, the same at every read of the file, is kept once:
         the data is read at every epoch, every evaluation and by the eval check, and with
-        data.eval_fraction by both pipelines), or of one batch (None: added up)."""
+        data.eval_fraction by both pipelines), of one shard's epoch (its tail: a resumed epoch is read again),
+        or of one batch (None: added up)."""
         for kind, n in counts.items():
             if where is not None:
                 files = self._skipped_files.setdefault(kind, {})

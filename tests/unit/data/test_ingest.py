@@ -10,6 +10,7 @@ splits and inside Ray Train workers: tests/integration/test_ingest.py and test_d
 import hashlib
 import itertools
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import numpy as np
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from raytrain.config import ConfigError
-from raytrain.data import ingest
+from raytrain.data import ingest, progress
 
 
 class Shard:
@@ -59,7 +60,7 @@ def plain_shards(monkeypatch):
 def told(monkeypatch):
     """What the reader tells the run's counter, collected here instead."""
     out = []
-    monkeypatch.setattr(ingest, "skipped", lambda counter, **counts: out.append((counter, counts)))
+    monkeypatch.setattr(ingest, "skipped", lambda counter, where=None, **counts: out.append((counter, where, counts)))
     return out
 
 
@@ -86,7 +87,9 @@ def test_every_step_takes_step_rows_from_each_shard_in_shard_order_and_an_epoch_
     assert handed_out(batches, 8) == [([2, 1000], (0, 0)), ([1001, 1002], (0, 3)),
                                       ([3, 4], (0, 3)), ([5, 1003], (0, 3)), ([1004, 1005], (0, 6)),
                                       ([0, 1], (1, 0)), ([2, 1000], (1, 0)), ([1001, 1002], (1, 3))]
-    assert told == [("run", {"epoch_tail_rows": 2})]  # row 6 of each shard, left out of epoch 0
+    # row 6 of each shard, left out of epoch 0: told per shard and epoch, which the counter keeps once
+    assert told == [("run", "shard 0 of epoch 0", {"epoch_tail_rows": 1}),
+                    ("run", "shard 1 of epoch 0", {"epoch_tail_rows": 1})]
     # each shard is read once an epoch, to its end (a resumed epoch alone re-reads a prefix)
     assert [[r["finished"] for r in s.reads] for s in shards] == [[True, False]] * 2
     # a shard that holds whole steps ends its epoch with its last row and leaves none out
@@ -94,7 +97,7 @@ def test_every_step_takes_step_rows_from_each_shard_in_shard_order_and_an_epoch_
     batches = micro_batches([Shard(3, [2, 4])], micro=3, step_rows=3, counter="run")
     assert handed_out(batches, 3) == [([3000, 3001, 3002], (0, 3)), ([3003, 3004, 3005], (0, 6)),
                                       ([3000, 3001, 3002], (1, 3))]
-    assert told == [("run", {"epoch_tail_rows": 0})]
+    assert told == [("run", "shard 3 of epoch 0", {"epoch_tail_rows": 0})]
 
 
 @pytest.mark.parametrize("shuffle", [0, 3])
@@ -111,6 +114,49 @@ def test_a_reader_started_at_any_step_boundary_reads_on_as_the_uninterrupted_one
                                     prefetch=prefetch)
             assert handed_out(resumed, 18 - 2 * k) == full[2 * k:], (position, prefetch)
             resumed.close()
+
+
+@pytest.mark.parametrize("sizes", [(2, 2), (2, 4), (4, 1)], ids=lambda s: f"{s[0]}-to-{s[1]}-workers")
+def test_each_epochs_left_out_rows_count_once_across_a_resume_at_any_world_size(monkeypatch, sizes):
+    """A group that read past the epoch's end (and told the counter its tail) and failed, resumed from a
+    checkpoint inside that epoch (its last step, or earlier), reads to the epoch's end again: the run's one
+    counter (a restart in the same `fit`) must keep that epoch's tail once. Also a group that failed before
+    the epoch's end (not told): the resumed one tells it. The same with the shards dealt to more or fewer
+    workers at the resume, and with the failed group's prefetch reading ahead: past the epoch's end before a
+    checkpoint at its last step is even taken."""
+
+    def group(world_size, position, prefetch):
+        """Each rank's reader: rank r reads shards r, r + W, ... of 4, with 11 rows each (5 steps of 2
+        rows an epoch, 1 row left out), in micro-batches of 2."""
+        return [micro_batches([Shard(sid, [2, 1, 4, 3, 1]) for sid in range(rank, 4, world_size)], micro=2,
+                              step_rows=2, position=position, prefetch=prefetch, counter="run")
+                for rank in range(world_size)]
+
+    def read_steps(ranks, n):
+        for batches in ranks:
+            list(itertools.islice(batches, n * len(batches.group.shards)))  # a step: one micro-batch per shard
+        return {tuple(batches.position().values()) for batches in ranks}
+
+    def close(ranks):  # together, as the ranks do: each waits up to 0.5 s for its prefetch thread
+        with ThreadPoolExecutor(len(ranks)) as pool:
+            list(pool.map(ingest.MicroBatches.close, ranks))
+
+    before, after = sizes
+    # checkpoints at epoch 0's last step and in its middle; the failure at step 7 (in epoch 1, read ahead to
+    # step 10 at most: never past epoch 1's end) or at the checkpoint itself
+    for checkpoint, failure, prefetch in itertools.product((5, 3), ("step 7", "checkpoint"), (0, 2)):
+        counter = progress.Counter()  # the counter actor's body: what the reader tells it, handed to it here
+        monkeypatch.setattr(ingest, "skipped", lambda name, where=None, **counts: counter.skipped(where, **counts))
+        ranks = group(before, (0, 0), prefetch)
+        position = read_steps(ranks, checkpoint).pop()
+        assert position == (0, 2 * checkpoint)
+        read_steps(ranks, 7 - checkpoint if failure == "step 7" else 0)
+        close(ranks)
+        ranks = group(after, position, 0)  # a resumed reader with prefetch: the test above
+        assert read_steps(ranks, 11 - checkpoint) == {(2, 2)}  # 11 steps in all: epochs 0 and 1 ended
+        close(ranks)
+        # epochs 0 and 1 each left out 1 row of each of the 4 shards
+        assert counter.summary().skipped["epoch_tail_rows"][0] == 8, (checkpoint, failure, prefetch)
 
 
 def test_the_shuffle_permutes_windows_of_whole_blocks_seeded_by_seed_epoch_shard_and_window():
