@@ -8,7 +8,7 @@ import pytest
 
 from raytrain.config import load_config
 from raytrain.planning.resolve import resolve_run, shape_from_config
-from raytrain.run_spec import RunSpec
+from raytrain.run_spec import ResolvedRun, RunSpec
 
 
 def place(*overrides):
@@ -46,6 +46,34 @@ def test_carries_every_derived_fact_by_name(spec):
     assert spec.model.config_class == "LlamaConfig" and spec.model.num_parameters > 0
     assert spec.model.hf_config["hidden_size"] == spec.model.hidden_size == 128
     assert spec.data.has_eval and spec.run_uri == "/tmp/runs/r"
+
+
+def test_every_field_crosses_the_trip_not_only_those_the_fixture_sets(spec):
+    # the fixture leaves these at their defaults, so a field that to_dict or from_dict dropped would come back
+    # equal: the counter rank 0 reports to, the planner's lines, a GPU shape, a packing's BOS, a URI's slash
+    full = dataclasses.replace(
+        spec, cluster=dataclasses.replace(spec.cluster, use_gpu=True, gpus_per_node=8, cpus_total=96.0,
+                                          driver_on_worker_node=False),
+        model=dataclasses.replace(spec.model, document_start_ids=(1,)), plan=("micro-batch 4: fits",),
+        counter="raytrain-counter-r", storage_path="s3://bucket/runs/")
+    for record in (full.to_dict(), json.loads(json.dumps(full.to_dict()))):  # as Ray pickles it; as raytrain.json
+        assert RunSpec.from_dict(record) == full
+    assert full.run_uri == "s3://bucket/runs/r"
+    # tokens_per_step is derived: --dry-run prints it (ResolvedRun), the record a worker reads does not hold it
+    assert "tokens_per_step" not in full.to_dict()
+    assert ResolvedRun.to_dict(full)["tokens_per_step"] == full.tokens_per_step
+
+
+def test_a_record_from_the_first_run_spec_loads_as_that_raytrain_ran(spec):
+    # a checkpoint's raytrain.json written before these fields (resumed, exported): a fixed number of workers, no
+    # plan, no counter, nothing before each document, and the driver's packages checked as the workers' (what
+    # raytrain did before ClusterShape.driver_on_worker_node)
+    old = json.loads(json.dumps(spec.to_dict()))
+    for key in ("world_sizes", "plan", "counter"):
+        del old[key]
+    del old["model"]["document_start_ids"], old["cluster"]["min_workers"], old["cluster"]["driver_on_worker_node"]
+    again = RunSpec.from_dict(old)
+    assert again == spec and again.cluster.driver_on_worker_node and not again.cluster.elastic
 
 
 def test_a_record_from_before_active_parameters_loads_with_every_parameter_active(spec):
