@@ -112,21 +112,14 @@ def train_loop_per_worker(spec_dict: dict[str, Any]) -> None:
     lacking = node_lacks(cfg.model)
     if lacking:  # the user's setup, the same at every restart: stop the run (one line, exit 2), not a retry
         stop_run(SetupMistake(f"node {socket.gethostname()}", *lacking), spec.counter)
-    built: dict[str, Trainer] = {}  # the trainer, once built: where an out-of-memory error came
-    with gpu_memory_stops_the_run(spec, device, lambda: f"in step {built['trainer'].step}" if built else
-                                  "building the engine"):
-        _build_and_train(spec, spec_dict, rank, device, built)
-
-
-def _build_and_train(spec: RunSpec, spec_dict: dict[str, Any], rank: Rank, device, built: dict[str, Trainer]) -> None:
-    cfg = spec.config
     resume = resume_point(spec, ray.train.get_checkpoint(), rank.world_size)
     check_restore_space(resume, rank, spec.counter)  # a disk too small for the download: one line, before the build
     ds_config = spec.ds_config
     if resume is not None and resume.universal:
         # written by another number of workers: DeepSpeed re-partitions its universal form (raytrain.checkpoint.reshard)
         ds_config = {**ds_config, "checkpoint": {**ds_config.get("checkpoint", {}), "load_universal": True}}
-    with universal_copy(resume, spec.run_uri, rank, device):  # rank 0 converts while every rank builds
+    with (universal_copy(resume, spec.run_uri, rank, device),  # rank 0 converts while every rank builds
+          gpu_memory_stops_the_run(spec, device, lambda: "building the engine")):
         # restoring a checkpoint: its weights replace the model's, so model.pretrained's are not read
         engine, scheduler, _ = build_engine(spec, device, ds_config, from_checkpoint=resume is not None)
     start_step, history, data_state = restore(engine, resume, seed=cfg.training.seed, rank=rank.world,
@@ -171,9 +164,9 @@ def _build_and_train(spec: RunSpec, spec_dict: dict[str, Any], rank: Rank, devic
                       report=ray_report(cfg.checkpoint.upload_async, spec.counter if rank.world == 0 else None),
                       start_step=start_step,
                       max_steps=cfg.training.max_steps, history=history, is_rank0=rank.world == 0, samples=samples)
-    built["trainer"] = trainer
     try:
-        trainer.train()
+        with gpu_memory_stops_the_run(spec, device, lambda: f"in step {trainer.step}"):
+            trainer.train()
     finally:
         batches.close()
         tracker.close()
