@@ -4,7 +4,6 @@ several rows it attended across documents. Flash attention needs a GPU, so the o
 SDPA, which keeps documents apart at any shape (its 4D mask): one row and the rows give the same loss and gradients,
 so the one row trains the same tokens on the same targets. On a GPU: benchmarks/gpu_x1.sh fa4doc."""
 
-import copy
 from types import SimpleNamespace
 
 import pytest
@@ -79,5 +78,4 @@ def test_varlen_attention_is_flash_attention_by_any_name():
 
     assert [named(n) for n in ("flash_attention_2", "flash_attention_4", "kernels-community/flash-attn3")] == [True] * 3
     assert [named(n) for n in ("sdpa", "eager", "flex_attention", None)] == [False] * 4
-    model = tiny_llama()
-    assert varlen_attention(model) is False and varlen_attention(copy.deepcopy(model).model) is False
+    assert varlen_attention(tiny_llama()) is False  # a real model's config, as train_step reads it
