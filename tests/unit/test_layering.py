@@ -2,6 +2,7 @@
 downwards (tools > main > driver > worker, planning > checkpoint > data, network > base), worker
 code never imports driver code, and no package's modules import each other in a cycle."""
 
+import json
 import os
 import subprocess
 import sys
@@ -21,18 +22,27 @@ def test_only_the_tools_first_round_names_import_the_tools():
     (python -m raytrain.plan, ...) sit outside its layers, so this pins that they are the only importers.
     (Listing them in the contract would change pyproject.toml, which gives CI a new virtualenv whose
     DeepSpeed ops rebuild: ~6 minutes of the suite.)"""
-    import ast
-
+    # The walk runs in an interpreter of its own: CPython 3.11 keeps ast.parse's recursion count per
+    # interpreter, not per thread, so a parse in any other thread of this xdist worker (threads left by
+    # earlier tests) can fail this one with "SystemError: AST constructor recursion depth mismatch"
+    # (python/cpython#106905's family; it failed .ci/run once). A fresh interpreter costs ~0.1 s.
+    walk = """if True:
+        import ast, json, pathlib, sys
+        package = pathlib.Path(sys.argv[1])
+        importers = []
+        for path in package.rglob("*.py"):
+            if path.parent.name == "tools":
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = ([node.module or ""] if isinstance(node, ast.ImportFrom) else
+                         [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+                if any(n == "raytrain.tools" or n.startswith("raytrain.tools.") for n in names):
+                    importers.append(path.relative_to(package).as_posix())
+        print(json.dumps(importers))"""
     package = Path(__file__).resolve().parents[2] / "raytrain"
-    importers = set()
-    for path in package.rglob("*.py"):
-        if path.parent.name == "tools":
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = ([node.module or ""] if isinstance(node, ast.ImportFrom) else
-                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
-            if any(n == "raytrain.tools" or n.startswith("raytrain.tools.") for n in names):
-                importers.add(path.relative_to(package).as_posix())
+    p = subprocess.run([sys.executable, "-I", "-c", walk, str(package)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    importers = set(json.loads(p.stdout))
     assert importers == {"plan.py", "preflight.py", "export.py", "bench.py", "bench_data.py"}
 
 
