@@ -23,8 +23,9 @@ def test_only_the_tools_first_round_names_import_the_tools():
     (Listing them in the contract would change pyproject.toml, which gives CI a new virtualenv whose
     DeepSpeed ops rebuild: ~6 minutes of the suite.)"""
     # The walk runs in an interpreter of its own: CPython 3.11 keeps ast.parse's recursion count per
-    # interpreter, not per thread, so a parse in any other thread of this xdist worker (threads left by
-    # earlier tests) can fail this one with "SystemError: AST constructor recursion depth mismatch"
+    # interpreter, not per thread, and its traceback module ast-parses source lines to draw ^^^ marks,
+    # so Ray Data's usage thread (left by earlier tests in this xdist worker) logging a traceback while
+    # this test parses fails it with "SystemError: AST constructor recursion depth mismatch"
     # (python/cpython#106905's family; it failed .ci/run once). A fresh interpreter costs ~0.1 s.
     walk = """if True:
         import ast, json, pathlib, sys
