@@ -32,8 +32,14 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # heads as ray_cluster below starts them, each after the same two 12-step runs, then 3 minutes idle:
 # 18.6 CPU-s with Ray's defaults, 14.7 with these; in that session's suite the two session heads' log
 # monitors alone took 118 and 87 CPU-s.
+# Ray's usage statistics off (the session heads already start with --disable-usage-stats; this reaches
+# the pytest processes and every driver they start): with them on, each process that runs Ray Data
+# keeps a thread that asks Prometheus (none here) for cluster counters every 10 s and logs each failure
+# with its traceback, and Python 3.11's traceback module ast-parses source lines, which raced an
+# ast.parse in the test's own thread (one .ci/run failed with "AST constructor recursion depth
+# mismatch", tests/unit/test_layering.py). The quick start test gives its run a user's default back.
 for _name, _value in {"RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0", "METRICS_RECORD_INTERVAL_S": "60",
-                      "REPORTER_UPDATE_INTERVAL_MS": "20000"}.items():
+                      "REPORTER_UPDATE_INTERVAL_MS": "20000", "RAY_USAGE_STATS_ENABLED": "0"}.items():
     os.environ.setdefault(_name, _value)
 
 import pytest  # noqa: E402

@@ -42,7 +42,9 @@ def wait_for(predicate, timeout_s: float, what: str):
 @pytest.fixture(scope="module")
 def quickstart(tmp_path_factory):
     storage = tmp_path_factory.mktemp("quickstart")
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    # as a user's shell has it: no RAY_ADDRESS, and Ray's usage statistics at Ray's default (the conftest
+    # turns them off for the other tests; Ray prints a line about them when it starts a local cluster)
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_USAGE_STATS_ENABLED")}
     env["PYTHONUNBUFFERED"] = "1"
     argv = [*ARGS, f"checkpoint.storage_path={storage}"]
     # its own session: Ctrl-C in a terminal signals the whole foreground process group
