@@ -23,10 +23,10 @@ def test_only_the_tools_first_round_names_import_the_tools():
     (Listing them in the contract would change pyproject.toml, which gives CI a new virtualenv whose
     DeepSpeed ops rebuild: ~6 minutes of the suite.)"""
     # The walk runs in an interpreter of its own: CPython 3.11 keeps ast.parse's recursion count per
-    # interpreter, not per thread, and its traceback module ast-parses source lines to draw ^^^ marks,
-    # so Ray Data's usage thread (left by earlier tests in this xdist worker) logging a traceback while
-    # this test parses fails it with "SystemError: AST constructor recursion depth mismatch"
-    # (python/cpython#106905's family; it failed .ci/run once). A fresh interpreter costs ~0.1 s.
+    # interpreter, not per thread, and its traceback module ast-parses source lines, so any thread of this
+    # xdist worker that formats a traceback meanwhile (Ray's threads log with them; the one seen, Ray Data's
+    # usage poller, is off since tests/conftest.py) fails this walk with "SystemError: AST constructor
+    # recursion depth mismatch" (python/cpython#106905's family). A fresh interpreter costs ~0.1 s.
     walk = """if True:
         import ast, json, pathlib, sys
         package = pathlib.Path(sys.argv[1])
