@@ -104,7 +104,17 @@ STOP_WAIT_S = 60.0
 about a second: Ray Train's controller kills the worker group) before raising the record instead."""
 
 
-def stop_run(record: BadRecord, counter: str | None) -> NoReturn:
+STREAM_CUT_WAIT_S = 15.0
+"""How long a worker whose data stream came back empty waits before calling that the user's data
+(`stop_run(..., empty_stream=True)`). A worker group being stopped (an elastic resize, another
+worker's failure) can see its streams end while it still runs: Ray Train 2.60 asks its workers to
+shut down, waits up to 5 s, then kills them (`_shutdown_workers`), and shuts the datasets' executors
+down after that. Reported at once, that cut read as "yields no step" and ended the whole run with
+exit 2; waited out, the kill comes first and the group's successor reads on. Costs a user whose data
+really is too short 15 s before the one line."""
+
+
+def stop_run(record: BadRecord, counter: str | None, empty_stream: bool = False) -> NoReturn:
     """A bad record found by a Train worker (no step in the training data, no eval row): reported to
     the run's counter, which stops the run through Ray Train's abort; the worker then waits to be
     killed rather than raising. An exception out of the training function is printed by Ray Train
@@ -112,11 +122,19 @@ def stop_run(record: BadRecord, counter: str | None) -> NoReturn:
     counter every 0.5 s, stops printing the workers' output: the user's one line came after it.
     (The eval check escaped this only by chance: its exception first waited up to 2 s in the loop's
     `finally` for the prefetch thread, and the abort killed the worker in that time.) Raises the
-    record without a counter (outside a run), or if the abort has not come in STOP_WAIT_S."""
+    record without a counter (outside a run), or if the abort has not come in STOP_WAIT_S.
+    `empty_stream`: the record is a stream that came back empty, which a stopping group sees too
+    (STREAM_CUT_WAIT_S)."""
+    if empty_stream and counter is not None:
+        _wait_for_kill(STREAM_CUT_WAIT_S)
     BadRecords(counter).found(record)  # without a counter it raises
     _wait_for_abort(STOP_WAIT_S)
     raise record
 
 
 def _wait_for_abort(wait_s: float) -> None:
+    time.sleep(wait_s)
+
+
+def _wait_for_kill(wait_s: float) -> None:
     time.sleep(wait_s)

@@ -273,7 +273,9 @@ class MicroBatches:
                            "lower data.seq_len or raise data.tokenize_batch_size (each tokenize batch's tail "
                            "shorter than data.seq_len is dropped), add data, or lower train_batch_size or "
                            "data.num_shards")
-        stop_run(record, self._counter)  # the counter stops the run; this thread waits for it (no traceback)
+        # The counter stops the run; this thread waits for it (no traceback). First, a while for the kill
+        # that a group being stopped gets: its streams can end as if the data held no step.
+        stop_run(record, self._counter, empty_stream=True)
 
     def _start_epoch(self) -> list[_ShardReader]:
         # Each shard's first read waits at Ray Data's epoch barrier until every shard of every

@@ -60,7 +60,9 @@ def no_eval_rows(counter: str | None) -> None:
                        "add eval data (data.eval_path, or a larger data.eval_fraction: it splits by document, and "
                        "a text file is one document unless data.text_document=line), lower data.seq_len, or remove "
                        "the eval settings")
-    stop_run(record, counter)  # the counter stops the run; this worker waits for it (no traceback)
+    # The counter stops the run; this worker waits for it (no traceback). First, a while for the kill that
+    # a group being stopped gets: its streams can end with no row.
+    stop_run(record, counter, empty_stream=True)
 
 
 def eval_batches(shard, micro_batch: int, device) -> Iterator[dict[str, Any]]:

@@ -300,7 +300,9 @@ def test_a_worker_that_finds_no_step_or_no_eval_row_waits_for_the_abort_instead_
         assert wait_s >= 30  # the abort takes about a second; a slow cluster must not see the traceback either
         raise Killed
 
+    waited = []
     monkeypatch.setattr(bad_records, "_wait_for_abort", wait)
+    monkeypatch.setattr(bad_records, "_wait_for_kill", waited.append)
     with pytest.raises(Killed):
         no_eval_rows("c")
     no_step = MicroBatches.__new__(MicroBatches)
@@ -309,6 +311,8 @@ def test_a_worker_that_finds_no_step_or_no_eval_row_waits_for_the_abort_instead_
         no_step._no_step()
     assert [str(r).split(" of ")[0] for r in counter["bad"]] == ["the eval data yields not one row",
                                                                   "the training data yields no step"]
+    # Both are empty streams, which a group being stopped also sees: each waited for that kill first
+    assert waited == [bad_records.STREAM_CUT_WAIT_S] * 2 and bad_records.STREAM_CUT_WAIT_S > 5 + 5
     with pytest.raises(ConfigError, match="^the eval data yields not one row"):  # outside a run: raised at once
         no_eval_rows(None)
     # an abort that never comes (the counter gone with its node): after the wait, the record is raised after all
@@ -316,6 +320,35 @@ def test_a_worker_that_finds_no_step_or_no_eval_row_waits_for_the_abort_instead_
     with pytest.raises(ConfigError, match="^the eval data yields not one row"):
         no_eval_rows("c")
     assert len(counter["bad"]) == 3
+
+
+def test_an_empty_stream_in_a_group_being_stopped_is_killed_before_it_reports_the_users_data(counter, monkeypatch):
+    """A stopping group's streams can end early: "yields no step" from it ended a healthy run with exit 2."""
+    from raytrain.data import bad_records
+    from raytrain.data.ingest import MicroBatches
+    from raytrain.worker.evaluation import no_eval_rows
+
+    class Killed(BaseException):
+        """Ray Train's kill of the stopping group, during the wait."""
+
+    def killed(wait_s):
+        raise Killed
+
+    monkeypatch.setattr(bad_records, "_wait_for_kill", killed)
+    no_step = MicroBatches.__new__(MicroBatches)
+    no_step.step_rows, no_step._read_epoch, no_step._counter = 8, 0, "c"
+    for stop in (no_step._no_step, lambda: no_eval_rows("c")):
+        with pytest.raises(Killed):
+            stop()
+    assert counter["bad"] == []  # nothing told: the run goes on with the group's successor
+    # a setup mistake is no stream: told at once
+    monkeypatch.setattr(bad_records, "_wait_for_abort", killed)
+    with pytest.raises(Killed):
+        bad_records.stop_run(bad_records.SetupMistake("node n", "no package x", "install x"), "c")
+    assert len(counter["bad"]) == 1
+    # outside a run (no counter) nothing is stopping: raised at once, with no wait
+    with pytest.raises(ConfigError, match="^the eval data yields not one row"):
+        no_eval_rows(None)
 
 
 def rows_of(path, **kwargs):
