@@ -130,6 +130,12 @@ def model_inputs(batch: dict[str, Any], one_row: bool) -> dict[str, Any]:
     token's target, and in its own row it is no target either, so the loss is the mean over the same tokens.
     SDPA and eager attention keep documents apart at any shape, with a 4D mask that one row would make quadratic
     in the micro-batch: they keep the rows.
+
+    The one row also carries the documents' bounds as flash attention's varlen arguments (cu_seq_lens_q/k,
+    max_length_q/k: what transformers' DataCollatorWithFlattening(return_flash_attn_kwargs=True) gives). Without
+    them transformers finds the bounds again from the positions in every layer, with two device syncs there
+    (`_is_packed_sequence`, then `nonzero`), which keep the host from running ahead of the GPU; with them, one sync
+    per micro-batch (here).
     """
     input_ids, positions = batch["input_ids"], batch.get("position_ids")
     if positions is None:
@@ -138,8 +144,21 @@ def model_inputs(batch: dict[str, Any], one_row: bool) -> dict[str, Any]:
         return {"input_ids": input_ids, "labels": input_ids, "position_ids": positions}
     labels = input_ids.clone()
     labels[:, 0] = -100
-    return {"input_ids": input_ids.reshape(1, -1), "labels": labels.reshape(1, -1),
-            "position_ids": positions.reshape(1, -1)}
+    flat = positions.reshape(1, -1)
+    return {"input_ids": input_ids.reshape(1, -1), "labels": labels.reshape(1, -1), "position_ids": flat,
+            **document_bounds(flat)}
+
+
+def document_bounds(positions: torch.Tensor) -> dict[str, Any]:
+    """Flash attention's varlen arguments for one row whose positions restart at 0 with each document (every
+    row of raytrain.data.packing starts one): cumulative lengths (int32, on the positions' device) and the longest
+    document (an int)."""
+    starts = (positions.reshape(-1) == 0).nonzero().view(-1)
+    total = torch.tensor([positions.numel()], device=positions.device)
+    cu_seq_lens = torch.cat([starts, total]).to(torch.int32)
+    longest = int(cu_seq_lens.diff().max())
+    return {"cu_seq_lens_q": cu_seq_lens, "cu_seq_lens_k": cu_seq_lens, "max_length_q": longest,
+            "max_length_k": longest}
 
 
 def train_step(engine, batches: Iterator[dict[str, Any]], grad_accum: int, device: torch.device,

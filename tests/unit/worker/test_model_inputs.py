@@ -2,7 +2,8 @@
 row, the shape for which transformers runs flash attention's varlen kernel (attention within each document); with
 several rows it attended across documents. Flash attention needs a GPU, so the one-row form is checked here under
 SDPA, which keeps documents apart at any shape (its 4D mask): one row and the rows give the same loss and gradients,
-so the one row trains the same tokens on the same targets. On a GPU: benchmarks/gpu_x1.sh fa4doc."""
+so the one row trains the same tokens on the same targets; and under a CPU stand-in for flash attention's varlen
+kernel that reads only the documents' bounds the one row carries. On a GPU: benchmarks/gpu_x1.sh fa4doc."""
 
 from types import SimpleNamespace
 
@@ -41,9 +42,15 @@ def loss_and_grads(model, inputs):
 def test_one_row_trains_the_same_tokens_on_the_same_targets_as_the_rows():
     model, batch = tiny_llama(), batch_of_documents()
     one_row = model_inputs(batch, one_row=True)
-    assert {k: tuple(v.shape) for k, v in one_row.items()} == {"input_ids": (1, 96), "labels": (1, 96),
-                                                               "position_ids": (1, 96)}
+    bounds = {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"}
+    assert {k: tuple(v.shape) for k, v in one_row.items() if k not in bounds} == {
+        "input_ids": (1, 96), "labels": (1, 96), "position_ids": (1, 96)}
     assert one_row["labels"][0, [0, 32, 64]].tolist() == [-100] * 3  # each row's first token: no target
+    # the documents' bounds as flash attention's varlen arguments (SDPA, here, takes and ignores them)
+    cu = [0, 12, 32, 64, 69, 89, 96]
+    assert one_row["cu_seq_lens_q"].dtype == torch.int32 and one_row["cu_seq_lens_q"].tolist() == cu
+    assert one_row["cu_seq_lens_k"] is one_row["cu_seq_lens_q"]
+    assert one_row["max_length_q"] == one_row["max_length_k"] == 32 and type(one_row["max_length_q"]) is int
     rows = model_inputs(batch, one_row=False)
     assert rows["input_ids"] is batch["input_ids"] and rows["position_ids"] is batch["position_ids"]
     loss, grads = loss_and_grads(model, one_row)
@@ -62,6 +69,49 @@ def test_one_row_trains_the_same_tokens_on_the_same_targets_as_the_rows():
     # without the -100s each row's last token would learn the next row's first token: another loss
     naive = {**one_row, "labels": batch["input_ids"].reshape(1, -1)}
     assert loss_and_grads(model, naive)[0] != pytest.approx(expected_loss, rel=1e-5)
+
+
+def varlen_flash_on_cpu(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """What flash attention's varlen kernel computes, from the varlen arguments alone: causal attention within each
+    document of the one row, ignoring any mask (query: batch 1, heads, tokens, head_dim, as transformers gives)."""
+    cu = kwargs["cu_seq_lens_q"].tolist()
+    assert query.shape[0] == 1 and cu[-1] == query.shape[2] and kwargs["max_length_q"] == max(
+        b - a for a, b in zip(cu, cu[1:]))
+    SEEN.append(len(cu) - 1)
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    out = torch.cat([torch.nn.functional.scaled_dot_product_attention(
+        query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], is_causal=True, scale=scaling)
+        for a, b in zip(cu, cu[1:])], dim=2)
+    return out.transpose(1, 2).contiguous(), None
+
+
+SEEN: list[int] = []
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_bounds_reach_flash_attention_in_every_layer_and_train_as_the_rows(fused):
+    """An attention that reads only the varlen arguments (a CPU stand-in for flash attention's kernel; not named
+    "flash", which transformers would look for as a kernel) given the one row trains the rows' tokens on their
+    targets, documents apart, through transformers' layers and raytrain's fused ones: the bounds reach the
+    attention of every layer."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register("varlen_cpu_reference", varlen_flash_on_cpu)
+    model, batch = tiny_llama(), batch_of_documents()
+    expected_loss, expected_grads = loss_and_grads(model, model_inputs(batch, one_row=False))  # SDPA's mask
+    model.set_attn_implementation("varlen_cpu_reference")
+    if fused:
+        from raytrain.worker.fused import fuse_llama_layers
+
+        fuse_llama_layers(model)
+        assert type(model.model.layers[0]).__name__ == "FusedLlamaDecoderLayer"
+    SEEN.clear()
+    loss, grads = loss_and_grads(model, model_inputs(batch, one_row=True))
+    assert SEEN == [6, 6]  # both layers, the six documents of the three rows
+    assert loss == pytest.approx(expected_loss, rel=1e-5)
+    for name, grad in grads.items():
+        assert torch.allclose(grad, expected_grads[name], rtol=1e-4, atol=1e-6), name
 
 
 def test_rows_without_positions_or_of_one_row_are_given_as_they_are():
