@@ -134,8 +134,10 @@ def model_inputs(batch: dict[str, Any], one_row: bool) -> dict[str, Any]:
     The one row also carries the documents' bounds as flash attention's varlen arguments (cu_seq_lens_q/k,
     max_length_q/k: what transformers' DataCollatorWithFlattening(return_flash_attn_kwargs=True) gives). Without
     them transformers finds the bounds again from the positions in every layer, with two device syncs there
-    (`_is_packed_sequence`, then `nonzero`), which keep the host from running ahead of the GPU; with them, one sync
-    per micro-batch (here).
+    (`_is_packed_sequence`, then `nonzero`), which keep the host from running ahead of the GPU, and gives the
+    longest document as a device tensor, which FlashAttention-4 cannot read on the host: its scheduler then sizes
+    the kernel for a document as long as the whole row (flash_attn/cute/interface.py, "Tensor hints cannot drive
+    host selection"). With them: one sync per micro-batch (here) and the real bound, an int.
     """
     input_ids, positions = batch["input_ids"], batch.get("position_ids")
     if positions is None:
