@@ -137,7 +137,7 @@ def model_inputs(batch: dict[str, Any], one_row: bool) -> dict[str, Any]:
     (`_is_packed_sequence`, then `nonzero`), which keep the host from running ahead of the GPU, and gives the
     longest document as a device tensor, which FlashAttention-4 cannot read on the host: its scheduler then sizes
     the kernel for a document as long as the whole row (flash_attn/cute/interface.py, "Tensor hints cannot drive
-    host selection"). With them: one sync per micro-batch (here) and the real bound, an int.
+    host selection"). With them: the syncs once per micro-batch (here, back to back) and the real bound, an int.
     """
     input_ids, positions = batch["input_ids"], batch.get("position_ids")
     if positions is None:

@@ -71,6 +71,9 @@ def test_one_row_trains_the_same_tokens_on_the_same_targets_as_the_rows():
     assert loss_and_grads(model, naive)[0] != pytest.approx(expected_loss, rel=1e-5)
 
 
+SEEN: list[int] = []  # documents per call of the stand-in below, one entry per layer
+
+
 def varlen_flash_on_cpu(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """What flash attention's varlen kernel computes, from the varlen arguments alone: causal attention within each
     document of the one row, ignoring any mask (query: batch 1, heads, tokens, head_dim, as transformers gives)."""
@@ -84,9 +87,6 @@ def varlen_flash_on_cpu(module, query, key, value, attention_mask, scaling=None,
         query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], is_causal=True, scale=scaling)
         for a, b in zip(cu, cu[1:])], dim=2)
     return out.transpose(1, 2).contiguous(), None
-
-
-SEEN: list[int] = []
 
 
 @pytest.mark.parametrize("fused", [False, True])
