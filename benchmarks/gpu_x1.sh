@@ -31,7 +31,8 @@
 # fa4:       attention alone at the shipped shape per backend, time and energy (benchmarks/attention_backends.py),
 #            then the shipped 1.1B step on the plain-DeepSpeed path with cuDNN SDPA and with FlashAttention-4 (~4 min);
 #            fa4rt: the same step on raytrain's path, FlashAttention-4 and SDPA twice each (~8 min);
-#            fa4twin: each backend on both paths in one variant, FlashAttention-4, SDPA, FlashAttention-4 (~9 min);
+#            fa4twin: each backend on both paths in one variant, FlashAttention-4, SDPA, FlashAttention-4 (~10 min: on
+#            an H200 the first two fill one call, ONLY='^both-fa4b$' takes the third to another);
 #            fa4main: the shipped config through raytrain.main, 16 steps with each (~5 min);
 #            fa4doc: raytrain's path with data.position_ids=per_document (the worker gives flash attention each
 #            micro-batch as one row, for which transformers runs FlashAttention-4's varlen kernel; SDPA masks
@@ -331,8 +332,9 @@ fa4twin)  # the shipped step with FlashAttention-4 and with cuDNN SDPA, each on 
   cap20_here
   E=(--paths deepspeed,raytrain --micro-batch $refmb --grad-accum 4 --steps 4 --warmup-steps 2 --window 2 "${Z[@]}"
     --set scaling.cpus_per_worker=14 --no-profile)
-  variant both-fa4 200 "${E[@]}" --set model.attn_implementation=flash_attention_4
-  variant both-sdpa 170 "${E[@]}"
+  # an H200 took 189 s for both-fa4 and 200 s for both-sdpa (session 66; 170 s cut SDPA's raytrain path off)
+  variant both-fa4 220 "${E[@]}" --set model.attn_implementation=flash_attention_4
+  variant both-sdpa 215 "${E[@]}"
   variant both-fa4b 200 "${E[@]}" --set model.attn_implementation=flash_attention_4
   ;;
 fa4doc)  # raytrain's path, positions per document: the built-in corpus's documents are ~300 tokens, so each
