@@ -53,8 +53,8 @@ class ModelConfig:
     where the model's class supports it, else eager, as transformers itself picks; resolved on the
     driver, so the planner and the workers see the one the run uses. "flash_attention_4" (the flash-attn-4
     package on the GPU nodes, a beta: FlashAttention's CuTe DSL kernels, compiled at a worker's first step):
-    +1.8-2.7% tokens/s at the shipped 1.1B step on an H100, the same losses (docs/benchmarks.md,
-    "FlashAttention-4"); the planner's tokens/s does not count it."""
+    +1.8-2.7% tokens/s at the shipped 1.1B step on an H100, +1.6% (+2.9% plain DeepSpeed) at micro-batch 24 on
+    an H200, the same losses (docs/benchmarks.md, "FlashAttention-4"); the planner's tokens/s does not count it."""
     trust_remote_code: Bool = False
     """Allow model/tokenizer code from the hub repo to run (only for repos you trust)."""
     liger_kernel: Literal["none", "loss", "all"] = "none"
