@@ -122,6 +122,18 @@ def exists(uri: str) -> bool:
     return fs.get_file_info(path).type != pyarrow.fs.FileType.NotFound
 
 
+def remove_dir(uri: str) -> bool:
+    """Delete directory `uri` (a path or URI) and everything in it, if it is there; whether it was. One request on
+    object storage when it is not."""
+    import pyarrow.fs
+
+    fs, path = filesystem(uri)
+    if fs.get_file_info(path).type != pyarrow.fs.FileType.Directory:
+        return False
+    fs.delete_dir(path)
+    return True
+
+
 # What storage that cannot be reached needs, by filesystem: the error quoted before it says which of them.
 _REACH_FIX = {"s3": "the driver's AWS credentials (AWS_ACCESS_KEY_ID, a profile or an instance profile), the bucket's "
                     "region and endpoint (AWS_ENDPOINT_URL for an S3-compatible store)",

@@ -34,7 +34,8 @@ import torch
 import transformers
 
 from raytrain import compat
-from raytrain.checkpoint.layout import METADATA, checkpoint_dir_name, is_cut_short, read_metadata, shown_uri, tag_for
+from raytrain.checkpoint.layout import (METADATA, checkpoint_dir_name, is_cut_short, read_metadata, remove_dir,
+                                        shown_uri, tag_for)
 from raytrain.checkpoint.reshard import universal_uri, written_by
 from raytrain.console import emit
 from raytrain.data.bad_records import SetupMistake, stop_run
@@ -103,6 +104,8 @@ class Checkpointer:
 
     def _write(self, local: str, step: int, metrics: dict[str, Any], history: list[dict[str, Any]],
                data_state: dict[str, Any]) -> None:
+        if self.rank.world == 0:
+            self._clear_dead_save(step)
         start = time.perf_counter()
         # client_state lands in this rank's own model-states file: each rank restores its own RNG.
         self.engine.save_checkpoint(local, tag=tag_for(step),
@@ -127,6 +130,25 @@ class Checkpointer:
                 # world_size: this group's, which an elastic run's spec alone does not say
                 json.dump({"step": step, "world_size": self.rank.world_size, "metrics": metrics, "history": history,
                            "spec": self._spec_dict}, f, indent=2, default=str)
+
+
+    def _clear_dead_save(self, step: int) -> None:
+        """Remove what an earlier group left of step `step` in the storage, before this group saves it there.
+
+        A group that dies between its ranks' uploads of a save and Ray Train's registration of it (a node lost
+        mid-upload, a resize) leaves the directory, and its successor, which resumes from the registered
+        checkpoint before it, saves the same step into the same directory: Ray uploads into it as it stands. A
+        group of another size then leaves shards of ranks it does not have beside its own, and DeepSpeed's
+        ds_to_universal (a resume at another size), zero_to_fp32 (the export) and the driver's cut-short check read
+        every shard file of the tag: a conversion that mixes two partitions, an export that finds 3 files where it
+        expects 2. A step past the one this run resumed from is never registered (checkpoint.resume_from into an
+        existing run is refused unless that run's own latest wins), so what is there is a dead group's. Rank 0
+        removes it before its save; the all-reduce after every rank's save keeps all uploads after that. One
+        request a save when there is nothing (on object storage too)."""
+        target = f"{self.spec.run_uri}/{checkpoint_dir_name(step)}"
+        if remove_dir(target):
+            emit(f"raytrain: removed {target}, an earlier group's save of step {step} that Ray Train never "
+                 f"registered (its group stopped mid-save); this group saves step {step} anew")
 
 
 # torch.save reports a full disk as RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos

@@ -89,7 +89,13 @@ def loaded(tmp_path_factory):
     from raytrain.checkpoint import reshard
 
     out = tmp_path_factory.mktemp("universal")
+    # a dead group of 3 left its rank 2's shards of step 1 (uploaded, never registered): the save replaces them
+    dead = out / "run" / "checkpoint_step_00000001" / "step_00000001"
+    dead.mkdir(parents=True)
+    for kind in ("model", "optim"):
+        torch.save({"a dead group's": kind}, dead / f"zero_pp_rank_2_mp_rank_00_{kind}_states.pt")
     plain = _spawn(2, out, "save")
+    left = sorted(p.name for p in dead.iterdir() if "rank_2" in p.name)
     target = str(out / "run" / "universal" / "checkpoint_step_00000001")
     assert not os.path.exists(os.path.dirname(target))  # the run's first conversion makes universal/ itself
     with reshard.Conversion(Checkpoint(str(out / "run" / "checkpoint_step_00000001")), 1, target) as conversion:
@@ -99,7 +105,12 @@ def loaded(tmp_path_factory):
     stale = out / "run" / "universal" / "checkpoint_step_00000000"
     stale.mkdir()  # an older copy: removed once the new one is complete
     reshard.prune(str(out / "run"), keep=target)
-    return {"plain": plain, "universal": _spawn(3, out, "universal"), "gib": gib, "dir": out}
+    return {"plain": plain, "universal": _spawn(3, out, "universal"), "gib": gib, "dir": out, "left": left}
+
+
+def test_a_save_replaces_what_a_dead_group_left_of_its_step(loaded):
+    # Ray Train uploads into the directory as it stands: the conversion (and the export) read every shard file
+    assert loaded["left"] == []
 
 
 def test_every_param_group_keeps_its_settings_after_a_universal_load(loaded):
