@@ -1086,6 +1086,22 @@ def attention_backends(model_class: type) -> list[str]:
     return backends
 
 
+# data.position_ids=per_document promises that a document's tokens attend to its own tokens only. These model types
+# keep it, with raytrain's inputs (raytrain.worker.engine.model_inputs: rows under SDPA and eager, whose 4D mask
+# transformers builds from the positions; one row under flash attention, whose varlen kernel takes the documents'
+# bounds): every document's logits equal those of the document run alone, in both forms
+# (tests/unit/worker/test_per_document_families.py, tiny models of each type, transformers 5.25). Left out, because
+# they do not: OPT and BioGPT build their causal mask without the positions (their SDPA and eager attention cross
+# documents); hybrid models (Jamba, LFM2, Falcon-H1, Bamba, NemotronH, MiniMax, ...) run recurrent, convolution or
+# linear-attention layers along the whole row, which carry one document into the next, and under flash attention's
+# one row one row into the next; gpt-oss's attention sinks are not checked. Any other type is refused, not guessed.
+PER_DOCUMENT_MODEL_TYPES = frozenset({
+    "apertus", "arcee", "codegen", "cohere", "cohere2", "ernie4_5", "exaone4", "falcon", "gemma", "gemma2",
+    "gemma3_text", "glm", "glm4", "gpt2", "gpt_bigcode", "gpt_neox", "gptj", "granite", "granitemoe", "helium",
+    "hunyuan_v1_dense", "llama", "ministral", "mistral", "mixtral", "olmo", "olmo2", "olmo3", "olmoe", "persimmon",
+    "phi", "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "seed_oss", "smollm3", "stablelm",
+    "starcoder2"})
+
 # The distribution each flash_attention_N of transformers 5.25 looks for (FLASH_ATTENTION_COMPATIBILITY_MATRIX's
 # pkg_availability_check), named in the error line.
 FLASH_ATTENTION_PACKAGES = {2: "flash-attn", 3: "flash-attn-3", 4: "flash-attn-4"}

@@ -19,8 +19,8 @@ from raytrain.config import ConfigError, RunConfig
 from raytrain.data.sources import Sources, data_facts, inspect_sources
 from raytrain.deepspeed_config import AUTO, DeepSpeedFacts, load_deepspeed, resolve_deepspeed
 from raytrain.hardware import Target
-from raytrain.model import (attention_backends, causal_lm_class, causal_lm_class_name, config_from_facts,
-                            document_start_ids, embedding_padding_row, flash_attention_version,
+from raytrain.model import (PER_DOCUMENT_MODEL_TYPES, attention_backends, causal_lm_class, causal_lm_class_name,
+                            config_from_facts, document_start_ids, embedding_padding_row, flash_attention_version,
                             fused_layers_enabled, load_generation_config, load_model_config, load_tokenizer,
                             param_stats, token_ids_from_tokenizer, token_ids_outside_vocab)
 from raytrain.planning.activations import ATTENTION_ONLY_DROPOUT, DROPOUT_KEYS, active_parameters, dropout_probabilities
@@ -456,6 +456,13 @@ def _range(shape: ClusterShape) -> str:
 
 def _check_model_options(cfg: RunConfig, hf_config, shape: ClusterShape) -> None:
     _check_attention(cfg, hf_config, shape)
+    model_type = getattr(hf_config, "model_type", None)
+    if cfg.data.position_ids == "per_document" and model_type not in PER_DOCUMENT_MODEL_TYPES:
+        raise ConfigError(f"data.position_ids=per_document keeps each document's attention within the document for "
+                          f"the model types {', '.join(sorted(PER_DOCUMENT_MODEL_TYPES))} (checked by raytrain's "
+                          f"tests), and this model is {model_type or type(hf_config).__name__}, for which "
+                          f"transformers' mask or the model's recurrent layers may carry one document into the next: "
+                          f"set data.position_ids=packed")
     if cfg.model.compile and cfg.model.liger_kernel != "none":
         # Measured on an H200 (torch 2.11, liger-kernel 0.8.5, docs/benchmarks.md): with "all" dynamo fails
         # to trace Liger's SwiGLU kernel; with "loss" the first compiled step hit an illegal memory access.
