@@ -148,14 +148,17 @@ def model_inputs(batch: dict[str, Any], one_row: bool) -> dict[str, Any]:
     labels[:, 0] = -100
     flat = positions.reshape(1, -1)
     return {"input_ids": input_ids.reshape(1, -1), "labels": labels.reshape(1, -1), "position_ids": flat,
-            **document_bounds(flat)}
+            **document_bounds(flat, input_ids.shape[1])}
 
 
-def document_bounds(positions: torch.Tensor) -> dict[str, Any]:
-    """Flash attention's varlen arguments for one row whose positions restart at 0 with each document (every
-    row of raytrain.data.packing starts one): cumulative lengths (int32, on the positions' device) and the longest
-    document (an int)."""
-    starts = (positions.reshape(-1) == 0).nonzero().view(-1)
+def document_bounds(positions: torch.Tensor, row_len: int) -> dict[str, Any]:
+    """Flash attention's varlen arguments for one row of rows of `row_len` tokens whose positions restart at 0 with
+    each document: cumulative lengths (int32, on the positions' device) and the longest document (an int). Every
+    row starts a segment too: raytrain.data.packing starts each row at position 0, and a row that began inside a
+    document (other positions) must still not attend to the row before it, as it does not in the rows' form."""
+    flat = positions.reshape(-1)
+    row_starts = torch.arange(flat.numel(), device=flat.device) % row_len == 0
+    starts = ((flat == 0) | row_starts).nonzero().view(-1)
     total = torch.tensor([positions.numel()], device=positions.device)
     cu_seq_lens = torch.cat([starts, total]).to(torch.int32)
     longest = int(cu_seq_lens.diff().max())

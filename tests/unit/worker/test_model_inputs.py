@@ -122,6 +122,16 @@ def test_rows_without_positions_or_of_one_row_are_given_as_they_are():
     assert model_inputs(single, one_row=True)["labels"] is single["input_ids"]  # already one row: no -100
 
 
+def test_every_row_starts_a_document_in_the_one_row_even_where_its_positions_do_not():
+    # raytrain's packing starts each row at position 0; a row that began inside a document (positions 4..7 after
+    # 0..3) would otherwise join the row before it, which in the rows' form it cannot see
+    ids = torch.arange(16).reshape(2, 8)
+    batch = {"input_ids": ids, "position_ids": torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4], [5, 6, 7, 8, 0, 1, 2, 3]])}
+    one_row = model_inputs(batch, one_row=True)
+    assert one_row["cu_seq_lens_q"].tolist() == [0, 3, 8, 12, 16]
+    assert one_row["max_length_q"] == 5
+
+
 def test_varlen_attention_is_flash_attention_by_any_name():
     def named(name):
         return varlen_attention(SimpleNamespace(config=SimpleNamespace(_attn_implementation=name)))
