@@ -112,7 +112,9 @@ class DataConfig:
     the only shape transformers runs them for); SDPA and eager by a 4D mask that transformers builds
     from the positions (SDPA then runs its slower masked kernel with k and v repeated: measured on an
     H100 at 1.1B, attention 2.8x as long and 0.5 GiB more a sequence; the planner counts both,
-    docs/benchmarks.md "per-document attention")."""
+    docs/benchmarks.md "per-document attention"). Only for the model types checked to keep documents
+    apart (raytrain.model.PER_DOCUMENT_MODEL_TYPES: Llama, Mistral, Qwen, Gemma, Phi, GPT-2, OLMo, ...);
+    others are refused (OPT's mask ignores the positions; hybrid models' recurrent layers cross documents)."""
     tokenize_batch_size: Annotated[Int, Field(ge=1)] = 256
     """Rows per tokenization batch (documents; a text file that is one document is a row per ~64k
     characters); each batch's leftover tail (< seq_len tokens) is dropped."""
