@@ -45,6 +45,7 @@ import time
 
 import pyarrow.fs
 
+from raytrain.checkpoint import scratch
 from raytrain.checkpoint.layout import METADATA, UNIVERSAL_DIR, exists, filesystem, tag_for, written_world_size
 
 # The converter dies with the worker that started it (PR_SET_PDEATHSIG): a worker group shut down
@@ -105,7 +106,7 @@ class Conversion:
     def start(self) -> None:
         self._started = time.perf_counter()
         self._src = self._stack.enter_context(self.checkpoint.as_directory())
-        self._tmp = self._stack.enter_context(tempfile.TemporaryDirectory(prefix="raytrain-universal-"))
+        self._tmp = self._stack.enter_context(tempfile.TemporaryDirectory(prefix=scratch.prefix("universal")))
         self._log = self._stack.enter_context(open(os.path.join(self._tmp, "convert.log"), "w+"))
         tag = tag_for(self.step)
         out = os.path.join(self._tmp, "out", f"{tag}_universal")

@@ -34,6 +34,7 @@ import torch
 import transformers
 
 from raytrain import compat
+from raytrain.checkpoint import scratch
 from raytrain.checkpoint.layout import (METADATA, checkpoint_dir_name, is_cut_short, read_metadata, remove_dir,
                                         shown_uri, tag_for)
 from raytrain.checkpoint.reshard import universal_uri, written_by
@@ -74,7 +75,7 @@ class Checkpointer:
         Adds checkpoint_save_s (slowest rank's local write), checkpoint_size_gib (all ranks) and
         checkpoint_gbps to `metrics` (the same dict object that is in `history`).
         """
-        local = tempfile.mkdtemp(prefix="raytrain-ckpt-")
+        local = scratch.make("ckpt")
         try:
             self._write(local, step, metrics, history, data_state)
         except BaseException as e:
@@ -268,7 +269,7 @@ def _rank_files(checkpoint, rank: int, ranks_on_node: int = 1, counter: str | No
         yield root
         return
     wanted, need = _to_download(checkpoint, rank, ranks_on_node, counter)
-    local = tempfile.mkdtemp(prefix="raytrain-restore-")
+    local = scratch.make("restore")
     try:
         for info in wanted:
             dest = os.path.join(local, posixpath.relpath(info.path, root))

@@ -24,7 +24,7 @@ import ray.train.torch
 import torch
 
 from raytrain import compat
-from raytrain.checkpoint import reshard
+from raytrain.checkpoint import reshard, scratch
 from raytrain.checkpoint.layout import checkpoint_dir_name
 from raytrain.checkpoint.shards import (Checkpointer, Rank, ResumePoint, check_restore_space, out_of_space, restore,
                                         resume_point)
@@ -112,6 +112,9 @@ def train_loop_per_worker(spec_dict: dict[str, Any]) -> None:
     lacking = node_lacks(cfg.model)
     if lacking:  # the user's setup, the same at every restart: stop the run (one line, exit 2), not a retry
         stop_run(SetupMistake(f"node {socket.gethostname()}", *lacking), spec.counter)
+    if rank.local == 0:  # before the space checks: what killed workers of this node left in TMPDIR
+        for path in scratch.remove_dead():
+            emit(f"raytrain: removed {path} on {socket.gethostname()}, a stopped worker's checkpoint scratch")
     resume = resume_point(spec, ray.train.get_checkpoint(), rank.world_size)
     check_restore_space(resume, rank, spec.counter)  # a disk too small for the download: one line, before the build
     ds_config = spec.ds_config
