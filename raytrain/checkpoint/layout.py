@@ -122,16 +122,23 @@ def exists(uri: str) -> bool:
     return fs.get_file_info(path).type != pyarrow.fs.FileType.NotFound
 
 
-def remove_dir(uri: str) -> bool:
-    """Delete directory `uri` (a path or URI) and everything in it, if it is there; whether it was. One request on
-    object storage when it is not."""
+_SHARD_RANK = re.compile(r"zero_pp_rank_(\d+)_")  # DeepSpeed's per-rank files: [bf16_]zero_pp_rank_R_mp_rank_..
+
+
+def remove_shards_of_ranks_from(tag_dir: str, world_size: int) -> list[str]:
+    """Delete the shard files of ranks `world_size` and up in DeepSpeed tag directory `tag_dir` (a path or URI), if
+    any; their names. One listing (one request on object storage)."""
     import pyarrow.fs
 
-    fs, path = filesystem(uri)
-    if fs.get_file_info(path).type != pyarrow.fs.FileType.Directory:
-        return False
-    fs.delete_dir(path)
-    return True
+    fs, path = filesystem(tag_dir)
+    infos = fs.get_file_info(pyarrow.fs.FileSelector(path.rstrip("/"), allow_not_found=True))
+    removed = []
+    for info in infos:
+        match = _SHARD_RANK.search(info.base_name)
+        if match and int(match[1]) >= world_size and info.type == pyarrow.fs.FileType.File:
+            fs.delete_file(info.path)
+            removed.append(info.base_name)
+    return sorted(removed)
 
 
 # What storage that cannot be reached needs, by filesystem: the error quoted before it says which of them.

@@ -35,8 +35,8 @@ import transformers
 
 from raytrain import compat
 from raytrain.checkpoint import scratch
-from raytrain.checkpoint.layout import (METADATA, checkpoint_dir_name, is_cut_short, read_metadata, remove_dir,
-                                        shown_uri, tag_for)
+from raytrain.checkpoint.layout import (METADATA, checkpoint_dir_name, is_cut_short, read_metadata,
+                                        remove_shards_of_ranks_from, shown_uri, tag_for)
 from raytrain.checkpoint.reshard import universal_uri, written_by
 from raytrain.console import emit
 from raytrain.data.bad_records import SetupMistake, stop_run
@@ -134,22 +134,24 @@ class Checkpointer:
 
 
     def _clear_dead_save(self, step: int) -> None:
-        """Remove what an earlier group left of step `step` in the storage, before this group saves it there.
+        """Remove what a bigger group left of step `step` in the storage, before this group saves it there.
 
         A group that dies between its ranks' uploads of a save and Ray Train's registration of it (a node lost
         mid-upload, a resize) leaves the directory, and its successor, which resumes from the registered
-        checkpoint before it, saves the same step into the same directory: Ray uploads into it as it stands. A
-        group of another size then leaves shards of ranks it does not have beside its own, and DeepSpeed's
-        ds_to_universal (a resume at another size), zero_to_fp32 (the export) and the driver's cut-short check read
-        every shard file of the tag: a conversion that mixes two partitions, an export that finds 3 files where it
-        expects 2. A step past the one this run resumed from is never registered (checkpoint.resume_from into an
-        existing run is refused unless that run's own latest wins), so what is there is a dead group's. Rank 0
-        removes it before its save; the all-reduce after every rank's save keeps all uploads after that. One
-        request a save when there is nothing (on object storage too)."""
-        target = f"{self.spec.run_uri}/{checkpoint_dir_name(step)}"
-        if remove_dir(target):
-            emit(f"raytrain: removed {target}, an earlier group's save of step {step} that Ray Train never "
-                 f"registered (its group stopped mid-save); this group saves step {step} anew")
+        checkpoint before it, saves the same step into the same directory: Ray uploads into it as it stands. Each
+        rank's upload replaces its own files, but the shards of ranks this group does not have stay, and
+        DeepSpeed's ds_to_universal (a resume at another size) and zero_to_fp32 (the export) read every shard of
+        the tag: a conversion that mixed two partitions (KeyError 'optimizer_state_dict'), an export that found 3
+        files where it expected 2. A step past the one this run resumed from is never registered
+        (checkpoint.resume_from into an existing run is refused unless that run's own latest wins), so those are
+        a dead group's. Rank 0 removes them before its save; the all-reduce after every rank's save keeps all
+        uploads after that. One listing a save (one request on object storage)."""
+        tag_dir = f"{self.spec.run_uri}/{checkpoint_dir_name(step)}/{tag_for(step)}"
+        removed = remove_shards_of_ranks_from(tag_dir, self.rank.world_size)
+        if removed:
+            emit(f"raytrain: removed {len(removed)} shard files of ranks {self.rank.world_size} and up from "
+                 f"{tag_dir}, an earlier group's save of step {step} that Ray Train never registered; this group of "
+                 f"{self.rank.world_size} saves step {step} anew")
 
 
 # torch.save reports a full disk as RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos

@@ -89,7 +89,7 @@ def loaded(tmp_path_factory):
     from raytrain.checkpoint import reshard
 
     out = tmp_path_factory.mktemp("universal")
-    # a dead group of 3 left its rank 2's shards of step 1 (uploaded, never registered): the save replaces them
+    # a dead group of 3 left its rank 2's shards of step 1 (uploaded, never registered): the save removes them
     dead = out / "run" / "checkpoint_step_00000001" / "step_00000001"
     dead.mkdir(parents=True)
     for kind in ("model", "optim"):
