@@ -149,6 +149,15 @@ def stop_printing_worker_logs() -> Callable[[], None]:
     return undo
 
 
+def persist_checkpoint(checkpoint, checkpoint_dir_name: str):
+    """Ray Train's own upload of a reported checkpoint into the run's storage (what ray.train.report runs without a
+    checkpoint_upload_fn: pyarrow's copy_files), for an upload function that wraps it; the stored Checkpoint
+    (ray/train/v2/_internal/execution/context.py `_upload_checkpoint`, ray 2.60.0)."""
+    from ray.train.v2._internal.execution.context import get_train_context
+
+    return get_train_context().get_storage().persist_current_checkpoint(checkpoint, checkpoint_dir_name)
+
+
 def ray_train_poll_interval_s() -> float:
     """How often Ray Train's controller takes a report from each worker: one per worker per poll,
     every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (default 2 s; the driver's value reaches the controller

@@ -159,12 +159,14 @@ def train_loop_per_worker(spec_dict: dict[str, Any]) -> None:
                               cfg.data.eval_every_n_steps, cfg.data.eval_max_batches, counter=spec.counter)
     tracker = Tracker(cfg.tracking, spec.storage_path, spec.run_name, spec_dict, active=rank.world == 0)
     samples = SampleLog(spec.run_uri, rank.world, rank.world_size) if cfg.data.sample_log else None
+    checkpointer = Checkpointer(engine, spec, spec_dict, rank)
     trainer = Trainer(engine=engine, scheduler=scheduler, batches=batches,
                       grad_accum=facts.gradient_accumulation_steps, device=device,
                       metrics=TrainMetrics(meter, cfg.training.log_every_n_steps, device, start_step,
                                            announce=rank.world == 0),
-                      checkpointer=Checkpointer(engine, spec, spec_dict, rank), evaluator=evaluator, tracker=tracker,
-                      report=ray_report(cfg.checkpoint.upload_async, spec.counter if rank.world == 0 else None),
+                      checkpointer=checkpointer, evaluator=evaluator, tracker=tracker,
+                      report=ray_report(cfg.checkpoint.upload_async, spec.counter if rank.world == 0 else None,
+                                        checkpointer.storage_full),
                       start_step=start_step,
                       max_steps=cfg.training.max_steps, history=history, is_rank0=rank.world == 0, samples=samples)
     try:
@@ -264,12 +266,14 @@ class ReportGate:
         return False
 
 
-def ray_report(upload_async: bool, counter: str | None = None) -> Report:
+def ray_report(upload_async: bool, counter: str | None = None,
+               storage_full: Callable[[int, dict[str, Any]], None] | None = None) -> Report:
     """The loop's `report`: ray.train.report, with this rank's checkpoint directory when one was saved.
 
     `counter` (rank 0): the run's counter actor, told the step first: Ray Train's controller takes
     one report per worker per poll (every 2 s), so it lags the workers, and Ctrl-C names the step
-    the workers reached, not the one the controller last took."""
+    the workers reached, not the one the controller last took. `storage_full` (Checkpointer.storage_full):
+    what an asynchronous upload into a full storage calls; a synchronous one raises out of report, to the loop."""
     # ASYNC: Ray uploads in the background and deletes the directory afterwards, so training goes on
     # while the shards travel to storage; SYNC: report returns once they are there.
     mode = ray.train.CheckpointUploadMode.ASYNC if upload_async else ray.train.CheckpointUploadMode.SYNC
@@ -283,9 +287,14 @@ def ray_report(upload_async: bool, counter: str | None = None) -> Report:
         if checkpoint is None:
             ray.train.report(metrics)
             return
+        # An ASYNC upload fails in Ray's upload thread, as a worker failure: Ray Train retried the run, which
+        # retrained to the same save and failed there again, checkpoint.max_failures times. Its own upload,
+        # wrapped, stops the run in one line instead, as the loop does for a synchronous one.
+        upload = _stop_when_full(lambda: storage_full(step, metrics)) if upload_async and storage_full else None
         try:
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(checkpoint),
-                             checkpoint_dir_name=checkpoint_dir_name(step), checkpoint_upload_mode=mode)
+                             checkpoint_dir_name=checkpoint_dir_name(step), checkpoint_upload_mode=mode,
+                             checkpoint_upload_fn=upload)
         except BaseException:
             shutil.rmtree(checkpoint, ignore_errors=True)
             raise
@@ -293,3 +302,18 @@ def ray_report(upload_async: bool, counter: str | None = None) -> Report:
             shutil.rmtree(checkpoint, ignore_errors=True)
 
     return report
+
+
+def _stop_when_full(storage_full: Callable[[], None], persist=compat.persist_checkpoint):
+    """A checkpoint_upload_fn: Ray Train's own upload (`persist`), which calls `storage_full` (it stops the run)
+    where the storage has no space left."""
+
+    def upload(checkpoint, name: str):
+        try:
+            return persist(checkpoint, name)
+        except OSError as e:
+            if out_of_space(e):
+                storage_full()
+            raise
+
+    return upload

@@ -278,3 +278,31 @@ def test_a_gpu_out_of_memory_is_one_line_naming_the_settings_and_the_fix(tmp_pat
     with pytest.raises(torch.OutOfMemoryError):
         with gpu_memory_stops_the_run(spec, torch.device("cpu"), lambda: "in step 1"):
             raise error
+
+
+def test_an_asynchronous_upload_into_a_full_storage_stops_the_run_instead_of_failing_its_thread(tmp_path):
+    # Ray's own upload (a real StorageContext, pyarrow's copy_files) into a storage whose file is /dev/full: ENOSPC.
+    # Ray's ASYNC thread turns an exception into a worker failure, which Ray Train retried; the wrapped upload calls
+    # storage_full (Checkpointer.storage_full: the one-line stop) first. Other errors stay Ray's.
+    from ray.train import Checkpoint
+    from ray.train.v2._internal.execution.storage import StorageContext
+
+    from raytrain.worker.loop import _stop_when_full
+
+    local = tmp_path / "local"
+    local.mkdir()
+    (local / "raytrain.json").write_text("{}")
+    storage = StorageContext(storage_path=str(tmp_path / "runs"), experiment_dir_name="run")
+    (tmp_path / "runs" / "run" / "checkpoint_step_00000002").mkdir(parents=True)
+    os.symlink("/dev/full", tmp_path / "runs" / "run" / "checkpoint_step_00000002" / "raytrain.json")
+    stops = []
+    upload = _stop_when_full(lambda: stops.append("stopped"), persist=storage.persist_current_checkpoint)
+    with pytest.raises(OSError):
+        upload(Checkpoint.from_directory(str(local)), "checkpoint_step_00000002")
+    assert stops == ["stopped"]
+    stored = upload(Checkpoint.from_directory(str(local)), "checkpoint_step_00000004")  # space: as Ray's own
+    assert json.loads((tmp_path / "runs" / "run" / "checkpoint_step_00000004" / "raytrain.json").read_text()) == {}
+    assert stored.path.endswith("run/checkpoint_step_00000004") and stops == ["stopped"]
+    with pytest.raises(FileNotFoundError):  # not a full storage: raised as it was, not a stop
+        upload(Checkpoint.from_directory(str(tmp_path / "gone")), "checkpoint_step_00000006")
+    assert stops == ["stopped"]
