@@ -59,7 +59,7 @@ def local_tracking_uri(uri: str) -> str:
     Resolved once, before any check: the value the driver checks is the one rank 0 opens and the run's record
     (raytrain.worker.tracking.RECORD) and raytrain.json show."""
     parsed = urllib.parse.urlparse(uri)
-    if uri in ("databricks", "databricks-uc", "uc"):  # MLflow's names of a Databricks workspace, not paths
+    if uri in DATABRICKS_NAMES:
         return uri
     if parsed.scheme == "" and not uri.startswith("/"):
         return os.path.abspath(os.path.expanduser(uri))
@@ -239,12 +239,16 @@ def _new_store_checked(uri: str) -> bool:
     return False
 
 
+DATABRICKS_NAMES = ("databricks", "databricks-uc", "uc")
+"""MLflow's names of a Databricks workspace as a tracking URI: no scheme, yet not paths."""
+
+
 def _unopened_file_store(uri: str) -> str | None:
     """The directory of a file store that opening would write to, else None. MLflow's FileStore creates its root
     directory, the Default experiment (0/meta.yaml) and .trash when it is opened (mlflow/store/tracking/
     file_store.py, 3.18), so opening a new one is how a dry run wrote a store; one that holds .trash is left as
     it is, and is asked as any other store."""
-    if urllib.parse.urlparse(uri).scheme not in ("", "file"):
+    if urllib.parse.urlparse(uri).scheme not in ("", "file") or uri in DATABRICKS_NAMES:
         return None
     from mlflow.utils.file_utils import local_file_uri_to_path
 

@@ -63,6 +63,22 @@ def test_a_file_store_without_mlflows_opt_in_gets_the_whole_fix(tmp_path, monkey
     assert "sqlite:///PATH/mlflow.db" in str(e.value) and not (tmp_path / "mlruns").exists()
 
 
+@pytest.mark.parametrize("allow", ["true", None])
+def test_a_databricks_workspace_is_asked_as_a_server_not_taken_for_a_file_store(tmp_path, monkeypatch, allow):
+    # "databricks" has no scheme, as a relative path has: it was refused as a file store without the opt-in, and with
+    # it a ./databricks directory was checked and the run accepted, its rank 0 then failing without credentials
+    for name in ("DATABRICKS_HOST", "DATABRICKS_TOKEN", "DATABRICKS_CONFIG_PROFILE", "MLFLOW_ALLOW_FILE_STORE"):
+        monkeypatch.delenv(name, raising=False)
+    if allow:
+        monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", allow)
+    monkeypatch.setenv("DATABRICKS_CONFIG_FILE", str(tmp_path / "no-databrickscfg"))  # no profile of the machine's
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"^tracking.mlflow_tracking_uri=databricks: MLflow cannot use it \(.*"
+                                          r"Databricks"):
+        check_tracking(config("databricks"))
+    assert not (tmp_path / "databricks").exists()
+
+
 def test_an_existing_file_store_without_mlflows_opt_in_gets_the_whole_fix(store, monkeypatch):
     """A store that exists is opened, and MLflow's own refusal (its hint at MLFLOW_ALLOW_FILE_STORE) is
     the same one line as for a new store, not "MLflow cannot use it"."""
