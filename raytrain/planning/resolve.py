@@ -74,8 +74,14 @@ def resolve_run(cfg: RunConfig, shape: ClusterShape, sources: Sources | None = N
         raise ConfigError(f"model: {type(hf_config).__name__} has no hidden_size; raytrain trains decoder LMs")
     max_pos = getattr(hf_config, "max_position_embeddings", None)
     if max_pos is not None and cfg.data.seq_len > max_pos:
+        # A pretrained model's limit is what it was trained for, and where its positions are weights (GPT-2's wpe) a
+        # larger model.config.max_position_embeddings is refused as changing them: only the first fix is sure.
+        fix = (f"lower data.seq_len to at most {max_pos}, the length {cfg.model.name_or_path} was trained for "
+               f"(model.config.max_position_embeddings can raise it only where positions are computed, as RoPE's "
+               f"are, not learned weights)" if cfg.model.pretrained else
+               "lower data.seq_len or set model.config.max_position_embeddings")
         raise ConfigError(f"data.seq_len={cfg.data.seq_len} exceeds the model's max_position_embeddings={max_pos}: "
-                          f"lower data.seq_len or set model.config.max_position_embeddings")
+                          f"{fix}")
     cfg = _resolve_attention(cfg, hf_config)
     _check_model_options(cfg, hf_config, shape)
     tokenizer = load_tokenizer(cfg.model)

@@ -35,6 +35,31 @@ def test_a_pretrained_model_without_an_eos_token_id_gets_the_eos_note(tmp_path):
     assert eos_notes(eos_token_id=256) == []  # the way out the note names
 
 
+def test_a_seq_len_past_a_pretrained_models_positions_is_told_to_shrink_not_to_grow_the_positions(tmp_path):
+    # GPT-2's positions are weights: the old fix (set model.config.max_position_embeddings) led to a second refusal,
+    # "changes the pretrained weights"; a model built from its config may still take the override
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    path = str(tmp_path / "gpt2")
+    GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, n_positions=64, vocab_size=320)).save_pretrained(path)
+    byte_tokenizer().save_pretrained(path)
+
+    def refusal(*overrides):
+        cfg = load_config(None, [f"model.name_or_path={path}", "data.seq_len=128", *overrides])
+        with pytest.raises(ConfigError) as e:
+            resolve_run(cfg, shape_from_config(cfg))
+        return str(e.value)
+
+    assert refusal("model.pretrained=true") == (
+        f"data.seq_len=128 exceeds the model's max_position_embeddings=64: lower data.seq_len to at most 64, the "
+        f"length {path} was trained for (model.config.max_position_embeddings can raise it only where positions are "
+        f"computed, as RoPE's are, not learned weights)")
+    assert refusal().endswith(": lower data.seq_len or set model.config.max_position_embeddings")
+    grown = load_config(None, [f"model.name_or_path={path}", "data.seq_len=128",
+                                "model.config.max_position_embeddings=128"])
+    assert resolve_run(grown, shape_from_config(grown)).config.data.seq_len == 128  # random init: the way out
+
+
 def test_an_optimizer_offloaded_to_fewer_than_4_cpus_per_worker_gets_the_cpu_adam_note():
     def notes(*overrides):
         cfg = load_config(None, list(overrides))
