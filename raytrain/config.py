@@ -19,6 +19,7 @@ import copy
 import dataclasses
 import functools
 import json
+import re
 from dataclasses import field
 from typing import Annotated, Any, Literal
 
@@ -421,6 +422,7 @@ def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] 
     cfg = RunConfig.from_dict(data)
     training = data.get("training")
     _refuse_ignored_training_values(cfg, set(training) if isinstance(training, dict) else set())
+    _refuse_unexpanded_variables(cfg)
     return cfg
 
 
@@ -449,7 +451,28 @@ def check_config(cfg: Any, argument: str = "config") -> RunConfig:
     defaults = TrainingConfig()
     _refuse_ignored_training_values(checked, {f.name for f in dataclasses.fields(TrainingConfig)
                                               if getattr(checked.training, f.name) != getattr(defaults, f.name)})
+    _refuse_unexpanded_variables(checked)
     return checked
+
+
+_PATH_KEYS = ("model.name_or_path", "model.tokenizer", "data.path", "data.eval_path", "checkpoint.storage_path",
+              "checkpoint.resume_from", "checkpoint.export_dir", "deepspeed")
+_VARIABLE = re.compile(r"\$(?:\{[A-Za-z_]\w*\}|[A-Za-z_]\w*)")
+
+
+def _refuse_unexpanded_variables(cfg: RunConfig) -> None:
+    """A path holding $NAME or ${NAME}: a YAML file (or a quoted command-line value) keeps it as written, and raytrain
+    expands only ~, so `storage_path: ${SCRATCH}/runs` was a directory named "${SCRATCH}" in the working directory
+    (under `ray job submit`, the job's, discarded with it) and `data.path: $DATA` a path that does not exist."""
+    for key in _PATH_KEYS:
+        section, _, name = key.partition(".")
+        value = getattr(getattr(cfg, section), name) if name else getattr(cfg, section)
+        for item in value if isinstance(value, list) else [value]:
+            match = _VARIABLE.search(item) if isinstance(item, str) else None
+            if match:
+                raise ConfigError(f"{key}={item} holds {match[0]}, an environment variable, which raytrain does not "
+                                  f"expand (a YAML file keeps it as written): write the path itself, or give "
+                                  f"{key} on the command line unquoted, where the shell expands it")
 
 
 def _add_stray_attributes(obj: Any, data: dict[str, Any]) -> None:

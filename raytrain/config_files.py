@@ -185,7 +185,8 @@ def read_yaml_file(path: str) -> dict[str, Any]:
     if _RAY_UP_KEYS.intersection(data):  # else "unknown key cluster_name; did you mean cluster?": the wrong way
         raise ConfigError(f"config file {path} is a Ray cluster file (for ray up), not a run config: "
                           f"pass a run config such as configs/llama-1b-1gpu.yaml")
-    deepspeed = [key for key in data if key in _DEEPSPEED_KEYS]
+    deepspeed = [key for key in data if key in _DEEPSPEED_KEYS
+                 and (key != "checkpoint" or _deepspeed_checkpoint_section(data[key]))]
     if deepspeed and not (RUN_CONFIG_SECTIONS - _DEEPSPEED_KEYS).intersection(data):
         # JSON is YAML: a ds_config.json given to --config read as a run config whose first key was unknown
         raise ConfigError(f"config file {path} is a DeepSpeed config ({', '.join(deepspeed[:3])}), not a run config: "
@@ -205,6 +206,17 @@ _DEEPSPEED_KEYS = frozenset({"train_batch_size", "train_micro_batch_size_per_gpu
                              "steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer",
                              "activation_checkpointing", "communication_data_type", "prescale_gradients",
                              "flops_profiler", "checkpoint"})
+
+
+# The keys of DeepSpeed's own "checkpoint" section (deepspeed/runtime/constants.py; "writer": its checkpoint engines).
+_DEEPSPEED_CHECKPOINT_KEYS = frozenset({"tag_validation", "load_universal", "use_node_local_storage", "parallel_write",
+                                       "writer"})
+
+
+def _deepspeed_checkpoint_section(section: Any) -> bool:
+    """Whether a top-level "checkpoint" is DeepSpeed's (only its keys) rather than a run config's (storage_path,
+    name, ...: a run config of that one section was refused as a DeepSpeed config)."""
+    return isinstance(section, dict) and bool(section) and set(section) <= _DEEPSPEED_CHECKPOINT_KEYS
 
 
 def parse_override(item: str) -> tuple[str, Any]:

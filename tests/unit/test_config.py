@@ -4,13 +4,14 @@ import dataclasses
 import functools
 import json
 import pathlib
+import re
 
 from typing import Annotated, Literal
 
 import pytest
 from pydantic import Field
 
-from raytrain.config import ConfigError, RunConfig, load_config, read_json_file
+from raytrain.config import ConfigError, RunConfig, check_config, load_config, read_json_file
 from raytrain.config_fields import Float, Int, describe
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -247,6 +248,15 @@ def test_overrides_keep_network_env_values_and_what_is_not_yaml_as_typed():
     assert parse_override("checkpoint.name=a: b: c") == ("checkpoint.name", "a: b: c")  # not YAML: as written
     assert parse_override('tracking.tags=[a, "b #2"]') == ("tracking.tags", ["a", "b #2"])  # '#' quoted: no comment
     assert (yaml_11_number("022"), yaml_11_number("2024-06-01")) == (18, None)  # a date is no number
+
+
+def test_a_run_config_of_only_a_checkpoint_section_is_a_run_config(tmp_path):
+    # "checkpoint" is also a DeepSpeed key: a run config that set only its storage was refused as a DeepSpeed config
+    (tmp_path / "run.yaml").write_text("checkpoint:\n  storage_path: /scratch/runs\n  name: run1\n")
+    assert load_config(str(tmp_path / "run.yaml")).checkpoint.name == "run1"
+    (tmp_path / "ds.json").write_text('{"checkpoint": {"tag_validation": "Warn", "load_universal": false}}')
+    with pytest.raises(ConfigError, match=r"is a DeepSpeed config \(checkpoint\), not a run config: pass it as"):
+        load_config(str(tmp_path / "ds.json"))  # DeepSpeed's own checkpoint keys: still DeepSpeed's
 
 
 def test_a_deepspeed_json_and_a_run_config_given_in_each_others_place_are_named(tmp_path, monkeypatch):
@@ -775,3 +785,24 @@ def test_wrong_argument_kinds_in_the_python_api_are_a_type_error_naming_the_argu
     path = tmp_path / "run.yaml"
     path.write_text("training:\n  max_steps: 7\n")
     assert raytrain.load_config(path).training.max_steps == 7  # a pathlib.Path is a path
+
+
+def test_a_path_with_an_environment_variable_is_refused_not_made_a_directory_of_that_name(tmp_path):
+    # YAML keeps $SCRATCH as written and raytrain expands only ~: the run wrote into ./${SCRATCH}/runs
+    (tmp_path / "run.yaml").write_text("checkpoint:\n  storage_path: ${SCRATCH}/runs\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(tmp_path / "run.yaml"))
+    assert str(e.value) == (
+        "checkpoint.storage_path=${SCRATCH}/runs holds ${SCRATCH}, an environment variable, which raytrain does not "
+        "expand (a YAML file keeps it as written): write the path itself, or give checkpoint.storage_path on the "
+        "command line unquoted, where the shell expands it")
+    for override, held in (("data.path=[a.jsonl, $DATA/b.jsonl]", "$DATA"),
+                           ("checkpoint.export_dir=$HOME/out", "$HOME"), ("deepspeed=$CONFIGS/ds.json", "$CONFIGS")):
+        with pytest.raises(ConfigError, match=rf"^{re.escape(override.split('=')[0])}=.* holds \{held}, "):
+            load_config(None, [override])
+    cfg = load_config(None, ["checkpoint.storage_path=/scratch/$5/runs", "data.path=price$.jsonl"])  # no variable
+    assert cfg.checkpoint.storage_path == "/scratch/$5/runs"
+    edited = load_config(None)
+    edited.checkpoint.export_dir = "${OUT}/model"  # built in code: check_config, as fit() and dry_run run it
+    with pytest.raises(ConfigError, match=r"^checkpoint.export_dir=\$\{OUT\}/model holds \$\{OUT\}"):
+        check_config(edited)
