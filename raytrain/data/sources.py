@@ -355,6 +355,12 @@ def _list_files(paths: list[str], fmt: str, key: str, split: tuple[str, str], no
                               f"read from one filesystem per path list")
         info = _file_info(fs, fs_path, path, key)
         if info.type == pafs.FileType.File:
+            kind = _format_of(info.path)
+            if fmt != "auto" and kind is not None and (kind == "parquet") != (fmt in ("parquet", "tokenized")):
+                # as in a directory (below): a parquet file read as text trained on its bytes, with U+FFFD for
+                # every invalid one; a text file read as parquet failed on the workers
+                raise ConfigError(f"{key}: {path} is a {kind} file, and data.format={fmt}: set data.format=auto "
+                                  f"(which reads each file by its extension), or give {key} files of that format")
             files.append((info.path, info.size))
             continue
         found, other_extensions = [], []

@@ -132,6 +132,13 @@ def test_explicit_format_reads_every_file_of_a_directory(tmp_path):
     pq.write_table(pa.table({"text": ["x"]}), tmp_path / "c.parquet")
     with pytest.raises(ConfigError, match="holds .*c.parquet, a parquet file, and data.format=text: move it out"):
         inspect_source(DataConfig(format="text"), str(tmp_path))
+    # named alone it was read as text: its bytes trained, each invalid one a U+FFFD
+    with pytest.raises(ConfigError, match="^data.path: .*c.parquet is a parquet file, and data.format=text: set "
+                                          "data.format=auto"):
+        inspect_source(DataConfig(format="text"), str(tmp_path / "c.parquet"))
+    with pytest.raises(ConfigError, match="^data.path: .*a.jsonl is a json file, and data.format=parquet: "):
+        (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
+        inspect_source(DataConfig(format="parquet"), str(tmp_path / "a.jsonl"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="directory .*empty has no files .*: point it at your data$"):
         inspect_source(DataConfig(format="text"), str(tmp_path / "empty"))
