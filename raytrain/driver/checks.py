@@ -132,6 +132,20 @@ def check_export_outside_run(export_dir: str, storage_path: str, name: str | Non
         raise ConfigError(f"checkpoint.export_dir={export_dir} {inside} {what}: the export never writes into a "
                           f"directory that is not empty, and after training it would hold the run's checkpoints: "
                           f"export elsewhere, e.g. checkpoint.export_dir={export_dir.rstrip('/')}-export")
+    if name and _within(export, run) and export != run:
+        # a directory the run writes itself (the model's files at its start, checkpoints, TensorBoard's events,
+        # the sample log, the universal copies): the export at the end found it not empty, after the training
+        own = posixpath.relpath(export[1], run[1]).split("/", 1)[0]
+        if own in _RUN_OWN_DIRS or re.fullmatch(r"checkpoint_step_\d+", own):
+            raise ConfigError(f"checkpoint.export_dir={export_dir} is inside {own}/ of the run's directory, which the "
+                              f"run writes itself: the export would find it not empty after training; export "
+                              f"elsewhere, e.g. checkpoint.export_dir="
+                              f"{posixpath.join(storage_path.rstrip('/'), name, 'export')}")
+
+
+# What a run writes under its own directory besides checkpoint_step_*: raytrain.checkpoint.layout's MODEL_DIR and
+# UNIVERSAL_DIR, raytrain.worker.tracking's TensorBoard events, raytrain.worker.samples' log.
+_RUN_OWN_DIRS = frozenset({layout.MODEL_DIR, layout.UNIVERSAL_DIR, "tensorboard", "samples"})
 
 
 def _location(path: str) -> tuple[str, str]:

@@ -186,6 +186,13 @@ def test_an_export_dir_that_holds_the_run_is_refused_before_ray(tmp_path, capsys
     for fine in (tmp_path / "s" / "r1-export", tmp_path / "s" / "r1" / "export"):  # beside or inside the run's own
         assert main([*argv, f"checkpoint.export_dir={fine}"]) == 0
     assert not (tmp_path / "s").exists()
+    # inside a directory the run writes itself: the model's files at its start, a checkpoint, TensorBoard's events
+    for own in ("model", "checkpoint_step_00000080/hf", "tensorboard"):
+        with pytest.raises(ConfigError, match=rf"^checkpoint.export_dir=s3://b/runs/r1/{own} is inside "
+                                              rf"{own.split('/')[0]}/ of the run's directory, which the run writes "
+                                              rf"itself: .* e.g. checkpoint.export_dir=s3://b/runs/r1/export$"):
+            check_export_outside_run(f"s3://b/runs/r1/{own}", "s3://b/runs", "r1")
+    check_export_outside_run("s3://b/runs/r1/models", "s3://b/runs", "r1")  # a name the run does not use
 
 
 def test_storage_inside_data_is_compared_resolved_and_by_uri(tmp_path, monkeypatch):
