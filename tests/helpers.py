@@ -219,3 +219,17 @@ def remote_local_filesystem(opened: list[str], max_file_bytes: int | None = None
             return super().open_input_file(path)
 
     return pyarrow.fs.PyFileSystem(Recording(fsspec.filesystem("file")))
+
+
+def attention_within(query, key, value, bounds: list[int], scaling=None):
+    """What flash attention's varlen kernel computes for one row: causal attention within each segment
+    [bounds[i], bounds[i+1]), k and v repeated to the query heads (query: batch 1, heads, tokens, head_dim, as
+    transformers gives an attention function); returned as transformers' attention functions return it."""
+    import torch
+
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    out = torch.cat([torch.nn.functional.scaled_dot_product_attention(
+        query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], is_causal=True, scale=scaling)
+        for a, b in zip(bounds, bounds[1:])], dim=2)
+    return out.transpose(1, 2).contiguous(), None

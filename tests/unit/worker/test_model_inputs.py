@@ -12,6 +12,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from raytrain.worker.engine import model_inputs, varlen_attention
+from tests.helpers import attention_within
 
 
 def tiny_llama():
@@ -81,12 +82,7 @@ def varlen_flash_on_cpu(module, query, key, value, attention_mask, scaling=None,
     assert query.shape[0] == 1 and cu[-1] == query.shape[2] and kwargs["max_length_q"] == max(
         b - a for a, b in zip(cu, cu[1:]))
     SEEN.append(len(cu) - 1)
-    groups = query.shape[1] // key.shape[1]
-    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
-    out = torch.cat([torch.nn.functional.scaled_dot_product_attention(
-        query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], is_causal=True, scale=scaling)
-        for a, b in zip(cu, cu[1:])], dim=2)
-    return out.transpose(1, 2).contiguous(), None
+    return attention_within(query, key, value, cu, scaling)
 
 
 @pytest.mark.parametrize("fused", [False, True])

@@ -16,6 +16,7 @@ from raytrain.config import ConfigError, load_config
 from raytrain.model import PER_DOCUMENT_MODEL_TYPES
 from raytrain.planning.resolve import resolve_run, shape_from_config
 from raytrain.worker.engine import model_inputs
+from tests.helpers import attention_within
 
 SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              vocab_size=256, max_position_embeddings=128, head_dim=16, n_embd=64, n_layer=2, n_head=4, n_positions=128,
@@ -37,12 +38,7 @@ def flash_path_on_cpu(module, query, key, value, attention_mask, scaling=None, d
     else:
         cu, path = [0, query.shape[2]], "none"
     PATHS.append(path)
-    groups = query.shape[1] // key.shape[1]
-    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
-    out = torch.cat([torch.nn.functional.scaled_dot_product_attention(
-        query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], is_causal=True, scale=scaling)
-        for a, b in zip(cu, cu[1:])], dim=2)
-    return out.transpose(1, 2).contiguous(), None
+    return attention_within(query, key, value, cu, scaling)
 
 
 AttentionInterface.register("varlen_path_on_cpu", flash_path_on_cpu)
