@@ -313,6 +313,20 @@ def test_ray_train_poll_interval_is_rays_default_or_the_env_var(monkeypatch):
     assert compat.ray_train_poll_interval_s() == 0.5
 
 
+def test_an_upload_function_gets_rays_own_upload_through_the_train_context():
+    # compat.persist_checkpoint: what checkpoint.upload_async's wrapped upload calls (raytrain.worker.loop)
+    import inspect
+
+    from ray.train.v2._internal.execution import context
+    from ray.train.v2._internal.execution.storage import StorageContext
+
+    assert callable(context.get_train_context)
+    assert context.TrainContext.get_storage.__code__.co_names == ("storage_context",)
+    assert list(inspect.signature(StorageContext.persist_current_checkpoint).parameters) == [
+        "self", "checkpoint", "checkpoint_dir_name"]
+    assert "checkpoint_upload_fn" in inspect.signature(context.TrainContext.report).parameters
+
+
 def test_the_autoscaling_request_warning_keeps_its_message_in_one_line():
     import logging
 
