@@ -34,6 +34,8 @@ LATEST = "latest"
 """DeepSpeed's file naming the tag directory `engine.load_checkpoint` reads."""
 UNIVERSAL_DIR = "universal"
 MODEL_DIR = "model"
+TENSORBOARD_DIR = "tensorboard"
+SAMPLES_DIR = "samples"
 
 
 def tag_for(step: int) -> str:

@@ -51,5 +51,5 @@ def _running(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process: running
-        return True
+        pass
     return True

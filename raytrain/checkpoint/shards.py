@@ -132,7 +132,6 @@ class Checkpointer:
                 json.dump({"step": step, "world_size": self.rank.world_size, "metrics": metrics, "history": history,
                            "spec": self._spec_dict}, f, indent=2, default=str)
 
-
     def _clear_dead_save(self, step: int) -> None:
         """Remove what a bigger group left of step `step` in the storage, before this group saves it there.
 

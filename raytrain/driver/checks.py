@@ -143,9 +143,9 @@ def check_export_outside_run(export_dir: str, storage_path: str, name: str | Non
                               f"{posixpath.join(storage_path.rstrip('/'), name, 'export')}")
 
 
-# What a run writes under its own directory besides checkpoint_step_*: raytrain.checkpoint.layout's MODEL_DIR and
-# UNIVERSAL_DIR, raytrain.worker.tracking's TensorBoard events, raytrain.worker.samples' log.
-_RUN_OWN_DIRS = frozenset({layout.MODEL_DIR, layout.UNIVERSAL_DIR, "tensorboard", "samples"})
+# What a run writes under its own directory besides checkpoint_step_*: the model's files, universal copies,
+# TensorBoard's events (raytrain.worker.tracking), the sample log (raytrain.worker.samples).
+_RUN_OWN_DIRS = frozenset({layout.MODEL_DIR, layout.UNIVERSAL_DIR, layout.TENSORBOARD_DIR, layout.SAMPLES_DIR})
 
 
 def _location(path: str) -> tuple[str, str]:

@@ -289,7 +289,8 @@ def ray_report(upload_async: bool, counter: str | None = None,
             return
         # An ASYNC upload fails in Ray's upload thread, as a worker failure: Ray Train retried the run, which
         # retrained to the same save and failed there again, checkpoint.max_failures times. Its own upload,
-        # wrapped, stops the run in one line instead, as the loop does for a synchronous one.
+        # wrapped, stops the run in one line instead, as the loop does for a synchronous one. Only for ASYNC: with
+        # an upload function Ray's slow-upload warning blames "your custom upload function", not the storage.
         upload = _stop_when_full(lambda: storage_full(step, metrics)) if upload_async and storage_full else None
         try:
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(checkpoint),

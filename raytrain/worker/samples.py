@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from raytrain.checkpoint.layout import SAMPLES_DIR
+
 
 class SampleLog:
     """One rank's file. `record` after every step; `close` at the end."""
@@ -34,8 +36,8 @@ class SampleLog:
         # the group's name from rank 0, so that all ranks of one group share it
         name = [f"{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10**9:09d}-w{world_size}"]
         torch.distributed.broadcast_object_list(name, src=0)
-        os.makedirs(os.path.join(run_dir, "samples"), exist_ok=True)
-        self.path = os.path.join(run_dir, "samples", f"{name[0]}-rank{rank}.jsonl")
+        os.makedirs(os.path.join(run_dir, SAMPLES_DIR), exist_ok=True)
+        self.path = os.path.join(run_dir, SAMPLES_DIR, f"{name[0]}-rank{rank}.jsonl")
         self.world_size = world_size
         self._file = open(self.path, "a")
 

@@ -43,7 +43,7 @@ def tensorboard_dir(storage_path: str, name: str) -> str:
     (TensorBoard's writer appends to local files; it cannot write s3://, gs://, abfs:// alike)."""
     if "://" in storage_path:
         return os.path.join(os.path.expanduser("~/raytrain_tensorboard"), name)
-    return os.path.join(layout.run_uri(storage_path, name), "tensorboard")
+    return os.path.join(layout.run_uri(storage_path, name), layout.TENSORBOARD_DIR)
 
 
 def read_record(run_uri: str) -> dict[str, Any] | None:
