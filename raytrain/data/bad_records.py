@@ -9,6 +9,10 @@ file only to count the others (yielding nothing more), and reports that count. T
 line, `raytrain: error: FILE line N: WHAT (and K more bad records): FIX`, and exits 2
 (raytrain.driver.watch).
 
+A read error that may pass (a dropped connection, S3's throttling: raytrain.data.sources.transient) is
+not one: the file is read again (raytrain.data.readers._with_retries), and only an error that outlasts
+those reads becomes the file's bad record.
+
 Outside a run (no counter: a dataset read by a test or by `raytrain.tools.bench_data`) the task
 raises the BadRecord itself, as any ConfigError.
 

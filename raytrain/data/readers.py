@@ -13,15 +13,17 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import random
 import re
-from typing import Any, Iterator
+import time
+from typing import Any, Callable, Iterator
 
 from raytrain.config_files import first_line
 from raytrain.data import pieces
 from raytrain.data.bad_records import BadRecord, BadRecords
 from raytrain.data.progress import FileReads, report, skipped
 from raytrain.data.sources import (BOM, INVALID_UTF8_FIX, READ_ERRORS, compression_of, csv_delimiter, open_text,
-                                   unreadable_fix, wide_encoding, wide_encoding_fix)
+                                   transient, unreadable_fix, wide_encoding, wide_encoding_fix)
 
 logger = logging.getLogger("raytrain.data")
 
@@ -38,16 +40,69 @@ def read_documents(row: dict[str, Any], *, format: str, filesystem, text_column:
     reads = FileReads(progress)
     bad = BadRecords(counter)
     counts: collections.Counter = collections.Counter()
-    if format == "hf":
-        documents = _read_arrow_file(row["path"], filesystem, text_column, reads, bad, counts)
-    elif format == "csv":
-        documents = _read_csv_file(row["path"], filesystem, text_column, invalid_utf8, reads, bad, counts)
-    else:
-        documents = _read_text_file(row["path"], format, filesystem, text_column, text_document, invalid_utf8,
-                                    reads, bad, counts)
-    yield from reads.count(documents)
+
+    def documents() -> Iterator[dict[str, Any]]:  # the file from its start: each attempt replays the last's
+        counts.clear()
+        if format == "hf":
+            return _read_arrow_file(row["path"], filesystem, text_column, reads, bad, counts)
+        if format == "csv":
+            return _read_csv_file(row["path"], filesystem, text_column, invalid_utf8, reads, bad, counts)
+        return _read_text_file(row["path"], format, filesystem, text_column, text_document, invalid_utf8,
+                               reads, bad, counts)
+
+    yield from reads.count(_with_retries(documents, bad))
     bad.close()
     _report_file(row["path"], counts, counter)
+
+
+READ_ATTEMPTS = 10
+"""Reads of a file whose error may pass (sources.transient) before it is a bad record, with Ray Data's
+backoff for its own reads (iterate_with_retry: up to 2**n s, at most 32, times a random factor): ~1.5 min
+of waiting on average, which a storage's blip or throttling outlasts. A file that fails so every time
+(an outage, a revoked credential) stops the run in one line as a damaged one does, that much later."""
+_MAX_BACKOFF_S = 32
+
+
+class _Transient(Exception):
+    """A reader's error that may pass: raised past its bad-record handling with the record it would have
+    reported, so that `_with_retries` reads the file again."""
+
+    def __init__(self, record: BadRecord):
+        super().__init__(str(record))
+        self.record = record
+
+
+def _unreadable(bad: BadRecords, record: BadRecord, e: BaseException) -> None:
+    """`record` (a file that cannot be read, for `e`) is a bad record, unless `e` may pass: then the file is
+    read again (`_Transient`). Not after a bad record of this file: the run is stopping anyway."""
+    if transient(e) and not bad.found_any:
+        raise _Transient(record) from e
+    bad.found(record)
+
+
+def _with_retries(attempt: Callable[[], Iterator[Any]], bad: BadRecords) -> Iterator[Any]:
+    """`attempt()`'s items (one file's rows, the same from its start at every call), read again after an
+    error that may pass, its items already yielded skipped (Ray Data's iterate_with_retry, which is private),
+    up to READ_ATTEMPTS times; then the record that error makes is a bad record saying so. The replayed
+    prefix is read and parsed again (its bytes are not reported twice: FileReads counts positions)."""
+    yielded = 0
+    for n in range(1, READ_ATTEMPTS + 1):
+        try:
+            for i, item in enumerate(attempt()):
+                if i >= yielded:
+                    yielded += 1
+                    yield item
+            return
+        except _Transient as e:
+            if n == READ_ATTEMPTS:
+                record = e.record
+                bad.found(BadRecord(record.where, f"{record.what}, {READ_ATTEMPTS} times",
+                                    "check the storage (its connection, credentials and limits), then run again"))
+                return
+            backoff = min(2 ** n, _MAX_BACKOFF_S) * random.random()
+            logger.warning("raytrain data: %s: %s; reading it again in %.1f s (attempt %d of %d)", e.record.where,
+                           e.record.what, backoff, n + 1, READ_ATTEMPTS)
+            time.sleep(backoff)
 
 
 def _read_text_file(path: str, format: str, filesystem, text_column: str, text_document: str, invalid_utf8: str,
@@ -95,7 +150,7 @@ def _read_text_file(path: str, format: str, filesystem, text_column: str, text_d
     except READ_ERRORS as e:
         # Unreadable, corrupt or truncated (often only at its end, past what the driver checked):
         # the same file every retry, so a bad record of the file, not a task failure.
-        bad.found(BadRecord(path, f"cannot be read ({first_line(e)})", unreadable_fix(path)))
+        _unreadable(bad, BadRecord(path, f"cannot be read ({first_line(e)})", unreadable_fix(path)), e)
     reads.close((lambda: filesystem.get_file_info(path).size) if compressed else None)
 
 
@@ -158,7 +213,7 @@ def _read_csv_file(path: str, filesystem, text_column: str, invalid_utf8: str, r
             what = first_line(e) if line is None else re.sub(r"^(CSV parse error: )Row #\d+: ", r"\1", first_line(e))
             bad.found(BadRecord(_at_line(path, line), f"not valid CSV ({what})", "fix or remove it"))
     except READ_ERRORS as e:
-        bad.found(BadRecord(path, f"cannot be read ({first_line(e)})", unreadable_fix(path)))
+        _unreadable(bad, BadRecord(path, f"cannot be read ({first_line(e)})", unreadable_fix(path)), e)
     reads.close(lambda: filesystem.get_file_info(path).size)
 
 
@@ -477,7 +532,8 @@ def _read_arrow_file(path: str, filesystem, column: str, reads: FileReads, bad: 
                 reads.at(stream.tell())
             reads.close(stream.size)  # the IPC stream's end marker is never "read" as a batch
     except (OSError, pa.ArrowInvalid) as e:  # unreadable or cut short: the same at every retry
-        bad.found(BadRecord(path, f"cannot be read ({first_line(e)})", "copy the save_to_disk directory again"))
+        _unreadable(bad, BadRecord(path, f"cannot be read ({first_line(e)})", "copy the save_to_disk directory again"),
+                    e)
 
 
 def read_parquet_rows(row: dict[str, Any], *, filesystem, column: str, pretokenized: bool,
@@ -497,16 +553,38 @@ def read_parquet_rows(row: dict[str, Any], *, filesystem, column: str, pretokeni
     rows built in Python (0.2 us a short text row, 16 us a 500-id row: benchmarks/driver_check_costs.py;
     far below tokenizing a document, and for pre-tokenized data ~30M ids a second per file).
     """
+    path = row["path"]
+    bad = BadRecords(counter)
+    counts: collections.Counter = collections.Counter()
+
+    def rows() -> Iterator[dict[str, Any]]:  # the file from its start: each attempt replays the last's
+        counts.clear()
+        return _parquet_rows(path, filesystem, column, pretokenized, bad, counts)
+
+    try:
+        yield from _with_retries(rows, bad)
+        if bad.found_any:
+            return
+        _report_file(path, counts, counter)
+        # The progress line's total is the footers' rows, empty ones included, and the tokenizer never sees
+        # those: without them the rows tokenized fell short of every pass (a share of empties: that share
+        # never reached, and the passes named ever later).
+        if counts["empty"]:
+            report(progress, rows=counts["empty"])
+    finally:
+        bad.close()
+
+
+def _parquet_rows(path: str, filesystem, column: str, pretokenized: bool, bad: BadRecords,
+                  counts: collections.Counter) -> Iterator[dict[str, Any]]:
+    """One attempt of `read_parquet_rows`: the file's rows from its start."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    path = row["path"]
-    bad = BadRecords(counter)
     fix = "write the file again (or copy it again: it is damaged), or leave it out of the data"
     done = 0
-    counts: collections.Counter = collections.Counter()
     try:
         with filesystem.open_input_file(path) as stream:
             parquet = pq.ParquetFile(stream)
@@ -543,18 +621,10 @@ def read_parquet_rows(row: dict[str, Any], *, filesystem, column: str, pretokeni
                     else:
                         counts["empty"] += 1
                 done += len(values)
-        _report_file(path, counts, counter)
-        # The progress line's total is the footers' rows, empty ones included, and the tokenizer never sees
-        # those: without them the rows tokenized fell short of every pass (a share of empties: that share
-        # never reached, and the passes named ever later).
-        if counts["empty"]:
-            report(progress, rows=counts["empty"])
     except (OSError, pa.ArrowException) as e:
         # Damaged or cut short: the same at every retry, so a bad record of the file, not a task failure.
         after = f" after its first {done:,} rows" if done else ""
-        bad.found(BadRecord(path, f"cannot be read as parquet{after} ({first_line(e)})", fix))
-    finally:
-        bad.close()
+        _unreadable(bad, BadRecord(path, f"cannot be read as parquet{after} ({first_line(e)})", fix), e)
 
 
 def _document(value: Any, where: str, column: str, counts: collections.Counter) -> str | None:

@@ -65,6 +65,7 @@ Bad input, at run time (things only reading all the data can tell):
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -690,6 +691,30 @@ READ_ERRORS = (OSError, EOFError)
 """What opening or reading a file through open_text raises when it is unreadable, corrupt or
 truncated: pyarrow's OSError (PermissionError, "zlib inflate failed", "Truncated compressed
 stream"), lzma's EOFError (truncated .xz); _XzStream turns LZMAError into OSError."""
+
+
+_NETWORK_ERRNOS = frozenset((errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED, errno.ETIMEDOUT,
+                             errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ENETDOWN, errno.ENETRESET))
+
+
+def transient(e: BaseException) -> bool:
+    """A read error that may pass on its own, so that the file is read again rather than reported as damaged
+    (raytrain.data.readers): a connection's (ConnectionError, TimeoutError, a network errno: fsspec's
+    filesystems), or one that Ray Data retries in its own reads, by message (`DataContext.retried_io_errors`:
+    S3's throttling and network errors by default; a user adds their storage's there, as for ray.data.read_*).
+    pyarrow raises OSError for a damaged file and a dropped connection alike, so the type alone cannot tell."""
+    if isinstance(e, (ConnectionError, TimeoutError)) or getattr(e, "errno", None) in _NETWORK_ERRNOS:
+        return True
+    from ray.data import DataContext
+
+    text = f"{type(e).__name__}: {e}"
+    for pattern in DataContext.get_current().retried_io_errors:  # as Ray's: a substring, else a regex
+        try:
+            if pattern in text or re.search(pattern, text):
+                return True
+        except re.error:
+            continue
+    return False
 
 
 class _XzStream:
