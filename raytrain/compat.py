@@ -158,6 +158,17 @@ def persist_checkpoint(checkpoint, checkpoint_dir_name: str):
     return get_train_context().get_storage().persist_current_checkpoint(checkpoint, checkpoint_dir_name)
 
 
+def preempted(worker_error: BaseException) -> bool:
+    """Whether a worker's error is its death by its node's preemption, which Ray Train charges to
+    FailureConfig.max_preemption_failures (unlimited by default), not max_failures; a group failure with any
+    such error is a preemption to it (ray/train/v2/_internal/execution/worker_group/poll.py
+    `_is_preempted_actor`, failure_handling/default.py `_is_preemption_failure`, ray 2.60.0). No public API
+    says which budget a failure was charged to, and raytrain's failure line names it."""
+    from ray.train.v2._internal.execution.worker_group.poll import _is_preempted_actor
+
+    return _is_preempted_actor(worker_error)
+
+
 def ray_train_poll_interval_s() -> float:
     """How often Ray Train's controller takes a report from each worker: one per worker per poll,
     every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (default 2 s; the driver's value reaches the controller

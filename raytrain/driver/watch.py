@@ -190,15 +190,21 @@ class RunWatch(ray.train.UserCallback):
     """Ray Train calls this on the run's controller after each worker failure."""
 
     def __init__(self, max_failures: int):
-        self._max_failures, self._failures = max_failures, 0
+        self._max_failures, self._failures, self._preemptions = max_failures, 0, 0
 
     def after_exception(self, run_context, worker_exceptions: dict[int, Exception]) -> None:
+        restart = "Ray Train restarts the workers from the latest checkpoint"
+        preempted = [rank for rank, e in worker_exceptions.items() if compat.preempted(e)]
+        if preempted:  # Ray Train's rule: any preempted worker makes the group's failure a preemption
+            self._preemptions += 1  # raytrain sets no max_preemption_failures: Ray's default, no limit
+            emit(f"raytrain: preemption {self._preemptions} (not counted against checkpoint.max_failures): "
+                 f"rank {min(preempted)}'s node was preempted; {restart}")
+            return
         self._failures += 1
         rank = min(worker_exceptions)
         error = last_line(worker_exceptions[rank])  # a worker's traceback (logged above by Ray Train) ends there
         limit = self._max_failures
-        then = ("Ray Train restarts the workers from the latest checkpoint"
-                if limit < 0 or self._failures <= limit else "the run fails")
+        then = restart if limit < 0 or self._failures <= limit else "the run fails"
         emit(f"raytrain: worker failure {self._failures} (checkpoint.max_failures={limit}) on rank {rank}: "
              f"{type(worker_exceptions[rank]).__name__}: {error}; {then}")
 

@@ -416,3 +416,22 @@ def test_the_run_snapshot_line_and_the_printers_list_are_where_compat_reads_them
     dispatcher = WorkerStandardStreamDispatcher()
     dispatcher.add_handler(compat.PRINT_HANDLER, print)
     assert dispatcher.handlers == [(compat.PRINT_HANDLER, print)]
+
+
+def test_ray_train_takes_a_failure_with_a_preempted_worker_for_a_preemption():
+    """compat.preempted is Ray Train's own rule for the budget a group failure is charged to: the failure line
+    (raytrain.driver.watch.RunWatch) names it so."""
+    from ray.exceptions import RayActorError
+    from ray.train import FailureConfig
+    from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
+    from ray.train.v2._internal.execution.failure_handling.default import DefaultFailurePolicy
+    from ray.train.v2._internal.execution.failure_handling.failure_policy import FailureDecision
+    from ray.train.v2.api.exceptions import WorkerGroupError
+
+    dead = WorkerHealthCheckFailedError("health check failed", RayActorError(preempted=True))
+    assert compat.preempted(dead) and compat.preempted(RayActorError(preempted=True))
+    assert not compat.preempted(WorkerHealthCheckFailedError("health check failed", RayActorError()))
+    assert not compat.preempted(RuntimeError("boom"))
+    policy = DefaultFailurePolicy(FailureConfig(max_failures=0))  # as raytrain sets it: no max_preemption_failures
+    assert policy.make_decision(WorkerGroupError("x", {0: RuntimeError("gloo"), 1: dead})) == FailureDecision.RETRY
+    assert policy.make_decision(WorkerGroupError("x", {0: RuntimeError("boom")})) == FailureDecision.RAISE

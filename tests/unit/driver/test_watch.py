@@ -78,6 +78,20 @@ def test_the_failure_line_names_the_lowest_failed_rank_and_stays_short(capfd):
                                       f"{'x' * 300}...; Ray Train restarts the workers from the latest checkpoint\n")
 
 
+def test_a_preemption_is_not_counted_as_a_worker_failure(capfd):
+    """Ray Train charges a group failure in which any worker was preempted to max_preemption_failures (no limit by
+    default), not max_failures: the line said "worker failure 1 ... the run fails" while Ray restarted it."""
+    from ray.exceptions import RayActorError
+
+    watch = RunWatch(max_failures=0)
+    watch.after_exception(None, {1: RayActorError(), 2: RayActorError(preempted=True), 3: RuntimeError("gloo")})
+    watch.after_exception(None, {0: RuntimeError("boom")})
+    assert capfd.readouterr().out.splitlines() == [
+        "raytrain: preemption 1 (not counted against checkpoint.max_failures): rank 2's node was preempted; "
+        "Ray Train restarts the workers from the latest checkpoint",
+        "raytrain: worker failure 1 (checkpoint.max_failures=0) on rank 0: RuntimeError: boom; the run fails"]
+
+
 def test_a_stopped_runs_silence_is_undone_once_whoever_ends_it_first():
     """After a bad record stopped a run, its workers' output stays unprinted until LATE_OUTPUT_S later or the
     process's next run, whichever comes first (raytrain.driver.watch.run_trainer): both call this, and the
