@@ -396,10 +396,10 @@ DEFAULT_DEEPSPEED: dict[str, Any] = {
 # DeepSpeed's ZeRO fields that it reads under two names, the field's and its stage3_ alias
 # (DeepSpeedZeroConfig, 0.19.8; tests/unit/test_config.py pins the list against it). A dotted override
 # under one name replaces a value under the other: the default writes the stage3_ names.
-_ZERO_ALIASED = ("prefetch_bucket_size", "param_persistence_threshold", "model_persistence_threshold",
-                 "max_live_parameters", "max_reuse_distance", "gather_16bit_weights_on_model_save",
-                 "module_granularity_threshold", "use_all_reduce_for_fetch_params", "allgather_sequential")
-_ZERO_OTHER_NAME = {**{f: f"stage3_{f}" for f in _ZERO_ALIASED}, **{f"stage3_{f}": f for f in _ZERO_ALIASED}}
+ZERO_ALIASED = ("prefetch_bucket_size", "param_persistence_threshold", "model_persistence_threshold",
+                "max_live_parameters", "max_reuse_distance", "gather_16bit_weights_on_model_save",
+                "module_granularity_threshold", "use_all_reduce_for_fetch_params", "allgather_sequential")
+_ZERO_OTHER_NAME = {**{f: f"stage3_{f}" for f in ZERO_ALIASED}, **{f"stage3_{f}": f for f in ZERO_ALIASED}}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,11 +30,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from raytrain import hardware
 from raytrain.checkpoint import layout
 from raytrain.checkpoint.export import check_out_dir
-from raytrain.config import (OWN_DEFAULT_PEAK_LR, ClusterConfig, ConfigError, DataConfig, RunConfig,
+from raytrain.config import (OWN_DEFAULT_PEAK_LR, ZERO_ALIASED, ClusterConfig, ConfigError, DataConfig, RunConfig,
                              ScalingConfig, TrainingConfig)
 from raytrain.config_fields import ray_address
 from raytrain.data.sources import Sources
-from raytrain.deepspeed_config import load_deepspeed
+from raytrain.deepspeed_config import AUTO, load_deepspeed
 from raytrain.planning.choose import find_autos
 from raytrain.planning.memory import GIB, DoesNotFit, MemoryPlan, check_fits, estimate_memory, gib, verdict
 from raytrain.planning.resolve import resolve_run, shape_from_config
@@ -601,6 +601,11 @@ def _idle_data_and_training(cfg: RunConfig) -> list[str]:
     if data.text_column != data_defaults.text_column and data.path is None and data.eval_path is None:
         notes.append(f"data.text_column={data.text_column!r} has no effect: it names the documents' column in "
                      f"data.path's files, and this run trains on the built-in corpus (data.path is null)")
+    if data.path is None and cfg.model.name_or_path is not None:
+        # `data.path:` left empty in a YAML is null too: a user's own model then trained on generated stories
+        notes.append(f"data.path is null: this run trains model.name_or_path={cfg.model.name_or_path} on raytrain's "
+                     f"built-in corpus (generated short stories, for trying a setup out); set data.path to your "
+                     f"data")
     if training.warmup_steps != training_defaults.warmup_steps and training.warmup_steps > training.max_steps:
         notes.append(f"training.warmup_steps={training.warmup_steps} is more than training.max_steps="
                      f"{training.max_steps}: the learning rate is still warming up when the run ends, so it never "
@@ -616,6 +621,7 @@ def _idle_data_and_training(cfg: RunConfig) -> list[str]:
             notes.append(f"deepspeed.zero_optimization.offload_optimizer.ratio={ratio:g} has no effect: it is the "
                          f"share of the optimizer states offloaded, and offload_optimizer.device is none: set the "
                          f"device to cpu to offload that share, or drop ratio")
+    notes += _stage3_keys_below_stage3(zero)
     notes += _peak_lr_replaced(ds, cfg.deepspeed)
     for key, (on, reader) in _UNUSED_DEEPSPEED.items():
         value = ds.get(key)
@@ -638,6 +644,23 @@ _UNUSED_DEEPSPEED = {
     "pipeline": (False, "only DeepSpeed's PipelineModule reads it, and raytrain trains the model as one stage on "
                         "every worker"),
 }
+
+
+def _stage3_keys_below_stage3(zero) -> list[str]:
+    """One note naming the ZeRO-3-only keys (stage3_*, or the field names DeepSpeed reads them under) given values
+    in a zero_optimization section of stage 0-2, where DeepSpeed reads none of them: a stage-3 JSON turned to stage
+    2 keeps its tuning without a word. "auto" values are left out: raytrain fills those (the shipped configs write
+    them), so a stage override alone names nothing. offload_param below stage 3 is refused (deepspeed_check)."""
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else None
+    if type(stage) is not int or stage not in (0, 1, 2):
+        return []
+    keys = [k for k, v in zero.items() if (k.startswith("stage3_") or k in ZERO_ALIASED) and v != AUTO]
+    if not keys:
+        return []
+    named = ", ".join(f"deepspeed.zero_optimization.{k}" for k in keys)
+    has, it = ("has", "it") if len(keys) == 1 else ("have", "them")
+    return [f"{named} {has} no effect: DeepSpeed reads {it} at ZeRO stage 3 only, and "
+            f"deepspeed.zero_optimization.stage is {stage}: remove {it}, or set the stage to 3"]
 
 
 def _peak_lr_replaced(ds: dict, source) -> list[str]:

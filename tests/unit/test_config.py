@@ -446,10 +446,10 @@ def test_a_dotted_override_under_either_zero_name_replaces_the_value_under_the_o
 def test_the_zero_names_with_two_spellings_are_deepspeeds():
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
-    from raytrain.config import _ZERO_ALIASED
+    from raytrain.config import ZERO_ALIASED
 
     assert {n: f.alias for n, f in DeepSpeedZeroConfig.model_fields.items() if f.alias and f.alias != n} == \
-        {f: f"stage3_{f}" for f in _ZERO_ALIASED}
+        {f: f"stage3_{f}" for f in ZERO_ALIASED}
 
 
 OWN_OPTIMIZER = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.0}},

@@ -22,6 +22,13 @@ def test_only_a_directory_deepspeed_can_load_counts_as_a_checkpoint_naming_the_k
         layout.check_is_checkpoint(str(tmp_path), "checkpoint.resume_from")
     assert str(e.value) == (f"checkpoint.resume_from={tmp_path} is not a raytrain checkpoint (no raytrain.json in it): "
                             f"give a checkpoint_step_* directory of a run")  # (a run's directory names its latest)
+    (tmp_path / "config.json").write_text("{}")  # a Hugging Face model directory: an export, a hub download
+    with pytest.raises(ConfigError) as e:
+        layout.check_is_checkpoint(str(tmp_path), "checkpoint.resume_from")
+    assert str(e.value) == (f"checkpoint.resume_from={tmp_path} is not a raytrain checkpoint (no raytrain.json in it): "
+                            f"it is a Hugging Face model directory (config.json): to train from its weights, set "
+                            f"model.name_or_path={tmp_path} model.pretrained=true instead")
+    (tmp_path / "config.json").unlink()
     (tmp_path / "raytrain.json").write_text(json.dumps({"step": 1, "spec": {"model": {}, "config": {"data": {}}}}))
     (tmp_path / "latest_universal").write_text("step_00000001_universal")  # a universal copy (reshard): not one
     (tmp_path / "step_00000001_universal").mkdir()

@@ -501,6 +501,30 @@ def test_deepspeed_keys_that_only_parts_of_deepspeed_raytrain_never_runs_read_ge
     assert notes('"data_efficiency": {"enabled": false}, "autotuning": {"enabled": false}') == []  # off already
 
 
+def test_a_users_model_on_the_built_in_corpus_gets_a_note(tmp_path):
+    # `data.path:` left empty in a YAML (null) trained the user's model on generated stories without a word
+    (tmp_path / "run.yaml").write_text(f"model:\n  name_or_path: {tmp_path}/my-model\ndata:\n  path:\n")
+    assert idle_settings(load_config(str(tmp_path / "run.yaml"), []), use_gpu=False) == [
+        f"data.path is null: this run trains model.name_or_path={tmp_path}/my-model on raytrain's built-in corpus "
+        f"(generated short stories, for trying a setup out); set data.path to your data"]
+    assert idle_settings(load_config(None, []), use_gpu=False) == []  # the built-in model: the demo, as meant
+
+
+def test_zero_3_keys_at_a_lower_stage_get_one_note_and_auto_ones_none():
+    # a stage-3 JSON turned to stage 2 kept its tuning without a word: DeepSpeed reads none of it there
+    def notes(*overrides):
+        return idle_settings(load_config(None, list(overrides)), use_gpu=False)
+
+    assert notes("deepspeed.zero_optimization.stage=2", "deepspeed.zero_optimization.stage3_max_live_parameters=1e8",
+                 "deepspeed.zero_optimization.max_reuse_distance=100") == [
+        "deepspeed.zero_optimization.stage3_max_live_parameters, deepspeed.zero_optimization.max_reuse_distance have "
+        "no effect: DeepSpeed reads them at ZeRO stage 3 only, and deepspeed.zero_optimization.stage is 2: remove "
+        "them, or set the stage to 3"]
+    # the default's "auto" stage3_ keys (raytrain fills them) under a stage override alone: nothing to say
+    assert notes("deepspeed.zero_optimization.stage=2") == []
+    assert notes("deepspeed.zero_optimization.stage3_max_live_parameters=100") == []  # stage 3: it takes effect
+
+
 def test_an_optimizer_lr_that_the_scheduler_replaces_with_its_own_peak_gets_a_note(tmp_path):
     # WarmupDecayLR without warmup_max_lr warms up to DeepSpeed's 0.001, ten times this optimizer's lr, without a word
     # (DeepSpeed's documented default, so a note rather than a refusal; test_config pins the 0.001)
