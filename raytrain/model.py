@@ -114,6 +114,8 @@ def load_model_config(cfg: ModelConfig):
     except (OSError, ValueError) as e:
         raise ConfigError(f"model.name_or_path={cfg.name_or_path!r}: cannot load its config ({first_line(e)}); "
                           f"{_load_fix(cfg.name_or_path, e, 'model.name_or_path')}") from None
+    except CODE_ERRORS as e:  # its configuration code (trust_remote_code): was a traceback on the driver
+        _refuse_own_code(cfg.name_or_path, e)
     _check_override_keys(loaded, cfg.config)
     hf_config = loaded
     if cfg.config:
@@ -428,11 +430,50 @@ def _refuse_own_config(hf_config, cfg: ModelConfig, error: Exception, reason: st
     model always builds from its own sizes: a failure there is raised as it is."""
     if cfg.name_or_path is None:
         raise error
+    if isinstance(error, CODE_ERRORS):
+        _refuse_own_code(cfg.name_or_path, error)
     model_class = causal_lm_class_name(hf_config, cfg.trust_remote_code)
-    fix = ("install what it names on the driver and the GPU nodes" if isinstance(error, ImportError) else
-           "correct the value in config.json, or override it with model.config.KEY=VALUE")
+    fix = "correct the value in config.json, or override it with model.config.KEY=VALUE"
     raise ConfigError(f"model.name_or_path={cfg.name_or_path!r}: {model_class} cannot be built from its config.json "
                       f"({reason}): {fix}") from None
+
+
+CODE_ERRORS = (SyntaxError, NameError, ImportError)
+"""What a model's own code (model.trust_remote_code) raises for a fault of its own, not of a config.json value:
+it does not parse, names what it never defined, imports what is not installed (transformers' check_imports)."""
+
+
+def _refuse_own_code(name_or_path: str, error: BaseException, key: str = "model.name_or_path") -> NoReturn:
+    """One line for `error` (one of CODE_ERRORS) from the model's own code, naming the file and line where it can
+    (they had been blamed on config.json, or a configuration file's were a traceback on the driver)."""
+    where = _own_code_line(name_or_path, error)
+    said = error.msg if isinstance(error, SyntaxError) else first_line(error)  # its "(<unknown>, line N)" goes
+    reason = f"{type(error).__name__}: {said}" + (f", {where}" if where else "")
+    fix = ("install what it names on the driver and the GPU nodes" if isinstance(error, ImportError) else
+           "fix that code (model.trust_remote_code runs it on the driver and in every worker)")
+    raise ConfigError(f"{key}={name_or_path!r}: its code fails ({reason}): {fix}") from None
+
+
+def _own_code_line(name_or_path: str, error: BaseException) -> str | None:
+    """`FILE line N` of the model's own code where `error` arose, or None. transformers parses each code file
+    before importing it (check_imports: ast.parse, which names no file), so a SyntaxError's file is found by
+    compiling a local directory's files again; anything else by its traceback's last frame in that code
+    (transformers imports it as transformers_modules.*)."""
+    import traceback
+
+    if isinstance(error, SyntaxError):
+        if not os.path.isdir(name_or_path):
+            return None
+        for name in sorted(f for f in os.listdir(name_or_path) if f.endswith(".py")):
+            with open(os.path.join(name_or_path, name), "rb") as f:
+                source = f.read()
+            try:
+                compile(source, name, "exec")
+            except SyntaxError as e:
+                return f"{name} line {e.lineno}"
+        return None
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if "transformers_modules" in f.filename]
+    return f"{os.path.basename(frames[-1].filename)} line {frames[-1].lineno}" if frames else None
 
 
 def _id_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
@@ -808,6 +849,8 @@ def _cached_tokenizer(spec: str | None, trust_remote_code: bool, key: str = "mod
         # From a model directory AutoTokenizer reads its config.json: in every tokenize task's process
         with token_id_warning_held(), hub_retries_held():
             tok = AutoTokenizer.from_pretrained(spec, trust_remote_code=trust_remote_code)
+    except CODE_ERRORS as e:  # the tokenizer's own code (trust_remote_code), or its config's
+        _refuse_own_code(spec, e, key)
     except (OSError, ValueError) as e:
         first = first_line(e)
         if "trust_remote_code" in str(e) or "custom code" in str(e) or not (

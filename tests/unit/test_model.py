@@ -201,6 +201,29 @@ def test_models_that_are_not_decoder_only_causal_lms_are_refused(tmp_path, confi
             load_model_config(ModelConfig(name_or_path=str(tmp_path), pretrained=pretrained, trust_remote_code=remote))
 
 
+@pytest.mark.parametrize("file, before, after, said", [
+    ("mdl.py", "", "\ndef broken(:\n    pass\n", "SyntaxError: invalid syntax, mdl.py line 9): fix that code"),
+    ("cfg.py", "", "\ndef broken(:\n    pass\n", "SyntaxError: invalid syntax, cfg.py line 7): fix that code"),
+    ("mdl.py", "", "\n    def __init__(self, config):\n        super().__init__(config)\n        undefined_name\n",
+     "NameError: name 'undefined_name' is not defined, mdl.py line 11): fix that code"),
+    ("cfg.py", "x = undefined_thing\n", "", "NameError: name 'undefined_thing' is not defined, cfg.py line 1): fix"),
+    ("cfg.py", "import not_a_package_xyz\n", "", "Run `pip install not_a_package_xyz`): install what it names"),
+], ids=["model-syntax", "config-syntax", "model-name", "config-name", "config-import"])
+def test_a_fault_in_the_models_own_code_names_its_file_and_line(tmp_path, file, before, after, said):
+    """A model's own code (trust_remote_code) that does not parse or run was blamed on config.json ("correct the
+    value in config.json"), and its configuration code's faults were a traceback on the driver."""
+    from tests.helpers import code_model
+
+    path = code_model(tmp_path / "m", TINY)
+    source = Path(path, file)
+    source.write_text(before + source.read_text() + after)
+    with pytest.raises(ConfigError) as e:
+        load_model_config(ModelConfig(name_or_path=path, trust_remote_code=True))
+    assert str(e.value).startswith(f"model.name_or_path={path!r}: its code fails (")
+    assert said in str(e.value)
+    assert "config.json" not in str(e.value)
+
+
 def test_a_file_a_missing_directory_remote_code_and_an_unreachable_hub_id_name_their_fix(tmp_path, monkeypatch):
     from raytrain import model
 
