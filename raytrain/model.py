@@ -42,6 +42,11 @@ BYTE_EOS = "<|endoftext|>"
 
 # What save_pretrained writes as weights (safetensors, or the older pickle format), sharded or not.
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+CODE_ERRORS = (SyntaxError, NameError, ImportError)
+"""What loading or building a model raises for a fault of code, not of a config.json value: the model's own code
+(model.trust_remote_code) does not parse or names what it never defined, or a package is not installed
+(transformers' check_imports, an optional dependency): `_refuse_code_error`."""
 GENERATION_CONFIG = "generation_config.json"  # a model's generation defaults: generate() reads its token ids there
 
 
@@ -114,8 +119,9 @@ def load_model_config(cfg: ModelConfig):
     except (OSError, ValueError) as e:
         raise ConfigError(f"model.name_or_path={cfg.name_or_path!r}: cannot load its config ({first_line(e)}); "
                           f"{_load_fix(cfg.name_or_path, e, 'model.name_or_path')}") from None
-    except CODE_ERRORS as e:  # its configuration code (trust_remote_code): was a traceback on the driver
-        _refuse_own_code(cfg.name_or_path, e)
+    except CODE_ERRORS as e:  # its configuration code (trust_remote_code), or a package: was a traceback
+        _refuse_code_error(cfg.name_or_path, e, cfg.trust_remote_code, "cannot load its config")
+        raise
     _check_override_keys(loaded, cfg.config)
     hf_config = loaded
     if cfg.config:
@@ -425,52 +431,60 @@ def _check_builds(hf_config, cfg: ModelConfig, build=None) -> None:
 
 def _refuse_own_config(hf_config, cfg: ModelConfig, error: Exception, reason: str) -> NoReturn:
     """The model fails to build from model.name_or_path's own config.json (a value its constructor refuses:
-    torch's "negative dimension", an assertion) or its own code (a package it imports at build time): one line
-    on the driver instead of the same traceback from the driver's planner and every worker. The built-in
+    torch's "negative dimension", an assertion), its own code or a package it imports (`_refuse_code_error`): one
+    line on the driver instead of the same traceback from the driver's planner and every worker. The built-in
     model always builds from its own sizes: a failure there is raised as it is."""
     if cfg.name_or_path is None:
         raise error
-    if isinstance(error, CODE_ERRORS):
-        _refuse_own_code(cfg.name_or_path, error)
     model_class = causal_lm_class_name(hf_config, cfg.trust_remote_code)
+    if isinstance(error, CODE_ERRORS):
+        _refuse_code_error(cfg.name_or_path, error, cfg.trust_remote_code, f"{model_class} cannot be built")
     fix = "correct the value in config.json, or override it with model.config.KEY=VALUE"
     raise ConfigError(f"model.name_or_path={cfg.name_or_path!r}: {model_class} cannot be built from its config.json "
                       f"({reason}): {fix}") from None
 
 
-CODE_ERRORS = (SyntaxError, NameError, ImportError)
-"""What a model's own code (model.trust_remote_code) raises for a fault of its own, not of a config.json value:
-it does not parse, names what it never defined, imports what is not installed (transformers' check_imports)."""
-
-
-def _refuse_own_code(name_or_path: str, error: BaseException, key: str = "model.name_or_path") -> NoReturn:
-    """One line for `error` (one of CODE_ERRORS) from the model's own code, naming the file and line where it can
-    (they had been blamed on config.json, or a configuration file's were a traceback on the driver)."""
-    where = _own_code_line(name_or_path, error)
+def _refuse_code_error(name_or_path: str, error: BaseException, trusted: bool, what: str,
+                       key: str = "model.name_or_path") -> None:
+    """One line for `error` (one of CODE_ERRORS) raised loading or building `name_or_path`: a fault of the model's
+    own code (model.trust_remote_code) names its file and line where it can (it had been blamed on config.json,
+    or a configuration file's was a traceback on the driver); a package missing for transformers' own code says
+    to install it (`what`: what failed, "cannot load its tokenizer"); anything else is the caller's (returns)."""
+    where = _own_code_line(name_or_path, error) if trusted else None
     said = error.msg if isinstance(error, SyntaxError) else first_line(error)  # its "(<unknown>, line N)" goes
-    reason = f"{type(error).__name__}: {said}" + (f", {where}" if where else "")
-    fix = ("install what it names on the driver and the GPU nodes" if isinstance(error, ImportError) else
-           "fix that code (model.trust_remote_code runs it on the driver and in every worker)")
-    raise ConfigError(f"{key}={name_or_path!r}: its code fails ({reason}): {fix}") from None
+    if where is not None or (trusted and isinstance(error, SyntaxError)):
+        reason = f"{type(error).__name__}: {said}" + (f", {where}" if where else "")
+        fix = ("install what it names on the driver and every node" if isinstance(error, ImportError) else
+               "fix that code (model.trust_remote_code runs it on the driver and in every worker)")
+        raise ConfigError(f"{key}={name_or_path!r}: its own code fails ({reason}): {fix}") from None
+    if isinstance(error, ImportError):
+        raise ConfigError(f"{key}={name_or_path!r}: {what} ({type(error).__name__}: {said}): install what it "
+                          f"names on the driver and every node") from None
 
 
 def _own_code_line(name_or_path: str, error: BaseException) -> str | None:
-    """`FILE line N` of the model's own code where `error` arose, or None. transformers parses each code file
-    before importing it (check_imports: ast.parse, which names no file), so a SyntaxError's file is found by
-    compiling a local directory's files again; anything else by its traceback's last frame in that code
-    (transformers imports it as transformers_modules.*)."""
+    """`FILE line N` of the model's own code (trust_remote_code) where `error` arose, or None. A SyntaxError of an
+    imported file names it; transformers parses the module it loads first with ast.parse (check_imports), which
+    names none, so a local directory's code files are parsed again and the one failing with the same message at
+    the same place is named (not merely the first that fails: scripts beside the model's code). Anything else: its
+    traceback's last frame in that code (transformers imports it as transformers_modules.*)."""
+    import ast
     import traceback
 
     if isinstance(error, SyntaxError):
+        if error.filename and os.path.isfile(error.filename):
+            return f"{os.path.basename(error.filename)} line {error.lineno}"
         if not os.path.isdir(name_or_path):
             return None
         for name in sorted(f for f in os.listdir(name_or_path) if f.endswith(".py")):
-            with open(os.path.join(name_or_path, name), "rb") as f:
-                source = f.read()
             try:
-                compile(source, name, "exec")
+                with open(os.path.join(name_or_path, name), encoding="utf-8") as f:
+                    ast.parse(f.read())
             except SyntaxError as e:
-                return f"{name} line {e.lineno}"
+                if (e.msg, e.lineno, e.offset) == (error.msg, error.lineno, error.offset):
+                    return f"{name} line {e.lineno}"
+            except (OSError, ValueError):  # unreadable, not UTF-8: not the file transformers parsed
+                continue
         return None
     frames = [f for f in traceback.extract_tb(error.__traceback__) if "transformers_modules" in f.filename]
     return f"{os.path.basename(frames[-1].filename)} line {frames[-1].lineno}" if frames else None
@@ -849,8 +863,9 @@ def _cached_tokenizer(spec: str | None, trust_remote_code: bool, key: str = "mod
         # From a model directory AutoTokenizer reads its config.json: in every tokenize task's process
         with token_id_warning_held(), hub_retries_held():
             tok = AutoTokenizer.from_pretrained(spec, trust_remote_code=trust_remote_code)
-    except CODE_ERRORS as e:  # the tokenizer's own code (trust_remote_code), or its config's
-        _refuse_own_code(spec, e, key)
+    except CODE_ERRORS as e:  # the tokenizer's own code (trust_remote_code), or a package it needs (sentencepiece)
+        _refuse_code_error(spec, e, trust_remote_code, "cannot load its tokenizer", key)
+        raise
     except (OSError, ValueError) as e:
         first = first_line(e)
         if "trust_remote_code" in str(e) or "custom code" in str(e) or not (

@@ -313,10 +313,11 @@ def _check_is_checkpoint(path: str, key: str, shown: str | None) -> None:
         latest = _latest_if_run(root) if not exists(f"{root}/{METADATA}") else None
         fix = (f"it is a run's directory: give one of its checkpoints, the latest being {latest}" if latest else
                "give a checkpoint_step_* directory of a run")
-        if not latest and missing == f"no {METADATA} in it" and exists(f"{root}/config.json"):
+        if not latest and not exists(f"{root}/{METADATA}") and exists(f"{root}/config.json"):
             # an export or a hub download: its weights start a new run, where DeepSpeed's shards continue one
-            fix = (f"it is a Hugging Face model directory (config.json): to train from its weights, set "
-                   f"model.name_or_path={path} model.pretrained=true instead")
+            fix = ("it is a Hugging Face model directory (config.json) already" if key != "checkpoint.resume_from"
+                   else f"it is a Hugging Face model directory (config.json): to train from its weights, set "
+                        f"model.name_or_path={path} model.pretrained=true instead")
         raise ConfigError(f"{key}={path} is not a raytrain checkpoint ({missing}): {fix}")
     meta_fs, meta_path = filesystem(f"{root}/{METADATA}")
     meta = _read_json(meta_fs, meta_path, f"{root}/{METADATA}")

@@ -217,8 +217,9 @@ class FileReads:
         self._last = clock()
 
     def at(self, position: int) -> None:
-        """The read reached byte `position` of the file."""
-        self._position = position
+        """The read reached byte `position` of the file (a read again after an error that may pass starts at 0
+        again: raytrain.data.readers._with_retries; the furthest position is kept, so nothing goes backwards)."""
+        self._position = max(self._position, position)
         if self._clock() - self._last >= REPORT_EVERY_S:
             self._send()
 
@@ -239,7 +240,10 @@ class FileReads:
         """The file ended. `size()`: the file's size, where the counted reads fall short of it (a
         compressed file, whose reads are not counted; an Arrow stream's end marker)."""
         if self._progress and size is not None:
-            self._position = size()
+            try:
+                self._position = size()
+            except OSError:  # a storage's blip at the very end: the file was read, its counted bytes stand
+                pass
         self._send()
 
     def _send(self) -> None:

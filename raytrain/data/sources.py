@@ -69,6 +69,7 @@ import errno
 import json
 import os
 import re
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -707,7 +708,7 @@ def transient(e: BaseException) -> bool:
         return True
     from ray.data import DataContext
 
-    text = f"{type(e).__name__}: {e}"
+    text = "".join(traceback.format_exception_only(type(e), e)).rstrip("\n")  # as Ray's format_exception
     for pattern in DataContext.get_current().retried_io_errors:  # as Ray's: a substring, else a regex
         try:
             if pattern in text or re.search(pattern, text):

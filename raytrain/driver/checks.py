@@ -30,11 +30,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from raytrain import hardware
 from raytrain.checkpoint import layout
 from raytrain.checkpoint.export import check_out_dir
-from raytrain.config import (OWN_DEFAULT_PEAK_LR, ZERO_ALIASED, ClusterConfig, ConfigError, DataConfig, RunConfig,
-                             ScalingConfig, TrainingConfig)
+from raytrain.config import (AUTO, OWN_DEFAULT_PEAK_LR, ZERO_ALIASED, ClusterConfig, ConfigError, DataConfig,
+                             RunConfig, ScalingConfig, TrainingConfig)
 from raytrain.config_fields import ray_address
 from raytrain.data.sources import Sources
-from raytrain.deepspeed_config import AUTO, load_deepspeed
+from raytrain.deepspeed_config import load_deepspeed
 from raytrain.planning.choose import find_autos
 from raytrain.planning.memory import GIB, DoesNotFit, MemoryPlan, check_fits, estimate_memory, gib, verdict
 from raytrain.planning.resolve import resolve_run, shape_from_config
@@ -601,8 +601,10 @@ def _idle_data_and_training(cfg: RunConfig) -> list[str]:
     if data.text_column != data_defaults.text_column and data.path is None and data.eval_path is None:
         notes.append(f"data.text_column={data.text_column!r} has no effect: it names the documents' column in "
                      f"data.path's files, and this run trains on the built-in corpus (data.path is null)")
-    if data.path is None and cfg.model.name_or_path is not None:
-        # `data.path:` left empty in a YAML is null too: a user's own model then trained on generated stories
+    if data.path is None and cfg.model.name_or_path is not None \
+            and data.num_builtin_documents == data_defaults.num_builtin_documents:
+        # `data.path:` left empty in a YAML is null too: a user's own model then trained on generated stories (a
+        # corpus sized on purpose, as `raytrain.tools.bench --model-dir` does, is meant)
         notes.append(f"data.path is null: this run trains model.name_or_path={cfg.model.name_or_path} on raytrain's "
                      f"built-in corpus (generated short stories, for trying a setup out); set data.path to your "
                      f"data")
@@ -646,7 +648,7 @@ _UNUSED_DEEPSPEED = {
 }
 
 
-def _stage3_keys_below_stage3(zero) -> list[str]:
+def _stage3_keys_below_stage3(zero: object) -> list[str]:
     """One note naming the ZeRO-3-only keys (stage3_*, or the field names DeepSpeed reads them under) given values
     in a zero_optimization section of stage 0-2, where DeepSpeed reads none of them: a stage-3 JSON turned to stage
     2 keeps its tuning without a word. "auto" values are left out: raytrain fills those (the shipped configs write

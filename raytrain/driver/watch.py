@@ -15,8 +15,8 @@ killed, never restarted); the controller's handle reaches the run's counter
   workers and tasks print; it does again once the run has ended (a notebook's next fit()).
 
 On the controller, `RunWatch` (a Ray Train UserCallback) says in one raytrain line when a worker
-failure is retried (Ray Train's own decision line is INFO, which raytrain's logging config leaves
-out of the console).
+failure is retried, or a preemption (which Ray Train does not count against max_failures); Ray Train's own
+decision line is INFO, which raytrain's logging config leaves out of the console.
 """
 
 from __future__ import annotations

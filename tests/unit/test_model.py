@@ -202,26 +202,60 @@ def test_models_that_are_not_decoder_only_causal_lms_are_refused(tmp_path, confi
 
 
 @pytest.mark.parametrize("file, before, after, said", [
-    ("mdl.py", "", "\ndef broken(:\n    pass\n", "SyntaxError: invalid syntax, mdl.py line 9): fix that code"),
-    ("cfg.py", "", "\ndef broken(:\n    pass\n", "SyntaxError: invalid syntax, cfg.py line 7): fix that code"),
+    ("mdl.py", "", "\ndef broken(:\n    pass\n", "its own code fails (SyntaxError: invalid syntax, mdl.py line 9): fix "
+                                               "that code"),
+    ("cfg.py", "", "\ndef broken(:\n    pass\n", "its own code fails (SyntaxError: invalid syntax, cfg.py line 7): fix "
+                                               "that code"),
     ("mdl.py", "", "\n    def __init__(self, config):\n        super().__init__(config)\n        undefined_name\n",
-     "NameError: name 'undefined_name' is not defined, mdl.py line 11): fix that code"),
-    ("cfg.py", "x = undefined_thing\n", "", "NameError: name 'undefined_thing' is not defined, cfg.py line 1): fix"),
-    ("cfg.py", "import not_a_package_xyz\n", "", "Run `pip install not_a_package_xyz`): install what it names"),
+     "its own code fails (NameError: name 'undefined_name' is not defined, mdl.py line 11): fix that code"),
+    ("cfg.py", "x = undefined_thing\n", "", "its own code fails (NameError: name 'undefined_thing' is not defined, "
+                                            "cfg.py line 1): fix"),
+    ("cfg.py", "import not_a_package_xyz\n", "", "cannot load its config (ImportError: This modeling file requires "
+                                                 "the following packages that were not found in your environment: "
+                                                 "not_a_package_xyz. Run `pip install not_a_package_xyz`): install "
+                                                 "what it names on the driver and every node"),
 ], ids=["model-syntax", "config-syntax", "model-name", "config-name", "config-import"])
 def test_a_fault_in_the_models_own_code_names_its_file_and_line(tmp_path, file, before, after, said):
     """A model's own code (trust_remote_code) that does not parse or run was blamed on config.json ("correct the
     value in config.json"), and its configuration code's faults were a traceback on the driver."""
     from tests.helpers import code_model
 
-    path = code_model(tmp_path / "m", TINY)
+    # a directory name of its own: transformers caches the code it imports by it (transformers_modules.NAME)
+    path = code_model(tmp_path / f"m-{os.urandom(4).hex()}", TINY)
     source = Path(path, file)
     source.write_text(before + source.read_text() + after)
     with pytest.raises(ConfigError) as e:
         load_model_config(ModelConfig(name_or_path=path, trust_remote_code=True))
-    assert str(e.value).startswith(f"model.name_or_path={path!r}: its code fails (")
+    assert str(e.value).startswith(f"model.name_or_path={path!r}: ")
     assert said in str(e.value)
     assert "config.json" not in str(e.value)
+
+
+def test_the_own_code_file_named_is_the_one_that_failed_not_the_first_that_does_not_parse(tmp_path):
+    from tests.helpers import code_model
+
+    path = code_model(tmp_path / f"m-{os.urandom(4).hex()}", TINY)
+    Path(path, "a_script.py").write_text("def old(:\n")  # beside the model's code, never loaded by it
+    Path(path, "mdl.py").write_text(Path(path, "mdl.py").read_text() + "\nx = (\n")
+    with pytest.raises(ConfigError, match=r"its own code fails \(SyntaxError: .*, mdl.py line 9\)"):
+        load_model_config(ModelConfig(name_or_path=path, trust_remote_code=True))
+
+
+def test_a_package_transformers_own_code_needs_is_one_line_without_blaming_the_models_code(tmp_path, monkeypatch):
+    """Not the model's own code (no trust_remote_code): a missing optional package, one line naming the class."""
+    import transformers
+
+    path = _pretrained(tmp_path)
+
+    def needs_a_package(*args, **kwargs):
+        raise ImportError("LlamaForCausalLM requires the not_installed_xyz library")
+
+    monkeypatch.setattr(transformers.LlamaForCausalLM, "__init__", needs_a_package)
+    with pytest.raises(ConfigError) as e:
+        load_model_config(ModelConfig(name_or_path=path))
+    assert str(e.value) == (f"model.name_or_path={path!r}: LlamaForCausalLM cannot be built (ImportError: "
+                            f"LlamaForCausalLM requires the not_installed_xyz library): install what it names on the "
+                            f"driver and every node")
 
 
 def test_a_file_a_missing_directory_remote_code_and_an_unreachable_hub_id_name_their_fix(tmp_path, monkeypatch):

@@ -28,6 +28,9 @@ def test_only_a_directory_deepspeed_can_load_counts_as_a_checkpoint_naming_the_k
     assert str(e.value) == (f"checkpoint.resume_from={tmp_path} is not a raytrain checkpoint (no raytrain.json in it): "
                             f"it is a Hugging Face model directory (config.json): to train from its weights, set "
                             f"model.name_or_path={tmp_path} model.pretrained=true instead")
+    with pytest.raises(ConfigError, match=r"\(no raytrain.json in it\): it is a Hugging Face model directory "
+                                          r"\(config.json\) already$"):
+        layout.check_is_checkpoint(str(tmp_path), "the checkpoint")  # the export tool's
     (tmp_path / "config.json").unlink()
     (tmp_path / "raytrain.json").write_text(json.dumps({"step": 1, "spec": {"model": {}, "config": {"data": {}}}}))
     (tmp_path / "latest_universal").write_text("step_00000001_universal")  # a universal copy (reshard): not one

@@ -129,6 +129,24 @@ def test_file_reads_report_only_what_is_new(reports):
     assert reports == [("counter", {"bytes": 300, "rows_read": 1}), ("counter", {"bytes": 0, "rows_read": 2})]
 
 
+def test_a_file_read_again_after_a_storage_blip_never_reports_negative_bytes(reports):
+    """raytrain.data.readers reads a file again from its start after an error that may pass: its reads count from 0
+    again, and a report then had sent bytes = 0 + new position - what was reported, below zero."""
+    clock = Clock()
+    reads = FileReads("counter", clock)
+    documents = reads.count(iter(["a", "b", "c"]))
+    next(documents)
+    clock.now += 1.0
+    reads.at(300)
+    next(documents)  # a row past the last report; then the read fails, and the file is read again
+    clock.now += 1.0
+    reads.at(100)
+    reads.at(400)
+    reads.close(lambda: (_ for _ in ()).throw(OSError("AWS Error SLOW_DOWN")))  # the size, at the end: kept
+    assert reports == [("counter", {"bytes": 300, "rows_read": 1}), ("counter", {"bytes": 0, "rows_read": 1}),
+                       ("counter", {"bytes": 100, "rows_read": 0})]
+
+
 def test_read_documents_reports_every_byte_of_plain_and_compressed_files(tmp_path, reports):
     lines = b"".join(b'{"text": "document %d"}\n' % i for i in range(1000))
     (tmp_path / "a.jsonl").write_bytes(lines)

@@ -508,6 +508,9 @@ def test_a_users_model_on_the_built_in_corpus_gets_a_note(tmp_path):
         f"data.path is null: this run trains model.name_or_path={tmp_path}/my-model on raytrain's built-in corpus "
         f"(generated short stories, for trying a setup out); set data.path to your data"]
     assert idle_settings(load_config(None, []), use_gpu=False) == []  # the built-in model: the demo, as meant
+    # a corpus sized on purpose (raytrain.tools.bench --model-dir): meant too
+    assert idle_settings(load_config(str(tmp_path / "run.yaml"), ["data.num_builtin_documents=64"]),
+                         use_gpu=False) == []
 
 
 def test_zero_3_keys_at_a_lower_stage_get_one_note_and_auto_ones_none():
