@@ -161,6 +161,15 @@ class _TokenIdWarningFilter(logging.Filter):
         return _TOKEN_ID_WARNING not in message and not message.startswith(_PAD_FLAG_WARNING)
 
 
+class _ImportWarningFilter(logging.Filter):
+    """transformers' "Encountered exception while importing X: No module named 'X'" (dynamic_module_utils'
+    check_imports, for a model's own code): the ImportError it raises right after names the same packages, and
+    raytrain says that in one line (`_refuse_code_error`); the warning printed above it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Encountered exception while importing")
+
+
 @contextlib.contextmanager
 def token_id_warning_held():
     """Holds back transformers' warnings that the config has a `*_token_id` outside the vocabulary
@@ -171,9 +180,11 @@ def token_id_warning_held():
     tokenizer is loaded from a model directory (AutoTokenizer reads its config.json), every worker, the driver
     and the export; the driver says instead, once, what such an id does to the run and to generate()
     (token_ids_outside_vocab: an error before anything starts or a note). transformers' warning_once
-    remembers the message as said, so a later build in the same process stays quiet too."""
+    remembers the message as said, so a later build in the same process stays quiet too. Also held: the
+    warning before a model's own code's missing-package ImportError (`_ImportWarningFilter`)."""
     with _filtered(_TokenIdWarningFilter(), ("transformers.configuration_utils",
-                                             "transformers.generation.configuration_utils")):
+                                             "transformers.generation.configuration_utils")), \
+            _filtered(_ImportWarningFilter(), ("transformers.dynamic_module_utils",)):
         yield
 
 

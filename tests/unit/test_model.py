@@ -224,8 +224,9 @@ def test_a_fault_in_the_models_own_code_names_its_file_and_line(tmp_path, file, 
     path = code_model(tmp_path / f"m-{os.urandom(4).hex()}", TINY)
     source = Path(path, file)
     source.write_text(before + source.read_text() + after)
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(ConfigError) as e, transformers_log() as log:
         load_model_config(ModelConfig(name_or_path=path, trust_remote_code=True))
+    assert log == []  # transformers' "Encountered exception while importing ..." had printed above the line
     assert str(e.value).startswith(f"model.name_or_path={path!r}: ")
     assert said in str(e.value)
     assert "config.json" not in str(e.value)
