@@ -79,7 +79,6 @@ SLOW_FIRST = [
     "tests/integration/test_job_submit.py",  # ~200 s
     "tests/integration/test_train_e2e.py",  # ~190 s
     "tests/integration/test_multihost_netns.py",  # ~180 s
-    "tests/integration/test_data_resume.py",  # ~175 s
     "tests/integration/test_notebook.py",  # ~165 s
     "tests/integration/test_user_path.py",  # ~155 s
     "tests/integration/test_autoscaler.py",  # ~115 s

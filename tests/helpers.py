@@ -96,6 +96,42 @@ def registered_step(run_dir: str) -> int | None:
     return None
 
 
+def sample_groups(run_dir) -> list[dict]:
+    """The worker groups of a run in the order they started, from the data audit (data.sample_log,
+    raytrain.worker.samples): each with its size and, per step that all its ranks finished, the
+    step's rows (rank by rank)."""
+    import json
+    from pathlib import Path
+
+    files: dict[str, list[Path]] = {}
+    for path in (Path(run_dir) / "samples").glob("*-rank*.jsonl"):
+        files.setdefault(path.name.rsplit("-rank", 1)[0], []).append(path)
+    out = []
+    for name in sorted(files):  # names start with the group's start time
+        records: dict[int, dict[int, dict]] = {}
+        for path in files[name]:
+            rank = int(path.stem.rsplit("-rank", 1)[1])
+            for line in path.read_text().splitlines():
+                if line.endswith("}"):  # a line being written right now is not read
+                    record = json.loads(line)
+                    records.setdefault(record["step"], {})[rank] = record
+        world = int(name.rsplit("-w", 1)[1])
+        steps = {step: {"rows": [r for rank in sorted(by_rank) for r in by_rank[rank]["rows"]],
+                        "epoch": by_rank[0]["epoch"], "t": max(rec["t"] for rec in by_rank.values())}
+                 for step, by_rank in sorted(records.items()) if len(by_rank) == world}
+        out.append({"name": name, "world_size": world, "steps": steps})
+    return out
+
+
+def sample_lineage(all_groups: list[dict]) -> dict[int, dict]:
+    """Each step as the last group that ran it trained it (a restart redoes the steps after its checkpoint)."""
+    steps: dict[int, dict] = {}
+    for group in all_groups:
+        for step, record in group["steps"].items():
+            steps[step] = {**record, "world_size": group["world_size"]}
+    return dict(sorted(steps.items()))
+
+
 def init_gloo(rank: int, world: int, rendezvous: str) -> None:
     """A gloo process group of `world` spawned ranks over a file rendezvous (a path no other group
     uses): a free port found first can be taken by another process before rank 0 binds it. The env

@@ -218,38 +218,6 @@ def stop(proc: subprocess.Popen, root: Path, name: str, signum: int = signal.SIG
     assert "SIGTERM received" not in log, log[-3000:]  # Ray's stack dump
 
 
-def groups(run_dir: Path) -> list[dict]:
-    """The worker groups of a run in the order they started, from the data audit (data.sample_log):
-    each with its size and, per step that all its ranks finished, the step's rows (rank by rank)."""
-    files: dict[str, list[Path]] = {}
-    for path in (run_dir / "samples").glob("*-rank*.jsonl"):
-        files.setdefault(path.name.rsplit("-rank", 1)[0], []).append(path)
-    out = []
-    for name in sorted(files):  # names start with the group's start time
-        records: dict[int, dict[int, dict]] = {}
-        for path in files[name]:
-            rank = int(path.stem.rsplit("-rank", 1)[1])
-            for line in path.read_text().splitlines():
-                if line.endswith("}"):  # a line being written right now is not read
-                    record = json.loads(line)
-                    records.setdefault(record["step"], {})[rank] = record
-        world = int(name.rsplit("-w", 1)[1])
-        steps = {step: {"rows": [r for rank in sorted(by_rank) for r in by_rank[rank]["rows"]],
-                        "epoch": by_rank[0]["epoch"], "t": max(rec["t"] for rec in by_rank.values())}
-                 for step, by_rank in sorted(records.items()) if len(by_rank) == world}
-        out.append({"name": name, "world_size": world, "steps": steps})
-    return out
-
-
-def lineage(all_groups: list[dict]) -> dict[int, dict]:
-    """Each step as the last group that ran it trained it (a restart redoes the steps after its checkpoint)."""
-    steps: dict[int, dict] = {}
-    for group in all_groups:
-        for step, record in group["steps"].items():
-            steps[step] = {**record, "world_size": group["world_size"]}
-    return dict(sorted(steps.items()))
-
-
 def registered_step(run_dir: Path) -> int:
     """The step of the run's latest checkpoint that Ray Train registered, 0 before the first."""
     return helpers.registered_step(str(run_dir)) or 0
@@ -316,14 +284,14 @@ def runs(ray_auth_token, tmp_path_factory):
         # a node lost once the 3 workers have checkpointed, before the first epoch's end
         wait_for(lambda: registered_step(run_dir) >= 4, "a checkpoint on 3 workers", proc)
         marks["lost"] = cluster.kill(cluster.alive_slots()[-1])
-        two = wait_for(lambda: [g for g in groups(run_dir) if g["world_size"] == 2 and g["steps"]],
+        two = wait_for(lambda: [g for g in helpers.sample_groups(run_dir) if g["world_size"] == 2 and g["steps"]],
                        "training on 2 workers", proc)[0]
         marks["training_on_2"] = min(s["t"] for s in two["steps"].values())
         # back (a new node in its place) once the 2 workers have checkpointed past the epoch's end:
         # the steps the grow resumes span an epoch boundary crossed at 2 workers
         wait_for(lambda: registered_step(run_dir) >= steps_per_epoch + 2, "2 workers past an epoch boundary", proc)
         marks["returned"] = cluster.add()
-        three = wait_for(lambda: [g for g in groups(run_dir) if g["world_size"] == 3 and g["steps"]
+        three = wait_for(lambda: [g for g in helpers.sample_groups(run_dir) if g["world_size"] == 3 and g["steps"]
                                   and g["name"] > two["name"]], "training on 3 workers again", proc)[0]
         marks["training_on_3"] = min(s["t"] for s in three["steps"].values())
         # stopped once the group of 3 has checkpointed, and after two whole epochs
@@ -343,8 +311,9 @@ def runs(ray_auth_token, tmp_path_factory):
     print(f"\nelastic test timings (this machine, tiny model): {json.dumps(timings)}")
     return {"root": root, "truth": rows, "timings": timings, "steps": elastic["step"],
             "steps_per_epoch": steps_per_epoch,
-            "fixed": {"groups": groups(root / "runs" / "fixed"), "meta": meta(root / "runs" / "fixed")},
-            "elastic": {"groups": groups(run_dir), "meta": elastic}}
+            "fixed": {"groups": helpers.sample_groups(root / "runs" / "fixed"),
+                      "meta": meta(root / "runs" / "fixed")},
+            "elastic": {"groups": helpers.sample_groups(run_dir), "meta": elastic}}
 
 
 def test_the_run_shrinks_to_the_workers_left_and_grows_back(runs):
@@ -372,7 +341,8 @@ def _upto(steps: dict[int, dict], last: int) -> dict[int, dict]:
 
 def test_every_step_trains_on_the_fixed_runs_rows_none_skipped_none_twice(runs):
     last = runs["steps"]
-    fixed, elastic = _upto(lineage(runs["fixed"]["groups"]), last), _upto(lineage(runs["elastic"]["groups"]), last)
+    fixed = _upto(helpers.sample_lineage(runs["fixed"]["groups"]), last)
+    elastic = _upto(helpers.sample_lineage(runs["elastic"]["groups"]), last)
     assert sorted(fixed) == sorted(elastic) == list(range(1, last + 1))
     for step in fixed:  # the same rows in each step, whichever size ran it (their order within it may differ)
         assert Counter(elastic[step]["rows"]) == Counter(fixed[step]["rows"]), step

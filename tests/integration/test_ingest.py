@@ -3,9 +3,9 @@ position is that of the last batch handed out (never of what was prefetched; the
 middle of a step), a reader started at a position continues exactly there, and an epoch ends for
 every shard at once at a step boundary, dropping each shard's partial tail, whatever the micro-batch,
 and a shuffled reader resumed at a position reads on exactly as the uninterrupted one did, across
-epochs. The same reader inside real Ray Train workers, across world sizes: test_data_resume.py; a
-restart of real workers at the same world size, shuffled, bit-exact in its losses:
-test_fault_tolerance.py."""
+epochs. The same reader inside real Ray Train workers: test_fault_tolerance.py (restarts at the same
+world size and a resume on another, shuffled and read ahead, each step's rows compared through the
+data audit, data.sample_log) and test_elastic.py (resizes)."""
 
 import numpy as np
 import pytest

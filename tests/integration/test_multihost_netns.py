@@ -244,7 +244,9 @@ def test_trains_across_two_namespace_hosts_each_on_its_own_interface(cluster, tm
                 f"scaling.cpus_per_worker={CPUS_PER_WORKER}", f"checkpoint.storage_path={storage}",
                 "checkpoint.name=netns", f"training.max_steps={MAX_STEPS}", "training.log_every_n_steps=3",
                 "training.warmup_steps=2", "training.micro_batch_size_per_gpu=4",
-                "data.num_builtin_documents=200"]),  # ~60k tokens: enough for 6 steps of 2x4x128
+                "data.num_builtin_documents=200",  # ~60k tokens: enough for 6 steps of 2x4x128
+                # a user's own NCCL setting wins over the computed plan, on every node
+                "network.env.NCCL_IB_HCA==mlx5_test:1"]),
         capture_output=True, text=True, env=env, timeout=300)
     output = p.stdout + p.stderr
     (tmp_path / "raytrain.log").write_text(output)  # kept by pytest for a look after a failure
@@ -258,6 +260,9 @@ def test_trains_across_two_namespace_hosts_each_on_its_own_interface(cluster, tm
     applied = [json.load(open(os.path.join(ckpt, f"nccl_env_node{n}.json"))) for n in (0, 1)]
     assert sorted((e["GLOO_SOCKET_IFNAME"], e["NCCL_SOCKET_IFNAME"]) for e in applied) == [
         ("rt0", "=rt0"), ("rt1", "=rt1")], applied
+    # The files are what apply_nccl_env set, which refuses to run once a process group exists
+    # (raytrain.network.backend): the workers had these values when Ray Train built their gloo group.
+    assert all(e["NCCL_IB_HCA"] == "=mlx5_test:1" for e in applied), applied
     meta = json.load(open(os.path.join(ckpt, "raytrain.json")))
     assert meta["step"] == MAX_STEPS
 

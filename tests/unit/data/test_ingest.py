@@ -5,7 +5,7 @@ exactly as the uninterrupted one, the seeded window shuffle, the epoch's end, pr
 A shard here is a plain iterable of numpy blocks (`Shard`), read where the reader's one Ray Data call,
 `iter_batches(batch_size=None)` in `_ShardReader._blocks`, would give them: everything past that line takes any
 iterable of blocks. That line, the driver's split (`ShardedIngest.configure`) and the reader on real Ray Data
-splits and inside Ray Train workers: tests/integration/test_ingest.py and test_data_resume.py."""
+splits and inside Ray Train workers: tests/integration/test_ingest.py and test_fault_tolerance.py."""
 
 import hashlib
 import itertools
