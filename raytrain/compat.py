@@ -169,6 +169,17 @@ def preempted(worker_error: BaseException) -> bool:
     return _is_preempted_actor(worker_error)
 
 
+def dead_actor_id(worker_error: BaseException) -> str | None:
+    """The id of the worker actor whose death `worker_error` reports, where it says one (RayActorError.actor_id,
+    inside Ray Train's WorkerHealthCheckFailedError as `_is_preempted_actor` unwraps it, ray 2.60.0)."""
+    from ray.exceptions import RayActorError
+    from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
+
+    if isinstance(worker_error, WorkerHealthCheckFailedError):
+        worker_error = worker_error.health_check_failure
+    return getattr(worker_error, "actor_id", None) if isinstance(worker_error, RayActorError) else None
+
+
 def ray_train_poll_interval_s() -> float:
     """How often Ray Train's controller takes a report from each worker: one per worker per poll,
     every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (default 2 s; the driver's value reaches the controller

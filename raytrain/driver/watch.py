@@ -191,11 +191,20 @@ class RunWatch(ray.train.UserCallback):
 
     def __init__(self, max_failures: int):
         self._max_failures, self._failures, self._preemptions = max_failures, 0, 0
+        self._preempted_actors: set[str] = set()
 
     def after_exception(self, run_context, worker_exceptions: dict[int, Exception]) -> None:
         restart = "Ray Train restarts the workers from the latest checkpoint"
         preempted = [rank for rank, e in worker_exceptions.items() if compat.preempted(e)]
         if preempted:  # Ray Train's rule: any preempted worker makes the group's failure a preemption
+            # Once per preempted worker: Ray Train calls this after every poll that sees errors, and while it waits
+            # out a preemption's grace window (its PreemptingState, ray 2.60) each poll sees the same dead workers.
+            # Another node preempted within that window is a line of its own (no public API tells the two apart).
+            actors = {rank: compat.dead_actor_id(worker_exceptions[rank]) for rank in preempted}
+            preempted = [rank for rank in preempted if actors[rank] is None or actors[rank] not in self._preempted_actors]
+            if not preempted:
+                return
+            self._preempted_actors |= set(actors.values()) - {None}
             self._preemptions += 1  # raytrain sets no max_preemption_failures: Ray's default, no limit
             emit(f"raytrain: preemption {self._preemptions} (not counted against checkpoint.max_failures): "
                  f"rank {min(preempted)}'s node was preempted; {restart}")

@@ -92,6 +92,25 @@ def test_a_preemption_is_not_counted_as_a_worker_failure(capfd):
         "raytrain: worker failure 1 (checkpoint.max_failures=0) on rank 0: RuntimeError: boom; the run fails"]
 
 
+def test_a_preemption_is_said_once_however_many_polls_see_it(capfd):
+    """Ray Train calls after_exception after every poll that sees errors; while it waits out a preemption's grace
+    window each poll sees the same dead worker. One line for it; a later group's preemption is a second."""
+    from ray.exceptions import RayActorError
+    from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
+
+    def dead(actor_id):  # as a poll reports a preempted worker: a fresh error each time
+        return WorkerHealthCheckFailedError("health check failed", RayActorError(actor_id=actor_id, preempted=True))
+
+    watch = RunWatch(max_failures=0)
+    for _ in range(3):
+        watch.after_exception(None, {1: dead("a1"), 0: RuntimeError("gloo")})
+    watch.after_exception(None, {1: dead("a1"), 2: dead("a2")})  # another node preempted in the window: said too
+    watch.after_exception(None, {0: dead("b0")})  # the next group's
+    said = capfd.readouterr().out.splitlines()
+    assert [line.split(" (")[0] for line in said] == [f"raytrain: preemption {n}" for n in (1, 2, 3)], said
+    assert [line.split("): ")[1].split(";")[0] for line in said] == [f"rank {r}'s node was preempted" for r in (1, 2, 0)]
+
+
 def test_a_stopped_runs_silence_is_undone_once_whoever_ends_it_first():
     """After a bad record stopped a run, its workers' output stays unprinted until LATE_OUTPUT_S later or the
     process's next run, whichever comes first (raytrain.driver.watch.run_trainer): both call this, and the
