@@ -73,10 +73,10 @@ RAY_BIN = os.path.join(os.path.dirname(sys.executable), "ray")
 # the next file when it is free: longest first makes both end together instead of one finishing a
 # 7-minute file alone at the end. A file missing here still runs.
 SLOW_FIRST = [
-    "tests/integration/test_fault_tolerance.py",  # ~600 s
-    "tests/integration/test_elastic.py",  # ~400 s
+    "tests/integration/test_fault_tolerance.py",  # ~280-310 s (session 68's VM)
+    "tests/integration/test_elastic.py",  # ~280 s
     "tests/integration/test_quickstart.py",  # ~220 s
-    "tests/integration/test_job_submit.py",  # ~200 s
+    "tests/integration/test_job_submit.py",  # ~70 s (one job of raytrain.main since session 68)
     "tests/integration/test_train_e2e.py",  # ~190 s
     "tests/integration/test_multihost_netns.py",  # ~180 s
     "tests/integration/test_notebook.py",  # ~165 s

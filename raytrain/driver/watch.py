@@ -197,14 +197,16 @@ class RunWatch(ray.train.UserCallback):
         restart = "Ray Train restarts the workers from the latest checkpoint"
         preempted = [rank for rank, e in worker_exceptions.items() if compat.preempted(e)]
         if preempted:  # Ray Train's rule: any preempted worker makes the group's failure a preemption
-            # Once per preempted worker: Ray Train calls this after every poll that sees errors, and while it waits
-            # out a preemption's grace window (its PreemptingState, ray 2.60) each poll sees the same dead workers.
-            # Another node preempted within that window is a line of its own (no public API tells the two apart).
-            actors = {rank: compat.dead_actor_id(worker_exceptions[rank]) for rank in preempted}
-            preempted = [rank for rank in preempted if actors[rank] is None or actors[rank] not in self._preempted_actors]
-            if not preempted:
+            # Once per group: Ray Train calls this after every poll that sees errors, and while it waits out a
+            # preemption's grace window (its PreemptingState, ray 2.60) each poll sees the dead workers again, and
+            # more of them as they die (other ranks of the node, another node), but restarts, and charges its
+            # max_preemption_failures, once. A poll with a dead worker already said is that group's; a restarted
+            # group's workers are new actors (Ray Train's workers are never restarted in place).
+            actors = {compat.dead_actor_id(worker_exceptions[rank]) for rank in preempted} - {None}
+            said = bool(actors & self._preempted_actors)
+            self._preempted_actors |= actors
+            if said:
                 return
-            self._preempted_actors |= set(actors.values()) - {None}
             self._preemptions += 1  # raytrain sets no max_preemption_failures: Ray's default, no limit
             emit(f"raytrain: preemption {self._preemptions} (not counted against checkpoint.max_failures): "
                  f"rank {min(preempted)}'s node was preempted; {restart}")

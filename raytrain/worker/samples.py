@@ -1,8 +1,8 @@
 """data.sample_log: which rows every optimizer step trained on, written by every rank.
 
 An audit of the data order: with it a run can show that no row was skipped or read twice, across
-restarts and resizes (tests/integration/test_elastic.py reads it). Each rank appends one JSON line
-per step to
+restarts and resizes (tests/integration/test_elastic.py and test_fault_tolerance.py read it). Each rank
+appends one JSON line per step to
 
     STORAGE/RUN/samples/<group>-rank<R>.jsonl
         {"step": 7, "world_size": 2, "epoch": 0, "t": 1764582000.12, "rows": ["9f2c...", ...]}

@@ -245,7 +245,7 @@ def test_trains_across_two_namespace_hosts_each_on_its_own_interface(cluster, tm
                 "checkpoint.name=netns", f"training.max_steps={MAX_STEPS}", "training.log_every_n_steps=3",
                 "training.warmup_steps=2", "training.micro_batch_size_per_gpu=4",
                 "data.num_builtin_documents=200",  # ~60k tokens: enough for 6 steps of 2x4x128
-                # a user's own NCCL setting wins over the computed plan, on every node
+                # a user's own NCCL setting reaches every node's workers
                 "network.env.NCCL_IB_HCA==mlx5_test:1"]),
         capture_output=True, text=True, env=env, timeout=300)
     output = p.stdout + p.stderr
