@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -100,9 +102,6 @@ def sample_groups(run_dir) -> list[dict]:
     """The worker groups of a run in the order they started, from the data audit (data.sample_log,
     raytrain.worker.samples): each with its size and, per step that all its ranks finished, the
     step's rows (rank by rank)."""
-    import json
-    from pathlib import Path
-
     files: dict[str, list[Path]] = {}
     for path in (Path(run_dir) / "samples").glob("*-rank*.jsonl"):
         files.setdefault(path.name.rsplit("-rank", 1)[0], []).append(path)
@@ -216,8 +215,6 @@ def code_model(path, config: dict, model_type: str = "mine", tokenizer_classes: 
     """A model directory whose config.json names its own classes (cfg.MyConfig, mdl.MyModel: Llama's, renamed),
     with `config`'s shape and the byte tokenizer; `tokenizer_classes`: auto_map names a tokenizer class pair too,
     as hub configs of such models do."""
-    import json
-
     from raytrain.model import byte_tokenizer
 
     path.mkdir()

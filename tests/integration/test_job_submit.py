@@ -143,7 +143,7 @@ def test_stopped_job_leaves_its_run_for_the_same_command_to_continue(ray_cluster
     # (no live driver holds it), and the run's command names it with the step it stopped at. The continuing
     # itself is the driver's, the same with or without a job: the quick start's printed command
     # (test_quickstart.py) and the object-storage file's second run continue for real. Not submitted here:
-    # a third run of raytrain.main costs this suite ~90 CPU-seconds.
+    # that second job was ~45 s of this file's time (docs/status.md #16, session 68).
     from raytrain.checkpoint import layout
     from raytrain.config import load_config
     from raytrain.driver import live

@@ -260,8 +260,8 @@ def test_trains_across_two_namespace_hosts_each_on_its_own_interface(cluster, tm
     applied = [json.load(open(os.path.join(ckpt, f"nccl_env_node{n}.json"))) for n in (0, 1)]
     assert sorted((e["GLOO_SOCKET_IFNAME"], e["NCCL_SOCKET_IFNAME"]) for e in applied) == [
         ("rt0", "=rt0"), ("rt1", "=rt1")], applied
-    # The files are what apply_nccl_env set, which refuses to run once a process group exists
-    # (raytrain.network.backend): the workers had these values when Ray Train built their gloo group.
+    # The files are apply_nccl_env's record of what it set, and it refuses to run once a process group
+    # exists (raytrain.network.backend): the workers had these values set before Ray Train built their group.
     assert all(e["NCCL_IB_HCA"] == "=mlx5_test:1" for e in applied), applied
     meta = json.load(open(os.path.join(ckpt, "raytrain.json")))
     assert meta["step"] == MAX_STEPS
